@@ -1,0 +1,148 @@
+//! The policy: how requests become blocks inside device segments.
+//!
+//! One trait for PyTorch's caching allocator, TF's BFC, RMM's pool and arena, a
+//! cudaMallocAsync-like pool and the uncached baseline. Its shape is the union of what those
+//! need from a caller, and nothing policy-specific:
+//! - `malloc` takes a stream because every stream-ordered allocator segregates or orders reuse
+//!   by stream; policies without streams ignore it.
+//! - freeing has two steps (`free` now, `free_completed` later) because PyTorch and
+//!   cudaMallocAsync both let memory used on another stream be reclaimed only once that
+//!   stream's work is done; a policy without stream semantics completes at `free`.
+//! - OOM is an outcome (`Err(OomInfo)`), never a panic or an error type: the engine records it
+//!   with its explanation and goes on, as a training script that catches OOM does.
+//! - Every call receives an [`Env`] (the device and the event log) instead of owning them, so
+//!   the engine can swap the device (simulated, recorded, CUDA) and observe every event without
+//!   the policy knowing.
+//! - Statistics come back under PyTorch's names ([`crate::MemoryStats`]) for every policy.
+//!
+//! **API Boundary:** the replay engine guarantees that every id passed to `free`,
+//! `record_stream` and `free_completed` names a live allocation of this allocator, and that ids
+//! are never reused; policies may rely on it.
+
+use crate::{AllocId, Device, Event, MemoryStats, SnapshotSegment, StreamId};
+use std::fmt;
+
+/// What a policy works with during one call: the device it carves and the log it reports to.
+pub struct Env<'a> {
+    pub device: &'a mut dyn Device,
+    pub events: &'a mut Vec<Event>,
+}
+
+impl fmt::Debug for Env<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Env").field("events", &self.events.len()).finish_non_exhaustive()
+    }
+}
+
+/// A successful allocation: where the block is and how big it is after rounding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    pub addr: u64,
+    pub size: u64,
+}
+
+/// The figures that explain an OOM, as PyTorch's message gives them and a bit more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OomInfo {
+    /// The request after the policy's rounding.
+    pub rounded_bytes: u64,
+    /// `cudaMemGetInfo` free at the moment of failure (PyTorch records it as `device_free`).
+    pub device_free_bytes: u64,
+    pub device_total_bytes: u64,
+    /// The cap from a memory fraction, if one is set.
+    pub allowed_bytes: Option<u64>,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Largest free cached block in the small and the large pool.
+    pub largest_free_small_bytes: u64,
+    pub largest_free_large_bytes: u64,
+}
+
+impl OomInfo {
+    /// PyTorch's "reserved by PyTorch but unallocated".
+    pub fn cached_bytes(&self) -> u64 {
+        self.reserved_bytes.saturating_sub(self.allocated_bytes)
+    }
+}
+
+/// A configuration string or value the policy refuses, with the policy's own words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Free space inside the allocator's reservations: how much is cached and how it is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FreeSpace {
+    pub cached_bytes: u64,
+    pub largest_free_block_bytes: u64,
+}
+
+/// A memory allocation policy. See the module doc for why it has this shape.
+pub trait Allocator {
+    /// The policy's name as the CLI knows it (`pytorch`, `bfc`, `uncached`, ...).
+    fn name(&self) -> &str;
+
+    /// Serve `size` bytes on `stream`, or explain why not. Emits the events it causes,
+    /// ending with `Event::Alloc` on success or `Event::Oom` on failure.
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo>;
+
+    /// The program frees `id`. Emits `FreeRequested`, and `FreeCompleted` too unless the block
+    /// has stream uses that must finish first.
+    fn free(&mut self, env: &mut Env<'_>, id: AllocId);
+
+    /// `id` is also used on `stream`. Default: ignored (no stream-ordered reuse).
+    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
+        let _ = (id, stream);
+    }
+
+    /// The work on other streams recorded for `id` has completed. Default: nothing pending.
+    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
+        let _ = (env, id);
+    }
+
+    /// Give cached memory back to the device, as `torch.cuda.empty_cache()`.
+    fn empty_cache(&mut self, env: &mut Env<'_>);
+
+    /// Cap reserved memory at `fraction` of the device total. `fraction >= 1` lifts the cap.
+    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError>;
+
+    /// Apply a settings string at run time. Default: only the empty string is accepted.
+    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
+        if conf.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError(format!("policy {} takes no settings (got {conf:?})", self.name())))
+        }
+    }
+
+    /// Current statistics under PyTorch's names.
+    fn stats(&self) -> MemoryStats;
+
+    /// Every segment with its blocks, sorted by address.
+    fn snapshot(&self) -> Vec<SnapshotSegment>;
+
+    /// Cached free memory and its largest piece. Default: computed from the snapshot.
+    fn free_space(&self) -> FreeSpace {
+        let mut space = FreeSpace::default();
+        for seg in self.snapshot() {
+            for b in seg.blocks.iter().filter(|b| b.state == crate::BlockState::Inactive) {
+                space.cached_bytes += b.size;
+                space.largest_free_block_bytes = space.largest_free_block_bytes.max(b.size);
+            }
+        }
+        space
+    }
+}

@@ -1,0 +1,26 @@
+//! allocsim's vocabulary: what a workload asks ([`Op`]), what an allocator did ([`Event`]),
+//! the two pluggable concepts ([`Allocator`], the policy, and [`Device`], the memory it carves),
+//! and the statistics under PyTorch's names ([`MemoryStats`]).
+//!
+//! **Architecture Invariant:** this crate does no IO, has no dependencies and cannot fail on
+//! bad input: formats convert *into* these types (in `allocsim-trace`), the binary prints them.
+//! Core types are deliberately not serializable, so a file format can change without touching
+//! the vocabulary every policy is written in.
+
+mod allocator;
+mod device;
+mod event;
+mod ids;
+mod op;
+mod snapshot;
+mod stats;
+mod trace;
+
+pub use allocator::{Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo};
+pub use device::{CallKind, CallStats, Device, DeviceCalls, DeviceError, MemInfo};
+pub use event::Event;
+pub use ids::{AllocId, Pool, StreamId, KIB, MIB, GIB};
+pub use op::Op;
+pub use snapshot::{BlockState, SnapshotBlock, SnapshotSegment};
+pub use stats::{MemoryStats, Stat, StatArray};
+pub use trace::{RecordedEvent, RecordedKind, Stack, StackFrame, Trace, TraceMeta};

@@ -1,0 +1,46 @@
+//! What a workload asks of an allocator.
+//!
+//! An op stream is the program, not its outcome: whether an `Alloc` succeeds, where it lands
+//! and which device calls it causes are the allocator's decisions, reported as [`crate::Event`]s.
+//! The ops mirror the calls a framework makes on PyTorch's caching allocator, because that is
+//! the richest interface among the allocators we simulate; simpler policies ignore what they
+//! have no use for (a policy without stream semantics treats `RecordStream` as a no-op).
+
+use crate::{AllocId, StreamId};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Allocate `size` bytes (unrounded, as the program asked) for use on `stream`.
+    Alloc { id: AllocId, size: u64, stream: StreamId },
+    /// The program frees `id`. Without recorded stream uses the free completes at once;
+    /// with them it stays pending until `FreeCompleted`.
+    FreeRequested { id: AllocId },
+    /// The work recorded on other streams for `id` has finished (the CUDA events completed),
+    /// so its pending free may complete. Only meaningful after `RecordStream` and
+    /// `FreeRequested` of the same id.
+    FreeCompleted { id: AllocId },
+    /// `id` is used on `stream` besides its allocation stream (`Tensor.record_stream`).
+    RecordStream { id: AllocId, stream: StreamId },
+    /// `torch.cuda.empty_cache()`: give cached, wholly free memory back to the device.
+    EmptyCache,
+    /// `torch.cuda.set_per_process_memory_fraction(fraction)`: cap on reserved memory.
+    SetMemoryFraction { fraction: f64 },
+    /// A `PYTORCH_CUDA_ALLOC_CONF`-style settings string applied at run time
+    /// (`torch.cuda.memory._set_allocator_settings`).
+    SetAllocatorSettings { conf: String },
+}
+
+impl Op {
+    /// A short lowercase name, for counts by action and error messages.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Op::Alloc { .. } => "alloc",
+            Op::FreeRequested { .. } => "free_requested",
+            Op::FreeCompleted { .. } => "free_completed",
+            Op::RecordStream { .. } => "record_stream",
+            Op::EmptyCache => "empty_cache",
+            Op::SetMemoryFraction { .. } => "set_memory_fraction",
+            Op::SetAllocatorSettings { .. } => "set_allocator_settings",
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! A workload as read from a file: the ops, and, when the file is a recording, what the
+//! recorded allocator did while running them.
+
+use crate::{Op, StreamId};
+
+/// A recorded program plus what is known of the run that produced it.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub meta: TraceMeta,
+    pub ops: Vec<Op>,
+    /// What the recorded allocator did, in order; empty when the source records only requests.
+    pub recorded: Vec<RecordedEvent>,
+    /// Distinct call stacks, referred to by index from `op_stacks`.
+    pub stacks: Vec<Stack>,
+    /// Sparse `(op index, stack index)` pairs, sorted by op index: where each op came from.
+    pub op_stacks: Vec<(u64, u32)>,
+    /// Things the reader tolerated but the user should know (history enabled late, ...).
+    pub warnings: Vec<String>,
+}
+
+/// Settings and device facts a trace carries. Every field is optional: a what-if run
+/// overrides them, and formats that lack them leave them empty.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TraceMeta {
+    /// The format it was read from (`pytorch-snapshot`, `rmm-log`, `allocsim-native`).
+    pub source_format: String,
+    /// The allocator settings string in force when recording (`PYTORCH_CUDA_ALLOC_CONF`).
+    pub alloc_conf: Option<String>,
+    /// A per-process memory fraction in force from the start.
+    pub memory_fraction: Option<f64>,
+    pub device_total_bytes: Option<u64>,
+    /// Free device memory when the run started (other contexts take the rest).
+    pub device_free_bytes: Option<u64>,
+    /// `torch.cuda.memory_stats()` as the recorded run reported it at the end, if known.
+    pub expected_stats: Option<Vec<(String, i64)>>,
+}
+
+/// What kind of thing the recording shows the allocator doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordedKind {
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    /// `addr` holds the driver's free memory at the time (`device_free`), `size` the rounded
+    /// request.
+    Oom,
+}
+
+impl RecordedKind {
+    pub fn action(self) -> &'static str {
+        match self {
+            RecordedKind::SegmentAlloc => "segment_alloc",
+            RecordedKind::SegmentFree => "segment_free",
+            RecordedKind::SegmentMap => "segment_map",
+            RecordedKind::SegmentUnmap => "segment_unmap",
+            RecordedKind::Alloc => "alloc",
+            RecordedKind::FreeRequested => "free_requested",
+            RecordedKind::FreeCompleted => "free_completed",
+            RecordedKind::Oom => "oom",
+        }
+    }
+
+    pub fn is_segment_event(self) -> bool {
+        !matches!(self, RecordedKind::Alloc | RecordedKind::FreeRequested | RecordedKind::FreeCompleted)
+    }
+}
+
+/// One entry of a recording, tagged with the op during which it happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedEvent {
+    pub op: u64,
+    pub kind: RecordedKind,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: StreamId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StackFrame {
+    pub name: String,
+    pub filename: String,
+    pub line: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Stack {
+    pub frames: Vec<StackFrame>,
+}

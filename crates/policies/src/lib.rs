@@ -1,0 +1,1 @@
+//! Allocation policies: the faithful PyTorch caching allocator clone and the policy zoo.
