@@ -1,1 +1,48 @@
-//! The replay engine: drives ops through an allocator on a device, with observers, metrics and checking.
+//! The replay engine: drives a workload's ops through an [`Allocator`] on a [`Device`] and
+//! hands every event to [`Observer`]s (the checker, metrics, an event log, the fidelity
+//! comparison), in the style of ripgrep's `Sink`: the engine pushes, observers look, and any
+//! observer can stop the run.
+//!
+//! **Architecture Invariant:** the engine is the only caller of an allocator. It guarantees the
+//! allocator's API boundary: frees, stream uses and completions name live allocations. Ops that
+//! break it (a free of an allocation that failed with OOM, a double free in a hand-written
+//! trace) are skipped and counted, never passed on.
+
+mod engine;
+mod fidelity;
+mod metrics;
+mod observers;
+mod run;
+
+pub use engine::{Engine, OpOutcome, Skipped};
+pub use fidelity::{Divergence, Fidelity};
+pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
+pub use observers::{format_event, CheckObserver, EventLog, Observer};
+pub use run::{run_trace, DeviceChoice, RunOptions, RunReport, H100_FREE_BYTES, H100_TOTAL_BYTES};
+
+use allocsim_core::{Allocator, Device, Op};
+
+/// Replay `ops` (their indices are their positions) through `allocator` on `device`,
+/// notifying `observers`. Returns the number of ops run (fewer if an observer stopped the run).
+pub fn replay<'a>(
+    ops: impl IntoIterator<Item = &'a Op>,
+    allocator: &mut dyn Allocator,
+    device: &mut dyn Device,
+    observers: &mut [&mut dyn Observer],
+    mut progress: impl FnMut(u64),
+) -> (u64, Skipped) {
+    let mut engine = Engine::new(allocator, device);
+    let mut ran = 0;
+    for op in ops {
+        let keep_going = engine.step(op, observers);
+        ran += 1;
+        if ran % 4096 == 0 {
+            progress(ran);
+        }
+        if !keep_going {
+            break;
+        }
+    }
+    progress(ran);
+    (ran, engine.skipped())
+}

@@ -1,0 +1,122 @@
+//! `allocsim info TRACE`.
+
+use crate::output::bytes;
+use allocsim_core::{Op, RecordedKind, Trace};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The trace: a PyTorch snapshot (.pickle, .pickle.gz), an RMM log (.csv) or a native
+    /// trace (.allocsim, .allocsim.json).
+    trace: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What `info` reports, computed from the ops alone (and the recording, when there is one).
+#[derive(Debug, Default)]
+struct Summary {
+    ops_by_action: BTreeMap<&'static str, u64>,
+    recorded_by_action: BTreeMap<&'static str, u64>,
+    streams: BTreeSet<u64>,
+    peak_live_bytes: u64,
+    requested_bytes_total: u64,
+}
+
+fn summarise(trace: &Trace) -> Summary {
+    let mut s = Summary::default();
+    for op in &trace.ops {
+        *s.ops_by_action.entry(op.action()).or_default() += 1;
+    }
+    for r in &trace.recorded {
+        *s.recorded_by_action.entry(r.kind.action()).or_default() += 1;
+    }
+    // Live bytes as the program saw them: allocations that the recording shows failing never
+    // become live.
+    let failed: BTreeSet<u64> =
+        trace.recorded.iter().filter(|r| r.kind == RecordedKind::Oom).map(|r| r.op).collect();
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut live_bytes = 0u64;
+    for (i, op) in trace.ops.iter().enumerate() {
+        match *op {
+            Op::Alloc { id, size, stream } => {
+                s.streams.insert(stream.0);
+                if failed.contains(&(i as u64)) {
+                    continue;
+                }
+                live.insert(id.0, size);
+                live_bytes += size;
+                s.requested_bytes_total += size;
+                s.peak_live_bytes = s.peak_live_bytes.max(live_bytes);
+            }
+            Op::FreeRequested { id } => {
+                live_bytes -= live.remove(&id.0).unwrap_or(0);
+            }
+            _ => {}
+        }
+    }
+    s
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let trace = allocsim_trace::read_trace(&args.trace)?;
+    let s = summarise(&trace);
+    let m = &trace.meta;
+    if args.json {
+        let json = serde_json::json!({
+            "trace": args.trace.display().to_string(),
+            "format": m.source_format,
+            "ops": trace.ops.len(),
+            "ops_by_action": s.ops_by_action,
+            "recorded_events": trace.recorded.len(),
+            "recorded_by_action": s.recorded_by_action,
+            "streams": s.streams,
+            "peak_live_bytes": s.peak_live_bytes,
+            "requested_bytes_total": s.requested_bytes_total,
+            "alloc_conf": m.alloc_conf,
+            "memory_fraction": m.memory_fraction,
+            "device_total_bytes": m.device_total_bytes,
+            "device_free_bytes": m.device_free_bytes,
+            "has_expected_stats": m.expected_stats.is_some(),
+            "stacks": trace.stacks.len(),
+            "warnings": trace.warnings,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{} ({})", args.trace.display(), m.source_format);
+    println!("  ops: {}", trace.ops.len());
+    for (action, n) in &s.ops_by_action {
+        println!("    {action:<24} {n:>10}");
+    }
+    if !trace.recorded.is_empty() {
+        println!("  recorded events: {}", trace.recorded.len());
+        for (action, n) in &s.recorded_by_action {
+            println!("    {action:<24} {n:>10}");
+        }
+    }
+    let streams: Vec<String> = s.streams.iter().map(|s| format!("{s:#x}")).collect();
+    println!("  streams: {} ({})", s.streams.len(), streams.join(", "));
+    println!("  peak live bytes (requested): {}", bytes(s.peak_live_bytes));
+    println!("  requested in total: {}", bytes(s.requested_bytes_total));
+    println!("  allocator settings: {:?}", m.alloc_conf.as_deref().unwrap_or(""));
+    if let Some(f) = m.memory_fraction {
+        println!("  memory fraction: {f}");
+    }
+    if let (Some(t), Some(f)) = (m.device_total_bytes, m.device_free_bytes) {
+        println!("  device: {} total, {} free at start", bytes(t), bytes(f));
+    }
+    if m.expected_stats.is_some() {
+        println!("  recorded memory_stats: yes (the replay compares against them)");
+    }
+    if !trace.stacks.is_empty() {
+        println!("  call stacks: {} distinct", trace.stacks.len());
+    }
+    for w in &trace.warnings {
+        println!("  warning: {w}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

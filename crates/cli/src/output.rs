@@ -1,0 +1,118 @@
+//! Human-readable rendering shared by the commands: byte sizes, the `memory_summary` table,
+//! the comparison with recorded statistics.
+
+use allocsim_core::{MemoryStats, Stat, StatArray};
+
+/// PyTorch's `format_size`-like rendering, with the exact count alongside for big values.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.2} {} ({n} B)", UNITS[unit])
+    }
+}
+
+fn short_bytes(n: i64) -> String {
+    const UNITS: [&str; 5] = ["B  ", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value.abs() >= 2048.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{:>6} {}", value.round() as i64, UNITS[unit])
+}
+
+fn short_count(n: i64) -> String {
+    format!("{n:>10}")
+}
+
+/// `torch.cuda.memory_summary()`'s table, from our statistics.
+pub fn memory_summary(stats: &MemoryStats) -> String {
+    const RULE: &str =
+        "|===========================================================================|";
+    const THIN: &str =
+        "|---------------------------------------------------------------------------|";
+    let mut out = vec![
+        RULE.to_string(),
+        format!("|{:^75}|", "allocsim memory summary (PyTorch layout)"),
+        THIN.to_string(),
+        format!(
+            "|{:^37}|{:^37}|",
+            format!("CUDA OOMs: {}", stats.num_ooms),
+            format!("cudaMalloc retries: {}", stats.num_alloc_retries)
+        ),
+        RULE.to_string(),
+        format!(
+            "|{:^23}|{:^12}|{:^12}|{:^12}|{:^12}|",
+            "Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"
+        ),
+        THIN.to_string(),
+    ];
+    let rows: [(&str, &StatArray, fn(i64) -> String); 9] = [
+        ("Allocated memory", &stats.allocated_bytes, short_bytes),
+        ("Active memory", &stats.active_bytes, short_bytes),
+        ("Requested memory", &stats.requested_bytes, short_bytes),
+        ("GPU reserved memory", &stats.reserved_bytes, short_bytes),
+        ("Non-releasable memory", &stats.inactive_split_bytes, short_bytes),
+        ("Allocations", &stats.allocation, short_count),
+        ("Active allocs", &stats.active, short_count),
+        ("GPU reserved segments", &stats.segment, short_count),
+        ("Non-releasable allocs", &stats.inactive_split, short_count),
+    ];
+    for (name, array, fmt) in rows {
+        let line = |label: &str, s: &Stat| {
+            format!(
+                "| {label:<22}| {} | {} | {} | {} |",
+                fmt(s.current),
+                fmt(s.peak),
+                fmt(s.allocated),
+                fmt(s.freed)
+            )
+        };
+        out.push(line(name, &array.all));
+        out.push(line("      from large pool", &array.large_pool));
+        out.push(line("      from small pool", &array.small_pool));
+        out.push(THIN.to_string());
+    }
+    let oversize = |label: &str, s: &Stat| {
+        format!(
+            "| {label:<22}| {} | {} | {} | {} |",
+            short_count(s.current),
+            short_count(s.peak),
+            short_count(s.allocated),
+            short_count(s.freed)
+        )
+    };
+    out.push(oversize("Oversize allocations", &stats.oversize_allocations));
+    out.push(oversize("Oversize GPU segments", &stats.oversize_segments));
+    out.push(RULE.to_string());
+    out.join("\n")
+}
+
+/// Keys whose simulated value differs from the recorded one: `(key, recorded, simulated)`.
+/// A key missing on either side counts as a difference.
+pub fn stat_differences(
+    simulated: &MemoryStats,
+    expected: &[(String, i64)],
+) -> Vec<(String, Option<i64>, Option<i64>)> {
+    let ours: std::collections::BTreeMap<String, i64> = simulated.flat().into_iter().collect();
+    let theirs: std::collections::BTreeMap<&str, i64> =
+        expected.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let mut keys: Vec<&str> = ours.keys().map(String::as_str).chain(theirs.keys().copied()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|k| {
+            let (a, b) = (theirs.get(k).copied(), ours.get(k).copied());
+            (a != b).then(|| (k.to_string(), a, b))
+        })
+        .collect()
+}

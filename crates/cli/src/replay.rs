@@ -1,0 +1,275 @@
+//! `allocsim replay TRACE --policy NAME ...`.
+
+use crate::output::{bytes, memory_summary, stat_differences};
+use allocsim_core::CallKind;
+use allocsim_replay::{run_trace, DeviceChoice, EventLog, Observer, RunOptions, RunReport};
+use anyhow::Context;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// Follow the recording when replaying it under its own settings, else the model.
+    Auto,
+    /// The modelled device (free memory from --device-total/--device-free).
+    Sim,
+    /// Follow the recording's device calls and addresses, model from where the run leaves it.
+    Recorded,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The trace: a PyTorch snapshot (.pickle, .pickle.gz), an RMM log (.csv) or a native
+    /// trace (.allocsim, .allocsim.json).
+    pub trace: PathBuf,
+    /// The allocation policy.
+    #[arg(long, default_value = "pytorch")]
+    pub policy: String,
+    /// The device to replay on.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+    /// Allocator settings in the policy's syntax (for pytorch: a PYTORCH_CUDA_ALLOC_CONF
+    /// string). Default: the trace's own settings.
+    #[arg(long)]
+    pub alloc_conf: Option<String>,
+    /// Cap reserved memory at this fraction of the device total. Default: the trace's.
+    #[arg(long)]
+    pub memory_fraction: Option<f64>,
+    /// Total device memory in bytes. Default: the trace's, else an H100's 85017493504.
+    #[arg(long)]
+    pub device_total: Option<u64>,
+    /// Device memory free at start in bytes. Default: the trace's, else 84465090560.
+    #[arg(long)]
+    pub device_free: Option<u64>,
+    /// Run the independent checker over every event; exit 1 on any violation.
+    #[arg(long)]
+    pub check: bool,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Write every event, one line each, to this file.
+    #[arg(long)]
+    pub event_log: Option<PathBuf>,
+    /// Seed for the simulated device's random choices.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl Args {
+    pub fn options(&self) -> RunOptions {
+        RunOptions {
+            policy: self.policy.clone(),
+            alloc_conf: self.alloc_conf.clone(),
+            memory_fraction: self.memory_fraction,
+            device: match self.device {
+                DeviceArg::Auto => DeviceChoice::Auto,
+                DeviceArg::Sim => DeviceChoice::Sim,
+                DeviceArg::Recorded => DeviceChoice::Recorded,
+            },
+            device_total_bytes: self.device_total,
+            device_free_bytes: self.device_free,
+            check: self.check,
+            fidelity: false,
+            seed: self.seed,
+        }
+    }
+}
+
+/// A progress bar on stderr for runs long enough to want one (hidden when not a terminal).
+pub fn progress_bar(ops: u64) -> impl FnMut(u64) {
+    let bar = (ops >= 500_000).then(|| {
+        let bar = indicatif::ProgressBar::new(ops);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} ops {per_sec} {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    move |done| {
+        if let Some(bar) = &bar {
+            bar.set_position(done);
+            if done >= ops {
+                bar.finish_and_clear();
+            }
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let trace = allocsim_trace::read_trace(&args.trace)?;
+    let opts = args.options();
+    let mut log = match &args.event_log {
+        Some(path) => Some(EventLog::new(BufWriter::new(
+            File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        ))),
+        None => None,
+    };
+    let mut extra: Vec<&mut dyn Observer> = Vec::new();
+    if let Some(l) = log.as_mut() {
+        extra.push(l);
+    }
+    let report = run_trace(&trace, &opts, &mut extra, progress_bar(trace.ops.len() as u64))
+        .with_context(|| format!("setting up the {} policy", opts.policy))?;
+    drop(extra);
+    if let (Some(l), Some(path)) = (log, &args.event_log) {
+        l.finish().with_context(|| format!("writing {}", path.display()))?;
+    }
+    let differences = trace.meta.expected_stats.as_ref().map(|e| stat_differences(&report.stats, e));
+    let violations = report.check.as_ref().map_or(0, |c| c.total_violations());
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json_report(&args, &report, &differences))?);
+    } else {
+        print_report(&args, &trace.warnings, &report, &differences);
+    }
+    Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+type Differences = Option<Vec<(String, Option<i64>, Option<i64>)>>;
+
+pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> serde_json::Value {
+    let stats: serde_json::Map<String, serde_json::Value> =
+        r.stats.flat().into_iter().map(|(k, v)| (k, v.into())).collect();
+    let calls: serde_json::Map<String, serde_json::Value> = CallKind::ALL
+        .iter()
+        .map(|&k| {
+            let c = r.device_calls.get(k);
+            (k.name().to_string(), serde_json::json!({"calls": c.calls, "failed": c.failed, "time_ns": c.time_ns}))
+        })
+        .collect();
+    let m = &r.metrics;
+    serde_json::json!({
+        "trace": args.trace.display().to_string(),
+        "policy": r.policy,
+        "device": r.device,
+        "alloc_conf": r.alloc_conf,
+        "memory_fraction": r.memory_fraction,
+        "device_total_bytes": r.device_total_bytes,
+        "device_free_bytes": r.device_free_bytes,
+        "ops": r.ops_run,
+        "events": m.events,
+        "memory_stats": stats,
+        "recorded_stats_match": differences.as_ref().map(|d| d.is_empty()),
+        "recorded_stats_differences": differences.as_ref().map(|d| d.iter().map(|(k, a, b)| serde_json::json!({"key": k, "recorded": a, "simulated": b})).collect::<Vec<_>>()),
+        "peak_allocated_bytes": m.peak_allocated_bytes,
+        "peak_reserved_bytes": m.peak_reserved_bytes,
+        "peak_active_bytes": m.peak_active_bytes,
+        "peak_requested_bytes": m.peak_requested_bytes,
+        "fragmentation_at_peak": m.fragmentation_at_peak,
+        "external_fragmentation_max": m.external_fragmentation_max,
+        "external_fragmentation_mean": m.external_fragmentation_mean,
+        "ooms": m.ooms.iter().map(|o| serde_json::json!({
+            "op": o.op_index,
+            "rounded_bytes": o.info.rounded_bytes,
+            "device_free_bytes": o.info.device_free_bytes,
+            "allowed_bytes": o.info.allowed_bytes,
+            "allocated_bytes": o.info.allocated_bytes,
+            "reserved_bytes": o.info.reserved_bytes,
+            "reserved_but_unallocated_bytes": o.info.cached_bytes(),
+            "largest_free_small_bytes": o.info.largest_free_small_bytes,
+            "largest_free_large_bytes": o.info.largest_free_large_bytes,
+        })).collect::<Vec<_>>(),
+        "device_calls": calls,
+        "device_call_time_ns": r.device_calls.total_time_ns(),
+        "device_notes": r.device_notes,
+        "skipped_ops": {
+            "of_failed_allocs": r.skipped.of_failed_allocs,
+            "of_unknown_ids": r.skipped.of_unknown_ids,
+            "duplicate_allocs": r.skipped.duplicate_allocs,
+            "refused_settings": r.skipped.refused_settings,
+        },
+        "checker_violations": r.check.as_ref().map(|c| c.total_violations()),
+    })
+}
+
+fn print_report(args: &Args, warnings: &[String], r: &RunReport, differences: &Differences) {
+    let m = &r.metrics;
+    println!("allocsim replay {}", args.trace.display());
+    println!("  policy: {} (settings {:?})", r.policy, r.alloc_conf);
+    if let Some(f) = r.memory_fraction {
+        println!("  memory fraction: {f}");
+    }
+    println!(
+        "  device: {} ({} total, {} free at start)",
+        r.device,
+        bytes(r.device_total_bytes),
+        bytes(r.device_free_bytes)
+    );
+    for note in &r.device_notes {
+        println!("    {note}");
+    }
+    println!("  ops: {}  events: {}", r.ops_run, m.events);
+    println!("  peak allocated: {}", bytes(m.peak_allocated_bytes));
+    println!("  peak reserved:  {}", bytes(m.peak_reserved_bytes));
+    println!("  peak active:    {}", bytes(m.peak_active_bytes));
+    println!("  peak requested: {}", bytes(m.peak_requested_bytes));
+    println!(
+        "  fragmentation at peak (1 - peak allocated / peak reserved): {:.2}%",
+        100.0 * m.fragmentation_at_peak
+    );
+    println!(
+        "  cache fragmentation ((free - largest free block) / free): max {:.2}%, mean {:.2}%",
+        100.0 * m.external_fragmentation_max,
+        100.0 * m.external_fragmentation_mean
+    );
+    let calls: Vec<String> = CallKind::ALL
+        .iter()
+        .filter(|&&k| r.device_calls.get(k).calls > 0)
+        .map(|&k| {
+            let c = r.device_calls.get(k);
+            format!("{} {}{}", c.calls, k.name(), if c.failed > 0 { format!(" ({} refused)", c.failed) } else { String::new() })
+        })
+        .collect();
+    println!(
+        "  device calls: {} [{}], {:.3} ms simulated",
+        r.device_calls.total_calls(),
+        calls.join(", "),
+        r.device_calls.total_time_ns() as f64 / 1e6
+    );
+    println!("  OOMs: {}", m.ooms.len());
+    for o in m.ooms.iter().take(5) {
+        println!(
+            "    op {}: {} requested; device free {}; reserved but unallocated {}; largest free block small {} / large {}",
+            o.op_index,
+            bytes(o.info.rounded_bytes),
+            bytes(o.info.device_free_bytes),
+            bytes(o.info.cached_bytes()),
+            bytes(o.info.largest_free_small_bytes),
+            bytes(o.info.largest_free_large_bytes)
+        );
+    }
+    if m.ooms.len() > 5 {
+        println!("    ... and {} more (--json lists all)", m.ooms.len() - 5);
+    }
+    let s = &r.skipped;
+    if s.of_failed_allocs + s.of_unknown_ids + s.duplicate_allocs + s.refused_settings > 0 {
+        println!(
+            "  skipped ops: {} frees of failed allocations, {} naming unknown ids, {} duplicate allocs, {} refused settings",
+            s.of_failed_allocs, s.of_unknown_ids, s.duplicate_allocs, s.refused_settings
+        );
+    }
+    match differences {
+        Some(d) if d.is_empty() => println!(
+            "  memory_stats: all {} keys equal the recorded run's",
+            r.stats.flat().len()
+        ),
+        Some(d) => {
+            println!("  memory_stats: {} keys differ from the recorded run's:", d.len());
+            for (k, a, b) in d.iter().take(12) {
+                println!("    {k}: recorded {a:?}, simulated {b:?}");
+            }
+        }
+        None => {}
+    }
+    if let Some(c) = &r.check {
+        println!("  checker: {} violations", c.total_violations());
+        for v in c.violations().iter().take(10) {
+            println!("    {v}");
+        }
+    }
+    for w in warnings {
+        println!("  trace warning: {w}");
+    }
+    println!("{}", memory_summary(&r.stats));
+}

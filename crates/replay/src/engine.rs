@@ -1,0 +1,216 @@
+//! One op at a time through the allocator, with the id bookkeeping that keeps the allocator's
+//! API boundary.
+
+use crate::Observer;
+use allocsim_core::{AllocId, Allocator, ConfigError, Device, Env, Event, Granted, Op, OomInfo};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// What happened to an op.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OpOutcome {
+    Allocated(Granted),
+    OutOfMemory(OomInfo),
+    Done,
+    /// The op was not passed on: it named an allocation that is not live (see [`Skipped`]).
+    Skipped,
+}
+
+/// Ops the engine did not pass to the allocator, by reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Skipped {
+    /// Frees, stream uses and completions of allocations that failed with OOM: expected in
+    /// any trace of a program that catches OOM and goes on.
+    pub of_failed_allocs: u64,
+    /// Ops naming ids never allocated or already freed: a broken or partial trace.
+    pub of_unknown_ids: u64,
+    /// `Alloc` of an id that is still live.
+    pub duplicate_allocs: u64,
+    /// Settings or fraction changes the policy refused.
+    pub refused_settings: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdState {
+    Live,
+    /// Freed by the program, waiting for other streams' work.
+    Pending,
+    Failed,
+}
+
+/// Allocation ids are mostly dense counters: a multiplicative hash is enough and much cheaper
+/// than SipHash on the hot path. Iteration order is never used for decisions.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Keep at most this many refusal messages.
+const MAX_NOTES: usize = 16;
+
+type IdMap = HashMap<AllocId, IdState, BuildHasherDefault<IdHasher>>;
+
+/// The engine: owns nothing but bookkeeping; borrows the allocator and the device.
+pub struct Engine<'a> {
+    allocator: &'a mut dyn Allocator,
+    device: &'a mut dyn Device,
+    ids: IdMap,
+    events: Vec<Event>,
+    op_index: u64,
+    event_index: u64,
+    skipped: Skipped,
+    refusals: Vec<String>,
+}
+
+impl std::fmt::Debug for Engine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("policy", &self.allocator.name())
+            .field("op_index", &self.op_index)
+            .field("event_index", &self.event_index)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(allocator: &'a mut dyn Allocator, device: &'a mut dyn Device) -> Self {
+        Engine {
+            allocator,
+            device,
+            ids: IdMap::default(),
+            events: Vec::with_capacity(64),
+            op_index: 0,
+            event_index: 0,
+            skipped: Skipped::default(),
+            refusals: Vec::new(),
+        }
+    }
+
+    pub fn skipped(&self) -> Skipped {
+        self.skipped
+    }
+
+    pub fn allocator(&self) -> &dyn Allocator {
+        &*self.allocator
+    }
+
+    pub fn device(&self) -> &dyn Device {
+        &*self.device
+    }
+
+    /// Run one op and notify the observers. Returns false when an observer asked to stop.
+    pub fn step(&mut self, op: &Op, observers: &mut [&mut dyn Observer]) -> bool {
+        self.device.begin_op(self.op_index);
+        let outcome = self.apply(op);
+        let mut keep_going = true;
+        for event in &self.events {
+            if let Event::FreeCompleted { id, .. } = event {
+                self.ids.remove(id);
+            }
+            for o in observers.iter_mut() {
+                keep_going &= o.on_event(self.event_index, self.op_index, event);
+            }
+            self.event_index += 1;
+        }
+        self.events.clear();
+        for o in observers.iter_mut() {
+            keep_going &= o.on_op(self.op_index, op, &outcome, &*self.allocator, &*self.device);
+        }
+        self.op_index += 1;
+        keep_going
+    }
+
+    fn apply(&mut self, op: &Op) -> OpOutcome {
+        let mut env = Env { device: &mut *self.device, events: &mut self.events };
+        match *op {
+            Op::Alloc { id, size, stream } => {
+                if matches!(self.ids.get(&id), Some(IdState::Live | IdState::Pending)) {
+                    self.skipped.duplicate_allocs += 1;
+                    return OpOutcome::Skipped;
+                }
+                match self.allocator.malloc(&mut env, id, size, stream) {
+                    Ok(granted) => {
+                        self.ids.insert(id, IdState::Live);
+                        OpOutcome::Allocated(granted)
+                    }
+                    Err(info) => {
+                        self.ids.insert(id, IdState::Failed);
+                        OpOutcome::OutOfMemory(info)
+                    }
+                }
+            }
+            Op::FreeRequested { id } => match self.ids.get_mut(&id) {
+                Some(state @ IdState::Live) => {
+                    *state = IdState::Pending;
+                    self.allocator.free(&mut env, id);
+                    OpOutcome::Done
+                }
+                other => self.skip(other.copied()),
+            },
+            Op::RecordStream { id, stream } => match self.ids.get(&id) {
+                Some(IdState::Live) => {
+                    self.allocator.record_stream(id, stream);
+                    OpOutcome::Done
+                }
+                other => self.skip(other.copied()),
+            },
+            Op::FreeCompleted { id } => match self.ids.get(&id) {
+                Some(IdState::Pending) => {
+                    self.allocator.free_completed(&mut env, id);
+                    OpOutcome::Done
+                }
+                other => self.skip(other.copied()),
+            },
+            Op::EmptyCache => {
+                self.allocator.empty_cache(&mut env);
+                OpOutcome::Done
+            }
+            Op::SetMemoryFraction { fraction } => {
+                let result = self.allocator.set_memory_fraction(&mut env, fraction);
+                self.settings_outcome(result)
+            }
+            Op::SetAllocatorSettings { ref conf } => {
+                let result = self.allocator.set_settings(conf);
+                self.settings_outcome(result)
+            }
+        }
+    }
+
+    fn settings_outcome(&mut self, result: Result<(), ConfigError>) -> OpOutcome {
+        match result {
+            Ok(()) => OpOutcome::Done,
+            Err(e) => {
+                self.skipped.refused_settings += 1;
+                if self.refusals.len() < MAX_NOTES {
+                    self.refusals.push(format!("op {}: {e}", self.op_index));
+                }
+                OpOutcome::Skipped
+            }
+        }
+    }
+
+    /// Why settings ops were refused (the first few).
+    pub fn refusals(&self) -> &[String] {
+        &self.refusals
+    }
+
+    fn skip(&mut self, state: Option<IdState>) -> OpOutcome {
+        match state {
+            Some(IdState::Failed) => self.skipped.of_failed_allocs += 1,
+            _ => self.skipped.of_unknown_ids += 1,
+        }
+        OpOutcome::Skipped
+    }
+}

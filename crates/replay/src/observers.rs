@@ -1,0 +1,124 @@
+//! The observer interface and the small observers: the event log and the checker adapter.
+
+use crate::OpOutcome;
+use allocsim_check::Checker;
+use allocsim_core::{Allocator, Device, Event, Op};
+use std::io::Write;
+
+/// Sees every event and every finished op of a run. Return `false` to stop the run.
+///
+/// Two callbacks, because some observers need the allocator's own view (its statistics, its
+/// free space) and that is only consistent between ops, while others need each event as it
+/// happens. Observers get shared references only: they can never steer the policy.
+pub trait Observer {
+    fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
+        let _ = (event_index, op_index, event);
+        true
+    }
+
+    fn on_op(
+        &mut self,
+        op_index: u64,
+        op: &Op,
+        outcome: &OpOutcome,
+        allocator: &dyn Allocator,
+        device: &dyn Device,
+    ) -> bool {
+        let _ = (op_index, op, outcome, allocator, device);
+        true
+    }
+}
+
+/// Writes every event as one line of text. The format is stable and byte-identical for the
+/// same trace, policy, device and seed: the determinism oracle compares these logs.
+#[derive(Debug)]
+pub struct EventLog<W: Write> {
+    out: W,
+    error: Option<std::io::Error>,
+}
+
+impl<W: Write> EventLog<W> {
+    pub fn new(out: W) -> Self {
+        EventLog { out, error: None }
+    }
+
+    /// The writer back, or the first write error.
+    pub fn finish(mut self) -> std::io::Result<W> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// One event as a line: `event op action key=value...`.
+pub fn format_event(event_index: u64, op_index: u64, event: &Event) -> String {
+    let head = format!("{event_index} {op_index} {}", event.action());
+    match event {
+        Event::SegmentAlloc { addr, size, stream, pool }
+        | Event::SegmentFree { addr, size, stream, pool }
+        | Event::SegmentMap { addr, size, stream, pool }
+        | Event::SegmentUnmap { addr, size, stream, pool } => {
+            format!("{head} addr={addr:#x} size={size} stream={} pool={}", stream.0, pool.segment_type())
+        }
+        Event::Alloc { id, addr, size, requested, stream, pool } => format!(
+            "{head} id={} addr={addr:#x} size={size} requested={requested} stream={} pool={}",
+            id.0,
+            stream.0,
+            pool.segment_type()
+        ),
+        Event::FreeRequested { id, addr, size, requested }
+        | Event::FreeCompleted { id, addr, size, requested } => {
+            format!("{head} id={} addr={addr:#x} size={size} requested={requested}", id.0)
+        }
+        Event::Oom { id, size, stream, info } => format!(
+            "{head} id={} size={size} stream={} device_free={} reserved={} allocated={}",
+            id.0, stream.0, info.device_free_bytes, info.reserved_bytes, info.allocated_bytes
+        ),
+    }
+}
+
+impl<W: Write> Observer for EventLog<W> {
+    fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
+        if self.error.is_none() {
+            if let Err(e) = writeln!(self.out, "{}", format_event(event_index, op_index, event)) {
+                self.error = Some(e);
+            }
+        }
+        self.error.is_none()
+    }
+}
+
+/// Runs the independent checker over the run: every event, and the statistics after each op.
+#[derive(Debug)]
+pub struct CheckObserver {
+    pub checker: Checker,
+    last_event_index: u64,
+}
+
+impl CheckObserver {
+    pub fn new(checker: Checker) -> Self {
+        CheckObserver { checker, last_event_index: 0 }
+    }
+}
+
+impl Observer for CheckObserver {
+    fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
+        self.checker.on_event(event_index, op_index, event);
+        self.last_event_index = event_index;
+        true
+    }
+
+    fn on_op(
+        &mut self,
+        op_index: u64,
+        _op: &Op,
+        _outcome: &OpOutcome,
+        allocator: &dyn Allocator,
+        _device: &dyn Device,
+    ) -> bool {
+        self.checker.on_stats(self.last_event_index, op_index, &allocator.stats());
+        true
+    }
+}

@@ -1,0 +1,157 @@
+//! One run, set up from a trace and options: the glue every front end shares (the CLI, the
+//! integration tests, the comparison grid, the benchmarks), so that they all mean the same
+//! thing by "replay this trace under this policy".
+
+use crate::{replay, CheckObserver, Divergence, Fidelity, Metrics, MetricsReport, Observer, Skipped};
+use allocsim_check::{CheckConfig, CheckReport, Checker};
+use allocsim_core::{
+    Allocator, ConfigError, Device, DeviceCalls, Env, MemoryStats, SnapshotSegment, Trace,
+};
+use allocsim_sim::{RecordedDevice, SimConfig, SimDevice};
+
+/// Which device a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// Follow the recording when the run reproduces it (the PyTorch policy under the trace's
+    /// own settings), the model otherwise.
+    #[default]
+    Auto,
+    /// The modelled device: free memory from total, free-at-start and what is reserved.
+    Sim,
+    /// Follow the recording's device calls and addresses, falling back to the model from the
+    /// first call the recording does not show.
+    Recorded,
+}
+
+/// Everything that decides a run besides the trace.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub policy: String,
+    /// A settings string in the policy's syntax; overrides the trace's (which is PyTorch's and
+    /// so only applies to the `pytorch` policy).
+    pub alloc_conf: Option<String>,
+    pub memory_fraction: Option<f64>,
+    pub device: DeviceChoice,
+    pub device_total_bytes: Option<u64>,
+    pub device_free_bytes: Option<u64>,
+    /// Run the independent checker over every event and the stats after every op.
+    pub check: bool,
+    /// Compare the run with the trace's recording, event for event.
+    pub fidelity: bool,
+    /// Seeds the simulated device's random choices (fault injection).
+    pub seed: u64,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub policy: String,
+    /// `recorded` or `sim`.
+    pub device: &'static str,
+    pub alloc_conf: String,
+    pub memory_fraction: Option<f64>,
+    pub device_total_bytes: u64,
+    pub device_free_bytes: u64,
+    pub ops_run: u64,
+    pub metrics: MetricsReport,
+    pub stats: MemoryStats,
+    pub skipped: Skipped,
+    pub device_calls: DeviceCalls,
+    pub device_notes: Vec<String>,
+    pub check: Option<CheckReport>,
+    pub fidelity: Option<Result<u64, Divergence>>,
+    pub snapshot: Vec<SnapshotSegment>,
+}
+
+/// The H100 80GB of the shared recordings: `totalGlobalMem`, and what the driver reported free
+/// at start with one CUDA context open.
+pub const H100_TOTAL_BYTES: u64 = 85_017_493_504;
+pub const H100_FREE_BYTES: u64 = 84_465_090_560;
+
+/// Replay `trace` as `opts` say, with `extra` observers watching too.
+pub fn run_trace(
+    trace: &Trace,
+    opts: &RunOptions,
+    extra: &mut [&mut dyn Observer],
+    progress: impl FnMut(u64),
+) -> Result<RunReport, ConfigError> {
+    let alloc_conf = match (&opts.alloc_conf, opts.policy.as_str()) {
+        (Some(conf), _) => conf.clone(),
+        (None, "pytorch") => trace.meta.alloc_conf.clone().unwrap_or_default(),
+        (None, _) => String::new(),
+    };
+    let mut allocator = allocsim_policies::by_name(&opts.policy, Some(&alloc_conf))?;
+    let total = opts.device_total_bytes.or(trace.meta.device_total_bytes).unwrap_or(H100_TOTAL_BYTES);
+    let free = opts
+        .device_free_bytes
+        .or(trace.meta.device_free_bytes)
+        .unwrap_or(H100_FREE_BYTES.min(total));
+    let sim = SimDevice::new(SimConfig {
+        total_bytes: total,
+        free_bytes: free,
+        seed: opts.seed,
+        ..SimConfig::default()
+    });
+    let what_if = opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != trace.meta.alloc_conf.as_ref())
+        || opts.memory_fraction.is_some_and(|f| Some(f) != trace.meta.memory_fraction)
+        || opts.device_total_bytes.is_some_and(|t| Some(t) != trace.meta.device_total_bytes)
+        || opts.device_free_bytes.is_some_and(|f| Some(f) != trace.meta.device_free_bytes);
+    let follow = match opts.device {
+        DeviceChoice::Recorded => true,
+        DeviceChoice::Sim => false,
+        DeviceChoice::Auto => !trace.recorded.is_empty() && opts.policy == "pytorch" && !what_if,
+    };
+    let mut recorded;
+    let mut modelled;
+    let device: &mut dyn Device = if follow {
+        recorded = RecordedDevice::new(&trace.recorded, sim);
+        &mut recorded
+    } else {
+        modelled = sim;
+        &mut modelled
+    };
+
+    let memory_fraction = opts.memory_fraction.or(trace.meta.memory_fraction);
+    if let Some(fraction) = memory_fraction {
+        let mut events = Vec::new();
+        let mut env = Env { device: &mut *device, events: &mut events };
+        allocator.set_memory_fraction(&mut env, fraction)?;
+    }
+
+    let mut metrics = Metrics::new(trace.ops.len() as u64);
+    let mut checker = opts.check.then(|| {
+        CheckObserver::new(Checker::new(CheckConfig {
+            device_total_bytes: total,
+            ..CheckConfig::default()
+        }))
+    });
+    let mut fidelity = opts.fidelity.then(|| Fidelity::new(&trace.recorded));
+    let mut observers: Vec<&mut dyn Observer> = vec![&mut metrics];
+    if let Some(c) = checker.as_mut() {
+        observers.push(c);
+    }
+    if let Some(f) = fidelity.as_mut() {
+        observers.push(f);
+    }
+    observers.extend(extra.iter_mut().map(|o| &mut **o));
+    let (ops_run, skipped) = replay(&trace.ops, &mut *allocator, device, &mut observers, progress);
+    drop(observers);
+
+    Ok(RunReport {
+        policy: opts.policy.clone(),
+        device: if follow { "recorded" } else { "sim" },
+        alloc_conf,
+        memory_fraction,
+        device_total_bytes: total,
+        device_free_bytes: free,
+        ops_run,
+        metrics: metrics.finish(),
+        stats: allocator.stats(),
+        skipped,
+        device_calls: device.calls().clone(),
+        device_notes: device.notes(),
+        check: checker.map(|c| c.checker.finish()),
+        fidelity: fidelity.map(Fidelity::finish),
+        snapshot: allocator.snapshot(),
+    })
+}

@@ -1,0 +1,64 @@
+//! Every policy on every bundled real trace, under the independent checker; the PyTorch clone
+//! against the recorded runs; determinism; format round trips.
+
+use allocsim_core::Trace;
+use allocsim_replay::{run_trace, DeviceChoice, EventLog, Observer, RunOptions};
+use allocsim_tests::bundled_traces;
+
+fn read(path: &std::path::Path) -> Trace {
+    allocsim_trace::read_trace(path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn name(path: &std::path::Path) -> String {
+    path.file_name().unwrap().to_string_lossy().replace(".pickle.gz", "")
+}
+
+#[test]
+fn every_policy_replays_every_trace_with_zero_checker_violations() {
+    let traces = bundled_traces();
+    assert_eq!(traces.len(), 10, "the bundled traces are missing");
+    let mut failures = Vec::new();
+    for path in &traces {
+        let trace = read(path);
+        for policy in allocsim_policies::names() {
+            let opts = RunOptions {
+                policy: policy.to_string(),
+                device: DeviceChoice::Sim,
+                check: true,
+                ..RunOptions::default()
+            };
+            let report = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
+            let check = report.check.unwrap();
+            assert_eq!(report.ops_run, trace.ops.len() as u64);
+            if check.total_violations() > 0 {
+                failures.push(format!(
+                    "{} under {policy}: {} violations, first: {}\n  reproduce: allocsim replay {} --policy {policy} --device sim --check",
+                    name(path),
+                    check.total_violations(),
+                    check.violations()[0],
+                    path.display()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The same trace, policy and device give a byte-identical event log.
+#[test]
+fn replay_is_deterministic() {
+    let path = &bundled_traces()[0];
+    let trace = read(path);
+    let log = |policy: &str| {
+        let mut log = EventLog::new(Vec::new());
+        let opts = RunOptions { policy: policy.into(), ..RunOptions::default() };
+        let mut observers: [&mut dyn Observer; 1] = [&mut log];
+        run_trace(&trace, &opts, &mut observers, |_| {}).unwrap();
+        log.finish().unwrap()
+    };
+    for policy in allocsim_policies::names() {
+        let (a, b) = (log(policy), log(policy));
+        assert!(!a.is_empty(), "{policy} logged no events");
+        assert!(a == b, "{policy}: two runs of {} gave different event logs", path.display());
+    }
+}
