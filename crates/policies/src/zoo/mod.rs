@@ -1,14 +1,33 @@
 //! The policy zoo: other allocators behind the same trait, for comparison.
+//!
+//! Each module clones one allocator's policy from its source (see its module doc) and reports
+//! through the shared [`common::Books`] (statistics and events under PyTorch's names) and
+//! [`tiling::Tiling`] (segments tiled by chunks: snapshot, `inactive_split`). Settings are
+//! `key:value,key:value` strings, given to `by_name` or at run time to `set_settings`.
+
+mod common;
+mod tiling;
+
+pub mod bfc;
+
+#[cfg(test)]
+mod testing;
 
 use allocsim_core::{Allocator, ConfigError};
 
 /// Names of the zoo's policies.
 pub fn names() -> Vec<&'static str> {
-    Vec::new()
+    vec!["bfc"]
 }
 
 /// Build a zoo policy; `None` when `name` is not one of the zoo's.
 pub fn by_name(name: &str, conf: Option<&str>) -> Option<Result<Box<dyn Allocator>, ConfigError>> {
-    let _ = (name, conf);
-    None
+    let conf = conf.unwrap_or("");
+    fn boxed<A: Allocator + 'static>(r: Result<A, ConfigError>) -> Result<Box<dyn Allocator>, ConfigError> {
+        r.map(|a| Box::new(a) as Box<dyn Allocator>)
+    }
+    Some(match name {
+        "bfc" => boxed(bfc::Bfc::from_conf(conf)),
+        _ => return None,
+    })
 }

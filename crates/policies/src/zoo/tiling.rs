@@ -1,0 +1,285 @@
+//! The memory map every zoo policy keeps: device segments, each tiled without gaps by chunks
+//! that are either a live block (owned by an [`AllocId`]) or free.
+//!
+//! Policies keep their own indexes (bins, free lists, bitmaps) on top and tell the tiling
+//! about every split, merge, hand-out and release. In return the tiling gives each policy the
+//! same snapshot, the same `inactive_split` accounting (free chunks of segments cut in two or
+//! more pieces, counted by the chunk's own size class) and the physical neighbours of a chunk.
+//! A per-chunk `tag` carries what a policy needs to remember about a chunk (which free list it
+//! is on, which layer owns it).
+//!
+//! **Architecture Invariant:** chunks never cross a segment boundary: merges are refused across
+//! segments, so returning a segment to the device never cuts a chunk.
+
+use super::common::Books;
+use allocsim_core::{AllocId, BlockState, Pool, SnapshotBlock, SnapshotSegment, StreamId};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chunk<T> {
+    pub size: u64,
+    /// Base address of the segment holding the chunk.
+    pub seg: u64,
+    pub owner: Option<AllocId>,
+    pub tag: T,
+}
+
+impl<T> Chunk<T> {
+    pub fn is_free(&self) -> bool {
+        self.owner.is_none()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seg {
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: Pool,
+    pieces: u64,
+    /// Free chunks and their bytes, by the chunk's size class (small, large).
+    free: [(u64, u64); 2],
+}
+
+impl Seg {
+    /// The segment is one free chunk: it can go back to the device.
+    pub fn is_wholly_free(&self) -> bool {
+        self.pieces == 1 && self.free[0].0 + self.free[1].0 == 1
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.free[0].1 + self.free[1].1
+    }
+}
+
+fn class(size: u64) -> usize {
+    match Pool::for_size(size) {
+        Pool::Small => 0,
+        Pool::Large => 1,
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Tiling<T> {
+    segs: BTreeMap<u64, Seg>,
+    chunks: BTreeMap<u64, Chunk<T>>,
+    /// Σ over segments of two or more pieces of their free chunks: `inactive_split`.
+    split: [(u64, u64); 2],
+}
+
+impl<T> Default for Tiling<T> {
+    fn default() -> Self {
+        Tiling { segs: BTreeMap::new(), chunks: BTreeMap::new(), split: [(0, 0); 2] }
+    }
+}
+
+impl<T: Copy> Tiling<T> {
+    /// A new segment from the device, as one free chunk tagged `tag`.
+    pub fn add_segment(&mut self, base: u64, size: u64, stream: StreamId, tag: T) {
+        let mut free = [(0, 0); 2];
+        free[class(size)] = (1, size);
+        let seg = Seg { size, stream, pool: Pool::for_size(size), pieces: 1, free };
+        self.segs.insert(base, seg);
+        self.chunks.insert(base, Chunk { size, seg: base, owner: None, tag });
+    }
+
+    /// Forget a wholly free segment (the caller returns it to the device).
+    pub fn remove_segment(&mut self, base: u64) -> Option<Seg> {
+        let seg = *self.segs.get(&base)?;
+        if !seg.is_wholly_free() {
+            return None;
+        }
+        self.segs.remove(&base);
+        self.chunks.remove(&base);
+        Some(seg)
+    }
+
+    pub fn seg(&self, base: u64) -> Option<&Seg> {
+        self.segs.get(&base)
+    }
+
+    pub fn segments(&self) -> impl Iterator<Item = (u64, &Seg)> + '_ {
+        self.segs.iter().map(|(&b, s)| (b, s))
+    }
+
+    pub fn get(&self, addr: u64) -> Option<&Chunk<T>> {
+        self.chunks.get(&addr)
+    }
+
+    pub fn set_tag(&mut self, addr: u64, tag: T) {
+        if let Some(c) = self.chunks.get_mut(&addr) {
+            c.tag = tag;
+        }
+    }
+
+    /// The chunk before `addr` in the same segment.
+    pub fn prev(&self, addr: u64) -> Option<(u64, Chunk<T>)> {
+        let c = self.chunks.get(&addr)?;
+        if addr == c.seg {
+            return None;
+        }
+        self.chunks.range(..addr).next_back().map(|(&a, &p)| (a, p))
+    }
+
+    /// The chunk after `addr` in the same segment.
+    pub fn next(&self, addr: u64) -> Option<(u64, Chunk<T>)> {
+        let c = self.chunks.get(&addr)?;
+        let end = addr + c.size;
+        let seg = self.segs.get(&c.seg)?;
+        if end >= c.seg + seg.size {
+            return None;
+        }
+        self.chunks.get(&end).map(|&n| (end, n))
+    }
+
+    /// The chunks of the segment at `base`, in address order.
+    pub fn chunks_of(&self, base: u64) -> impl Iterator<Item = (u64, &Chunk<T>)> + '_ {
+        let end = self.segs.get(&base).map_or(base, |s| base + s.size);
+        self.chunks.range(base..end).map(|(&a, c)| (a, c))
+    }
+
+    /// Cut the free chunk at `addr` after `first` bytes; the rest is a new free chunk tagged
+    /// `rest_tag`. Returns the rest's address, or `None` when there is nothing to cut.
+    pub fn split(&mut self, addr: u64, first: u64, rest_tag: T) -> Option<u64> {
+        let c = *self.chunks.get(&addr)?;
+        if first == 0 || first >= c.size || !c.is_free() {
+            return None;
+        }
+        self.uncount(c.seg);
+        let rest = addr + first;
+        self.chunks.insert(addr, Chunk { size: first, ..c });
+        self.chunks.insert(rest, Chunk { size: c.size - first, seg: c.seg, owner: None, tag: rest_tag });
+        self.seg_mut(c.seg, |s| s.pieces += 1);
+        self.recount_free(c.seg, &[(c.size, -1), (first, 1), (c.size - first, 1)]);
+        self.count(c.seg);
+        Some(rest)
+    }
+
+    /// Merge the free chunk after `addr` (same segment) into the free chunk at `addr`.
+    pub fn merge_next(&mut self, addr: u64) -> bool {
+        let Some((next_addr, next)) = self.next(addr) else { return false };
+        let Some(&c) = self.chunks.get(&addr) else { return false };
+        if !c.is_free() || !next.is_free() {
+            return false;
+        }
+        self.uncount(c.seg);
+        self.chunks.remove(&next_addr);
+        self.chunks.insert(addr, Chunk { size: c.size + next.size, ..c });
+        self.seg_mut(c.seg, |s| s.pieces -= 1);
+        self.recount_free(c.seg, &[(c.size, -1), (next.size, -1), (c.size + next.size, 1)]);
+        self.count(c.seg);
+        true
+    }
+
+    /// The free chunk at `addr` is handed out to `id`.
+    pub fn take(&mut self, addr: u64, id: AllocId) {
+        let Some(&c) = self.chunks.get(&addr) else { return };
+        if !c.is_free() {
+            return;
+        }
+        self.uncount(c.seg);
+        self.chunks.insert(addr, Chunk { owner: Some(id), ..c });
+        self.recount_free(c.seg, &[(c.size, -1)]);
+        self.count(c.seg);
+    }
+
+    /// The chunk at `addr` is free again, tagged `tag`.
+    pub fn release(&mut self, addr: u64, tag: T) {
+        let Some(&c) = self.chunks.get(&addr) else { return };
+        if c.is_free() {
+            return;
+        }
+        self.uncount(c.seg);
+        self.chunks.insert(addr, Chunk { owner: None, tag, ..c });
+        self.recount_free(c.seg, &[(c.size, 1)]);
+        self.count(c.seg);
+    }
+
+    /// `inactive_split` and `inactive_split_bytes` now, per pool (small, large).
+    pub fn inactive_split(&self) -> [(u64, u64); 2] {
+        self.split
+    }
+
+    /// The largest free chunk in small and in large segments.
+    pub fn largest_free(&self) -> (u64, u64) {
+        let mut largest = (0, 0);
+        for c in self.chunks.values().filter(|c| c.is_free()) {
+            match self.segs.get(&c.seg).map(|s| s.pool) {
+                Some(Pool::Small) => largest.0 = largest.0.max(c.size),
+                _ => largest.1 = largest.1.max(c.size),
+            }
+        }
+        largest
+    }
+
+    /// Segments with their blocks, states and requested sizes from `books`.
+    pub fn snapshot(&self, books: &Books) -> Vec<SnapshotSegment> {
+        self.segs
+            .iter()
+            .map(|(&base, seg)| SnapshotSegment {
+                address: base,
+                total_size: seg.size,
+                stream: seg.stream,
+                pool: seg.pool,
+                is_expandable: false,
+                blocks: self
+                    .chunks_of(base)
+                    .map(|(addr, c)| snapshot_block(books, addr, c.size, c.owner))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn seg_mut(&mut self, base: u64, f: impl FnOnce(&mut Seg)) {
+        if let Some(s) = self.segs.get_mut(&base) {
+            f(s);
+        }
+    }
+
+    fn recount_free(&mut self, base: u64, changes: &[(u64, i64)]) {
+        self.seg_mut(base, |s| {
+            for &(size, sign) in changes {
+                let f = &mut s.free[class(size)];
+                if sign > 0 {
+                    f.0 += 1;
+                    f.1 += size;
+                } else {
+                    f.0 -= 1;
+                    f.1 -= size;
+                }
+            }
+        });
+    }
+
+    fn uncount(&mut self, base: u64) {
+        if let Some(s) = self.segs.get(&base).filter(|s| s.pieces >= 2) {
+            for (t, f) in self.split.iter_mut().zip(s.free) {
+                t.0 -= f.0;
+                t.1 -= f.1;
+            }
+        }
+    }
+
+    fn count(&mut self, base: u64) {
+        if let Some(s) = self.segs.get(&base).filter(|s| s.pieces >= 2) {
+            for (t, f) in self.split.iter_mut().zip(s.free) {
+                t.0 += f.0;
+                t.1 += f.1;
+            }
+        }
+    }
+}
+
+/// A snapshot block for the chunk at `addr`, its state taken from the books.
+pub(crate) fn snapshot_block(books: &Books, addr: u64, size: u64, owner: Option<AllocId>) -> SnapshotBlock {
+    let live = owner.and_then(|id| books.live.get(&id));
+    SnapshotBlock {
+        address: addr,
+        size,
+        requested_size: live.map_or(0, |l| l.requested),
+        state: match live {
+            Some(l) if l.pending => BlockState::ActivePendingFree,
+            Some(_) => BlockState::ActiveAllocated,
+            None => BlockState::Inactive,
+        },
+    }
+}
