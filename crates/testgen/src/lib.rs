@@ -1,0 +1,22 @@
+//! Generated allocation programs and the oracles that judge them, shared by the property
+//! tests, the fuzz targets in `fuzz/`, `allocsim fuzz` and the benches.
+//!
+//! The shape follows regalloc2's fuzzing: generators and oracles live here, in the library,
+//! and every front end is a few lines of glue over them, so the fuzz targets' oracles also
+//! run as plain `#[test]`s.
+//!
+//! - [`program`]: a workload as steps that name allocations by position, so every generated
+//!   or shrunk program is valid, and how it becomes ops and a trace.
+//! - [`swarm`] and [`entropy`]: the swarm generator, driven by a seed or by fuzzer bytes.
+//! - [`strategy`]: the same programs as proptest strategies, which shrink.
+//! - [`conf`]: PyTorch allocator settings strings.
+
+pub mod conf;
+pub mod entropy;
+pub mod program;
+pub mod strategy;
+pub mod swarm;
+
+pub use entropy::{ByteEntropy, Entropy, SeededEntropy};
+pub use program::{DeviceSpec, Program, Step};
+pub use swarm::{from_bytes, from_seed, Limits, Shape};
