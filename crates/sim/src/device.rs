@@ -1,0 +1,390 @@
+//! The modelled device: memory accounting, address placement, costs and faults in one place.
+//!
+//! Free memory is `free at start − reserved − taken by faults`, where reserved counts every
+//! live `malloc` segment and every mapped page. The driver backs memory in whole 2 MiB pages
+//! ([`PAGE_BYTES`]), so a segment counts, and is compared against free memory, rounded up to a
+//! page. A request fails with `OutOfMemory` exactly when that rounded size exceeds free memory;
+//! PyTorch asks only for page multiples, and with this rule the OOMs of the recorded
+//! `synthetic_default` run fall exactly where they fell on the GPU.
+//!
+//! Calls that break the driver's contract are policy bugs, not outcomes: those that can fail
+//! (`map` outside a reservation, a double map, a zero size) return `DeviceError::Driver`; those
+//! that cannot (`free`, `unmap`, `release_address` of something not live) are kept in
+//! [`SimDevice::errors`] and reported by `notes()`. Nothing panics.
+
+use crate::address::{align_up, AddressSpace, IntervalSet};
+use crate::faults::FaultState;
+use crate::{CostModel, SimConfig};
+use allocsim_core::{CallKind, Device, DeviceCalls, DeviceError, MemInfo};
+use std::collections::BTreeMap;
+
+/// The driver's physical page: sizes are rounded up to it, addresses aligned to it.
+pub const PAGE_BYTES: u64 = 2 << 20;
+/// How many invalid calls are kept verbatim; all are counted.
+const ERRORS_KEPT: usize = 100;
+
+/// An address range from `reserve_address` and the pages mapped into it.
+#[derive(Debug, Clone)]
+struct Reservation {
+    size_bytes: u64,
+    end: u64,
+    mapped: IntervalSet,
+}
+
+/// A simulated GPU. See the module doc for its rules and `crate::address` for placement.
+#[derive(Debug, Clone)]
+pub struct SimDevice {
+    total_bytes: u64,
+    start_free_bytes: u64,
+    cost: CostModel,
+    faults: FaultState,
+    va: AddressSpace,
+    /// Live `malloc` segments: address -> size as asked.
+    segments: BTreeMap<u64, u64>,
+    reservations: BTreeMap<u64, Reservation>,
+    /// Page-rounded live segments plus mapped pages.
+    reserved_bytes: u64,
+    taken_bytes: u64,
+    calls: DeviceCalls,
+    op: Option<u64>,
+    errors: Vec<String>,
+    errors_total: u64,
+    config_notes: Vec<String>,
+}
+
+impl SimDevice {
+    pub fn new(cfg: SimConfig) -> Self {
+        let mut config_notes = Vec::new();
+        if cfg.free_bytes > cfg.total_bytes {
+            config_notes.push(format!(
+                "device: free at start {} exceeds total {}; clamped to the total",
+                cfg.free_bytes, cfg.total_bytes
+            ));
+        }
+        SimDevice {
+            total_bytes: cfg.total_bytes,
+            start_free_bytes: cfg.free_bytes.min(cfg.total_bytes),
+            cost: cfg.cost,
+            faults: FaultState::new(cfg.faults, cfg.seed),
+            va: AddressSpace::default(),
+            segments: BTreeMap::new(),
+            reservations: BTreeMap::new(),
+            reserved_bytes: 0,
+            taken_bytes: 0,
+            calls: DeviceCalls::default(),
+            op: None,
+            errors: Vec::new(),
+            errors_total: 0,
+            config_notes,
+        }
+    }
+
+    /// What `cudaMemGetInfo` reports free.
+    pub fn free_bytes(&self) -> u64 {
+        self.start_free_bytes.saturating_sub(self.reserved_bytes.saturating_add(self.taken_bytes))
+    }
+
+    /// Page-rounded live segments plus mapped pages.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved_bytes
+    }
+
+    /// Memory other processes took through `Fault::TakeMemory`.
+    pub fn taken_bytes(&self) -> u64 {
+        self.taken_bytes
+    }
+
+    /// Live `malloc` segments and address reservations.
+    pub fn live_ranges(&self) -> usize {
+        self.va.live_ranges()
+    }
+
+    /// The first invalid calls (policy bugs) the device saw, in order.
+    pub fn errors(&self) -> &[String] {
+        &self.errors
+    }
+
+    /// How many invalid calls there were, kept or not.
+    pub fn errors_total(&self) -> u64 {
+        self.errors_total
+    }
+
+    fn error(&mut self, message: String) {
+        self.errors_total += 1;
+        if self.errors.len() < ERRORS_KEPT {
+            self.errors.push(message);
+        }
+    }
+
+    fn record(&mut self, kind: CallKind, ok: bool, size_bytes: u64) {
+        let time_ns = self.cost.call_ns(kind, size_bytes);
+        self.calls.record(kind, ok, time_ns);
+    }
+
+    fn oom(&self, size_bytes: u64) -> DeviceError {
+        DeviceError::OutOfMemory { requested: size_bytes, free: self.free_bytes() }
+    }
+
+    fn try_malloc(&mut self, size_bytes: u64) -> Result<u64, DeviceError> {
+        let footprint = page_footprint("malloc", size_bytes)?;
+        if self.faults.refuses(self.op, CallKind::Malloc, size_bytes)
+            || footprint > self.free_bytes()
+        {
+            return Err(self.oom(size_bytes));
+        }
+        let addr = self.va.place(footprint, PAGE_BYTES).ok_or_else(va_exhausted)?;
+        self.segments.insert(addr, size_bytes);
+        self.reserved_bytes += footprint;
+        Ok(addr)
+    }
+
+    fn try_free(&mut self, addr: u64, size_bytes: u64) -> bool {
+        let Some(asked) = self.segments.remove(&addr) else {
+            self.error(format!("free({addr:#x}, {size_bytes}): no live segment starts there"));
+            return false;
+        };
+        self.va.release(addr);
+        self.reserved_bytes -= align_up(asked, PAGE_BYTES).unwrap_or(asked);
+        if asked != size_bytes {
+            self.error(format!(
+                "free({addr:#x}, {size_bytes}): the segment there has {asked} bytes; freed it"
+            ));
+        }
+        true
+    }
+
+    fn try_reserve(&mut self, size_bytes: u64, alignment: u64) -> Result<u64, DeviceError> {
+        let footprint = page_footprint("reserve_address", size_bytes)?;
+        let align = checked_alignment(alignment)?;
+        let addr = self.va.place(footprint, align).ok_or_else(va_exhausted)?;
+        self.insert_reservation(addr, size_bytes, footprint);
+        Ok(addr)
+    }
+
+    fn insert_reservation(&mut self, addr: u64, size_bytes: u64, footprint: u64) {
+        let r = Reservation { size_bytes, end: addr + footprint, mapped: IntervalSet::default() };
+        self.reservations.insert(addr, r);
+    }
+
+    fn try_release(&mut self, addr: u64, size_bytes: u64) -> bool {
+        let call = format!("release_address({addr:#x}, {size_bytes})");
+        let Some(r) = self.reservations.get(&addr) else {
+            self.error(format!("{call}: no reservation starts there"));
+            return false;
+        };
+        if !r.mapped.is_empty() {
+            let mapped = r.mapped.total_bytes();
+            self.error(format!("{call}: {mapped} bytes still mapped; not released"));
+            return false;
+        }
+        let asked = r.size_bytes;
+        self.reservations.remove(&addr);
+        self.va.release(addr);
+        if asked != size_bytes {
+            self.error(format!("{call}: the reservation has {asked} bytes; released it"));
+        }
+        true
+    }
+
+    /// The reservation wholly holding `[addr, addr + size)`.
+    fn reservation_holding(&self, addr: u64, size_bytes: u64) -> Option<u64> {
+        let (&start, r) = self.reservations.range(..=addr).next_back()?;
+        (addr.checked_add(size_bytes)? <= r.end).then_some(start)
+    }
+
+    fn try_map(
+        &mut self,
+        addr: u64,
+        size_bytes: u64,
+        check_memory: bool,
+    ) -> Result<(), DeviceError> {
+        let call = format!("map({addr:#x}, {size_bytes})");
+        check_pages(&call, addr, size_bytes)?;
+        let holder = self.reservation_holding(addr, size_bytes).ok_or_else(|| {
+            DeviceError::Driver(format!("{call}: not inside a reserved address range"))
+        })?;
+        let end = addr + size_bytes;
+        if self.reservations.get(&holder).is_some_and(|r| r.mapped.overlaps(addr, end)) {
+            return Err(DeviceError::Driver(format!(
+                "{call}: part of the range is already mapped"
+            )));
+        }
+        if check_memory
+            && (self.faults.refuses(self.op, CallKind::Map, size_bytes)
+                || size_bytes > self.free_bytes())
+        {
+            return Err(self.oom(size_bytes));
+        }
+        if let Some(r) = self.reservations.get_mut(&holder) {
+            r.mapped.insert(addr, end);
+        }
+        self.reserved_bytes += size_bytes;
+        Ok(())
+    }
+
+    fn try_unmap(&mut self, addr: u64, size_bytes: u64) -> bool {
+        let call = format!("unmap({addr:#x}, {size_bytes})");
+        if let Err(e) = check_pages(&call, addr, size_bytes) {
+            self.error(e.to_string());
+            return false;
+        }
+        let holder = self.reservation_holding(addr, size_bytes);
+        let removed = holder
+            .and_then(|h| self.reservations.get_mut(&h))
+            .is_some_and(|r| r.mapped.remove(addr, addr + size_bytes));
+        if !removed {
+            self.error(format!("{call}: the range is not wholly mapped in one reservation"));
+            return false;
+        }
+        self.reserved_bytes -= size_bytes;
+        true
+    }
+}
+
+/// What the device needs to follow a recording: act as the recording says, keep the books.
+impl SimDevice {
+    /// Place a `malloc` segment at `addr` regardless of free memory and faults (the recording
+    /// says the driver granted it there). False, with nothing recorded, if `addr` overlaps.
+    pub(crate) fn malloc_at(&mut self, addr: u64, size_bytes: u64) -> bool {
+        let Ok(footprint) = page_footprint("malloc", size_bytes) else { return false };
+        if !self.va.place_at(addr, footprint) {
+            return false;
+        }
+        self.segments.insert(addr, size_bytes);
+        self.reserved_bytes += footprint;
+        self.record(CallKind::Malloc, true, size_bytes);
+        true
+    }
+
+    /// Refuse a reservation attempt because the recording says the driver did.
+    pub(crate) fn refuse(&mut self, kind: CallKind, size_bytes: u64) -> DeviceError {
+        self.record(kind, false, size_bytes);
+        self.oom(size_bytes)
+    }
+
+    /// `map` without the free-memory and fault checks (the recording says it was granted).
+    pub(crate) fn map_granted(&mut self, addr: u64, size_bytes: u64) -> Result<(), DeviceError> {
+        let result = self.try_map(addr, size_bytes, false);
+        self.record(CallKind::Map, result.is_ok(), size_bytes);
+        result
+    }
+
+    /// `reserve_address` at exactly `addr`, if it is aligned and free; `None` records nothing.
+    pub(crate) fn reserve_address_at(
+        &mut self,
+        addr: u64,
+        size_bytes: u64,
+        alignment: u64,
+    ) -> Option<u64> {
+        let footprint = page_footprint("reserve_address", size_bytes).ok()?;
+        let align = checked_alignment(alignment).ok()?;
+        if addr % align != 0 || !self.va.place_at(addr, footprint) {
+            return None;
+        }
+        self.insert_reservation(addr, size_bytes, footprint);
+        self.record(CallKind::ReserveAddress, true, size_bytes);
+        Some(addr)
+    }
+
+    /// True if `addr` lies in a live address reservation.
+    pub(crate) fn is_reserved(&self, addr: u64) -> bool {
+        self.reservations.range(..=addr).next_back().is_some_and(|(_, r)| addr < r.end)
+    }
+}
+
+impl Device for SimDevice {
+    fn begin_op(&mut self, index: u64) {
+        self.op = Some(index);
+        let taken = self.faults.take_at_op(index, self.free_bytes());
+        self.taken_bytes += taken;
+    }
+
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let result = self.try_malloc(size);
+        self.record(CallKind::Malloc, result.is_ok(), size);
+        result
+    }
+
+    fn free(&mut self, addr: u64, size: u64) {
+        let ok = self.try_free(addr, size);
+        self.record(CallKind::Free, ok, size);
+    }
+
+    fn reserve_address(&mut self, size: u64, alignment: u64) -> Result<u64, DeviceError> {
+        let result = self.try_reserve(size, alignment);
+        self.record(CallKind::ReserveAddress, result.is_ok(), size);
+        result
+    }
+
+    fn release_address(&mut self, addr: u64, size: u64) {
+        let ok = self.try_release(addr, size);
+        self.record(CallKind::ReleaseAddress, ok, size);
+    }
+
+    fn map(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        let result = self.try_map(addr, size, true);
+        self.record(CallKind::Map, result.is_ok(), size);
+        result
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) {
+        let ok = self.try_unmap(addr, size);
+        self.record(CallKind::Unmap, ok, size);
+    }
+
+    fn mem_info(&self) -> MemInfo {
+        MemInfo { free_bytes: self.free_bytes(), total_bytes: self.total_bytes }
+    }
+
+    fn calls(&self) -> &DeviceCalls {
+        &self.calls
+    }
+
+    fn notes(&self) -> Vec<String> {
+        let mut notes = self.config_notes.clone();
+        notes.extend(self.faults.notes());
+        if let Some(first) = self.errors.first() {
+            notes.push(format!(
+                "device: {} invalid calls (policy bugs), the first: {first}",
+                self.errors_total
+            ));
+        }
+        notes
+    }
+}
+
+/// `size_bytes` rounded up to whole pages; a zero or overflowing size is a driver error.
+fn page_footprint(call: &str, size_bytes: u64) -> Result<u64, DeviceError> {
+    match align_up(size_bytes, PAGE_BYTES) {
+        Some(footprint) if size_bytes > 0 => Ok(footprint),
+        _ => Err(DeviceError::Driver(format!("{call} of {size_bytes} bytes: invalid size"))),
+    }
+}
+
+/// `cuMemMap`/`cuMemUnmap` work on whole pages at page-aligned addresses.
+fn check_pages(call: &str, addr: u64, size_bytes: u64) -> Result<(), DeviceError> {
+    if size_bytes == 0 || addr % PAGE_BYTES != 0 || size_bytes % PAGE_BYTES != 0 {
+        return Err(DeviceError::Driver(format!(
+            "{call}: address and size must be non-zero multiples of the {PAGE_BYTES}-byte page"
+        )));
+    }
+    Ok(())
+}
+
+/// The alignment a reservation gets: at least a page; 0 means the default (a page).
+fn checked_alignment(alignment: u64) -> Result<u64, DeviceError> {
+    if alignment != 0 && !alignment.is_power_of_two() {
+        return Err(DeviceError::Driver(format!(
+            "reserve_address: alignment {alignment} is not a power of two"
+        )));
+    }
+    Ok(alignment.max(PAGE_BYTES))
+}
+
+fn va_exhausted() -> DeviceError {
+    DeviceError::Driver("virtual address space exhausted".to_string())
+}
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;
