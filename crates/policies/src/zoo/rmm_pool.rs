@@ -1,0 +1,373 @@
+//! RAPIDS RMM's `pool_memory_resource` (`rmm/mr/device/pool_memory_resource.hpp` over
+//! `detail/stream_ordered_memory_resource.hpp` and `detail/coalescing_free_list.hpp`).
+//!
+//! - Sizes round up to 256 B (`CUDA_ALLOCATION_ALIGNMENT`); a block is cut to exactly that.
+//! - Stream-ordered: one address-ordered, coalescing free list per stream. A free goes to the
+//!   list of its stream (the allocation stream here) and merges with contiguous free blocks of
+//!   that list, never across upstream allocations (`is_head`).
+//! - A request takes the best fit (smallest, then lowest address) of its stream's list; else
+//!   the best fit of another stream's list, taken in stream order, whose remainder stays on that
+//!   list (RMM inserts a `cudaStreamWaitEvent`); else it merges the other lists one by one into
+//!   its own (a "sync", counted in `num_sync_all_streams`) until one fits; else it grows.
+//! - Growth: `size_to_grow = max(size, pool_size)` (the pool doubles) without a maximum, else
+//!   `max(size, remaining / 2)`; `try_to_expand` halves the try size down to the request on a
+//!   device refusal. Each growth is one device segment; the remainder goes on the stream's list.
+//! - Memory is never given back: RMM releases upstream blocks only when the resource dies, so
+//!   `empty_cache` does nothing.
+//! - The lists are keyed by stream id here (RMM orders them by event handle).
+//!
+//! Settings (`key:value,...`):
+//! - `initial_pool_size` (bytes, default 0: grow on demand; RMM now requires it explicitly),
+//!   reserved at the first request on the legacy stream 0's list, skipped if the device refuses;
+//! - `maximum_pool_size` (bytes, default none).
+
+use super::common::{parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, ALIGN_256};
+use super::tiling::Tiling;
+use allocsim_core::{
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
+    SnapshotSegment, StreamId,
+};
+use std::collections::{BTreeMap, BTreeSet};
+
+const NAME: &str = "rmm_pool";
+const KEYS: &[&str] = &["initial_pool_size", "maximum_pool_size"];
+
+/// What a chunk is to the pool and the layers above it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Piece {
+    /// On the pool's free list of this stream.
+    Free(StreamId),
+    /// Handed out by the pool.
+    Used,
+    /// A fixed-size block of a binning bin (carved from a pool block).
+    Bin,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct PoolConf {
+    pub initial_pool_size: u64,
+    pub maximum_pool_size: Option<u64>,
+}
+
+impl PoolConf {
+    /// Apply one setting; `false` when `key` is not a pool setting.
+    pub fn apply(&mut self, policy: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
+        match key {
+            "initial_pool_size" => self.initial_pool_size = round_up(parse_bytes(policy, key, value)?, ALIGN_256),
+            "maximum_pool_size" => self.maximum_pool_size = Some(parse_bytes(policy, key, value)?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// The pool itself, on a tiling shared with the layers above (binning).
+#[derive(Debug, Default)]
+pub(super) struct PoolCore {
+    /// Per stream: free blocks by (size, address).
+    lists: BTreeMap<StreamId, BTreeSet<(u64, u64)>>,
+    pub conf: PoolConf,
+    started: bool,
+}
+
+impl PoolCore {
+    /// A block of exactly `size` (a multiple of 256) bytes for `stream`, tagged `Used` and
+    /// unowned; `None` when the pool cannot grow.
+    pub fn allocate(
+        &mut self,
+        books: &mut Books,
+        tiling: &mut Tiling<Piece>,
+        env: &mut Env<'_>,
+        size: u64,
+        stream: StreamId,
+    ) -> Option<u64> {
+        self.start(books, tiling, env);
+        if let Some(addr) = self.best_fit(stream, size) {
+            return Some(self.cut(tiling, addr, size, stream));
+        }
+        let others: Vec<StreamId> = self.lists.keys().copied().filter(|&s| s != stream).collect();
+        for &other in &others {
+            if let Some(addr) = self.best_fit(other, size) {
+                return Some(self.cut(tiling, addr, size, other));
+            }
+        }
+        for &other in &others {
+            self.merge_list(books, tiling, other, stream);
+            if let Some(addr) = self.best_fit(stream, size) {
+                return Some(self.cut(tiling, addr, size, stream));
+            }
+        }
+        let addr = self.expand(books, tiling, env, size, stream)?;
+        Some(self.cut(tiling, addr, size, stream))
+    }
+
+    /// The unowned chunk at `addr` goes back on `stream`'s list, coalescing.
+    pub fn deallocate(&mut self, tiling: &mut Tiling<Piece>, addr: u64, stream: StreamId) {
+        tiling.set_tag(addr, Piece::Free(stream));
+        self.insert(tiling, addr, stream);
+    }
+
+    /// Free bytes on the lists and the largest free block.
+    pub fn free_space(&self) -> FreeSpace {
+        let mut space = FreeSpace::default();
+        for &(size, _) in self.lists.values().flatten() {
+            space.cached_bytes += size;
+            space.largest_free_block_bytes = space.largest_free_block_bytes.max(size);
+        }
+        space
+    }
+
+    /// `initialize_pool`: the initial block on the legacy stream's list.
+    fn start(&mut self, books: &mut Books, tiling: &mut Tiling<Piece>, env: &mut Env<'_>) {
+        if std::mem::replace(&mut self.started, true) || self.conf.initial_pool_size == 0 {
+            return;
+        }
+        let initial = self.conf.initial_pool_size;
+        if let Some(addr) = self.try_to_expand(books, tiling, env, initial, initial, StreamId(0)) {
+            self.deallocate(tiling, addr, StreamId(0));
+        }
+    }
+
+    fn best_fit(&mut self, stream: StreamId, size: u64) -> Option<u64> {
+        let list = self.lists.get_mut(&stream)?;
+        let &(s, addr) = list.range((size, 0)..).next()?;
+        list.remove(&(s, addr));
+        Some(addr)
+    }
+
+    /// `allocate_and_insert_remainder`: cut `size` bytes off the free chunk at `addr`; the
+    /// remainder goes on `list`'s free list.
+    fn cut(&mut self, tiling: &mut Tiling<Piece>, addr: u64, size: u64, list: StreamId) -> u64 {
+        // Tag it first: the remainder must not coalesce back into it.
+        tiling.set_tag(addr, Piece::Used);
+        if let Some(rest) = tiling.split(addr, size, Piece::Free(list)) {
+            self.insert(tiling, rest, list);
+        }
+        addr
+    }
+
+    /// `coalescing_free_list::insert`: merge with contiguous free blocks of the same list.
+    fn insert(&mut self, tiling: &mut Tiling<Piece>, addr: u64, stream: StreamId) {
+        let mine = |c: &super::tiling::Chunk<Piece>| c.is_free() && c.tag == Piece::Free(stream);
+        let list = self.lists.entry(stream).or_default();
+        let mut at = addr;
+        if let Some((next, c)) = tiling.next(at).filter(|(_, c)| mine(c)) {
+            list.remove(&(c.size, next));
+            tiling.merge_next(at);
+        }
+        if let Some((prev, c)) = tiling.prev(at).filter(|(_, c)| mine(c)) {
+            list.remove(&(c.size, prev));
+            tiling.merge_next(prev);
+            at = prev;
+        }
+        if let Some(c) = tiling.get(at) {
+            list.insert((c.size, at));
+        }
+    }
+
+    /// `merge_lists`: move `other`'s free list into `stream`'s, coalescing.
+    fn merge_list(&mut self, books: &mut Books, tiling: &mut Tiling<Piece>, other: StreamId, stream: StreamId) {
+        let Some(blocks) = self.lists.remove(&other) else { return };
+        books.stats.num_sync_all_streams += 1;
+        let mut addrs: Vec<u64> = blocks.into_iter().map(|(_, a)| a).collect();
+        addrs.sort_unstable();
+        for addr in addrs {
+            tiling.set_tag(addr, Piece::Free(stream));
+            self.insert(tiling, addr, stream);
+        }
+    }
+
+    /// `expand_pool`: grow by `size_to_grow(size)`, halving on refusal.
+    fn expand(
+        &mut self,
+        books: &mut Books,
+        tiling: &mut Tiling<Piece>,
+        env: &mut Env<'_>,
+        size: u64,
+        stream: StreamId,
+    ) -> Option<u64> {
+        let pool_size = books.reserved();
+        let try_size = match self.conf.maximum_pool_size {
+            None => size.max(pool_size),
+            Some(max) => {
+                let remaining = round_up(max.saturating_sub(pool_size), ALIGN_256);
+                if size <= remaining {
+                    size.max(remaining / 2)
+                } else {
+                    0
+                }
+            }
+        };
+        self.try_to_expand(books, tiling, env, try_size, size, stream)
+    }
+
+    /// `try_to_expand`: a new segment of `try_size`, halving down to `min_size` on refusal;
+    /// returns it as one unlisted free chunk.
+    fn try_to_expand(
+        &mut self,
+        books: &mut Books,
+        tiling: &mut Tiling<Piece>,
+        env: &mut Env<'_>,
+        mut try_size: u64,
+        min_size: u64,
+        stream: StreamId,
+    ) -> Option<u64> {
+        while try_size >= min_size && try_size > 0 {
+            if let Some(addr) = books.device_malloc(env, try_size, stream) {
+                tiling.add_segment(addr, try_size, stream, Piece::Used);
+                return Some(addr);
+            }
+            if try_size == min_size {
+                break;
+            }
+            try_size = min_size.max(try_size / 2);
+        }
+        None
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct RmmPool {
+    books: Books,
+    tiling: Tiling<Piece>,
+    core: PoolCore,
+}
+
+impl RmmPool {
+    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
+        let mut me = RmmPool::default();
+        me.set_settings(conf)?;
+        Ok(me)
+    }
+
+    fn release(&mut self, addr: u64, stream: StreamId) {
+        self.tiling.release(addr, Piece::Free(stream));
+        self.core.deallocate(&mut self.tiling, addr, stream);
+        self.books.sync_inactive_split(self.tiling.inactive_split());
+    }
+}
+
+impl Allocator for RmmPool {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, size: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+        let rounded = rounded_request(size, ALIGN_256);
+        let found = self.core.allocate(&mut self.books, &mut self.tiling, env, rounded, stream);
+        let result = match found {
+            Some(addr) => {
+                self.tiling.take(addr, id);
+                Ok(self.books.grant(env, id, (addr, rounded), size, stream))
+            }
+            None => Err(self.books.oom(env, id, rounded, stream, self.tiling.largest_free())),
+        };
+        self.books.sync_inactive_split(self.tiling.inactive_split());
+        result
+    }
+
+    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
+        if let Some(b) = self.books.free_requested(env, id) {
+            self.release(b.addr, b.stream);
+        }
+    }
+
+    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
+        self.books.record_stream(id, stream);
+    }
+
+    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
+        if let Some(b) = self.books.free_completed(env, id) {
+            self.release(b.addr, b.stream);
+        }
+    }
+
+    fn empty_cache(&mut self, _env: &mut Env<'_>) {}
+
+    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
+        self.books.set_fraction(env, fraction)
+    }
+
+    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
+        let mut c = self.core.conf;
+        for (key, value) in parse_conf(NAME, conf)? {
+            if !c.apply(NAME, &key, &value)? {
+                return Err(unknown_key(NAME, &key, KEYS));
+            }
+        }
+        self.core.conf = c;
+        Ok(())
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.books.stats.clone()
+    }
+
+    fn snapshot(&self) -> Vec<SnapshotSegment> {
+        self.tiling.snapshot(&self.books)
+    }
+
+    fn free_space(&self) -> FreeSpace {
+        self.core.free_space()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::Rig;
+    use allocsim_core::{GIB, MIB};
+
+    #[test]
+    fn reuse_and_coalescing_on_one_stream() {
+        let mut rig = Rig::new("rmm_pool", None, GIB);
+        let a = rig.malloc(1, 1000, 0).unwrap();
+        assert_eq!(a.size, 1024);
+        assert_eq!(rig.reserved(), 1024, "first growth is exactly the request");
+        let b = rig.malloc(2, 3000, 0).unwrap();
+        assert_eq!(rig.reserved(), 1024 + 3072, "max(size, pool_size) = 3072");
+        rig.free(1);
+        rig.free(2);
+        let c = rig.malloc(3, 3000, 0).unwrap();
+        assert_eq!(c.addr, b.addr, "best fit: the 3 KiB segment, not the 1 KiB one");
+        rig.free(3);
+        assert_eq!(rig.policy.stats().inactive_split.all.current, 0);
+    }
+
+    #[test]
+    fn doubles_then_halves_on_refusal() {
+        let mut rig = Rig::new("rmm_pool", None, 100 * MIB);
+        rig.malloc(1, 40 * MIB, 0).unwrap();
+        // Wants max(50, 40) = 50 MiB: fits. Next wants max(8, 90) = 90 MiB: refused, halves to
+        // 45 MiB: refused (only 10 MiB left), then 22.5, 11.25, and finally 8 MiB.
+        rig.malloc(2, 50 * MIB, 0).unwrap();
+        rig.malloc(3, 8 * MIB, 0).unwrap();
+        assert_eq!(rig.reserved(), 98 * MIB);
+        assert!(rig.malloc(4, 8 * MIB, 0).is_err());
+    }
+
+    #[test]
+    fn other_streams_steal_then_merge() {
+        let mut rig = Rig::new("rmm_pool", Some("initial_pool_size:16MiB"), GIB);
+        // Stream 7 has no list: it steals from stream 0's, whose list keeps the remainder.
+        let a = rig.malloc(1, 4 * MIB, 7).unwrap();
+        rig.free(1);
+        // Stream 7's list: 4 MiB at the base; stream 0's: the 12 MiB after it. Not merged.
+        assert_eq!(rig.policy.snapshot()[0].blocks.len(), 2);
+        // 14 MiB fits neither list: stream 0 merges 7's list into its own, and they coalesce.
+        let b = rig.malloc(2, 14 * MIB, 0).unwrap();
+        assert_eq!(b.addr, a.addr);
+        assert_eq!(rig.reserved(), 16 * MIB, "no growth");
+        assert_eq!(rig.policy.stats().num_sync_all_streams, 1);
+    }
+
+    #[test]
+    fn maximum_pool_size_limits_growth() {
+        let mut rig = Rig::new("rmm_pool", Some("maximum_pool_size:64MiB"), GIB);
+        rig.malloc(1, MIB, 0).unwrap();
+        assert_eq!(rig.reserved(), 32 * MIB, "max(size, remaining / 2)");
+        rig.malloc(2, 40 * MIB, 0).unwrap_err();
+        // 31 MiB + 1 does not fit the 31 MiB left; 32 MiB remain: grow by the request itself.
+        rig.malloc(3, 31 * MIB + 1, 0).unwrap();
+        assert_eq!(rig.reserved(), 63 * MIB + 256);
+    }
+}
