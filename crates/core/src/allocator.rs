@@ -89,6 +89,12 @@ pub trait Allocator {
     /// The policy's name as the CLI knows it (`pytorch`, `bfc`, `uncached`, ...).
     fn name(&self) -> &str;
 
+    /// The alignment every block address this policy hands out is a multiple of; the checker
+    /// verifies it. Default: 256 B, what `cudaMalloc` and RMM guarantee.
+    fn block_alignment(&self) -> u64 {
+        256
+    }
+
     /// Serve `size` bytes on `stream`, or explain why not. Emits the events it causes,
     /// ending with `Event::Alloc` on success or `Event::Oom` on failure.
     fn malloc(
