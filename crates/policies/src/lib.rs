@@ -9,7 +9,7 @@ use allocsim_core::{Allocator, ConfigError};
 
 /// Every policy name `by_name` accepts, in the order reports list them.
 pub fn names() -> Vec<&'static str> {
-    let mut names = vec!["uncached"];
+    let mut names = vec!["pytorch", "uncached"];
     names.extend(zoo::names());
     names
 }
@@ -18,6 +18,7 @@ pub fn names() -> Vec<&'static str> {
 /// (for `pytorch`, a `PYTORCH_CUDA_ALLOC_CONF` string); `None` means its defaults.
 pub fn by_name(name: &str, conf: Option<&str>) -> Result<Box<dyn Allocator>, ConfigError> {
     match name {
+        "pytorch" => Ok(Box::new(pytorch::PyTorchAllocator::from_conf(conf.unwrap_or(""))?)),
         "uncached" => Ok(Box::new(uncached::Uncached::from_conf(conf.unwrap_or(""))?)),
         other => zoo::by_name(other, conf).unwrap_or_else(|| {
             Err(ConfigError(format!(

@@ -1,0 +1,295 @@
+//! Blocks and block pools (spec section 2), laid out for speed.
+//!
+//! PyTorch's `Block` is a heap object linked to its neighbours by raw `prev`/`next` pointers
+//! and kept in `std::set`s ordered by (stream, size, ptr). Here blocks live in an [`Arena`]
+//! (a slab indexed by `u32`, slots recycled), links are indices, and each pool keeps its free
+//! set as a `BTreeSet` of small copyable keys. Object identity still matters for fidelity: a
+//! block keeps its slot, and with it its stale `requested_size`, exactly as long as PyTorch
+//! keeps the `Block` object alive.
+
+use allocsim_core::{AllocId, Pool, StreamId};
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::{Index, IndexMut};
+
+/// "No block": the null pointer of `prev`, `next` and `expandable`.
+pub const NIL: u32 = u32::MAX;
+
+/// PyTorch's `Block`, with `event_count` reduced to `pending` (a free waiting on other
+/// streams) and `stream_uses` to a count (the streams themselves live beside the arena).
+#[derive(Debug, Clone, Copy)]
+pub struct Block {
+    pub addr: u64,
+    pub size: u64,
+    /// The last request this block object served; never reset on free.
+    pub requested: u64,
+    pub stream: StreamId,
+    /// `get_free_blocks_call_count` when the block last entered the free set (GC age).
+    pub gc_count_base: u64,
+    /// The allocation this block serves while allocated or pending.
+    pub id: AllocId,
+    pub prev: u32,
+    pub next: u32,
+    /// Index of the expandable segment the block lies in, or `NIL` for a cudaMalloc segment.
+    pub expandable: u32,
+    /// How many streams other than `stream` the block was recorded on.
+    pub stream_uses: u32,
+    pub small: bool,
+    pub allocated: bool,
+    /// `event_count > 0`: freed by the program, still in use on another stream.
+    pub pending: bool,
+    pub mapped: bool,
+    /// False once the slot is vacant (`delete block`).
+    pub live: bool,
+}
+
+impl Block {
+    pub fn new(addr: u64, size: u64, stream: StreamId, small: bool) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            gc_count_base: 0,
+            id: AllocId(u64::MAX),
+            prev: NIL,
+            next: NIL,
+            expandable: NIL,
+            stream_uses: 0,
+            small,
+            allocated: false,
+            pending: false,
+            mapped: true,
+            live: true,
+        }
+    }
+
+    /// `Block::is_split`.
+    pub fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+
+    pub fn is_expandable(&self) -> bool {
+        self.expandable != NIL
+    }
+
+    /// Free with nothing outstanding: the blocks `try_merge_blocks` may absorb.
+    pub fn is_allocatable(&self) -> bool {
+        !self.allocated && !self.pending && self.stream_uses == 0
+    }
+
+    pub fn pool(&self) -> Pool {
+        if self.small {
+            Pool::Small
+        } else {
+            Pool::Large
+        }
+    }
+
+    /// The key under which the block sits in its pool's free set.
+    pub fn size_key(&self, index: u32) -> SizeKey {
+        SizeKey { stream: self.stream.0, size: self.size, addr: self.addr, index }
+    }
+
+    /// The key under which an unmapped block sits in its pool's `unmapped` set.
+    pub fn addr_key(&self, index: u32) -> AddrKey {
+        AddrKey { stream: self.stream.0, addr: self.addr, index }
+    }
+}
+
+/// `BlockComparatorSize`: (stream, size, address). `index` never decides (addresses are
+/// unique within a pool); it is the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SizeKey {
+    pub stream: u64,
+    pub size: u64,
+    pub addr: u64,
+    pub index: u32,
+}
+
+impl SizeKey {
+    /// The `search_key` of `AllocParams`: the first block of `stream` with at least `size`.
+    pub fn search(stream: StreamId, size: u64) -> SizeKey {
+        SizeKey { stream: stream.0, size, addr: 0, index: 0 }
+    }
+}
+
+/// `BlockComparatorAddress`: (stream, address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AddrKey {
+    pub stream: u64,
+    pub addr: u64,
+    pub index: u32,
+}
+
+/// A slab of blocks: `new Block` and `delete block` without heap traffic per op.
+#[derive(Debug, Default)]
+pub struct Arena {
+    slots: Vec<Block>,
+    vacant: Vec<u32>,
+}
+
+impl Arena {
+    pub fn insert(&mut self, block: Block) -> u32 {
+        if let Some(index) = self.vacant.pop() {
+            self.slots[index as usize] = block;
+            index
+        } else {
+            self.slots.push(block);
+            (self.slots.len() - 1) as u32
+        }
+    }
+
+    /// `delete block`. Callers drop every link to it first.
+    pub fn remove(&mut self, index: u32) {
+        self.slots[index as usize].live = false;
+        self.vacant.push(index);
+    }
+
+    /// Every live block with its index, in slot order.
+    pub fn iter_live(&self) -> impl Iterator<Item = (u32, &Block)> {
+        self.slots.iter().enumerate().filter(|(_, b)| b.live).map(|(i, b)| (i as u32, b))
+    }
+}
+
+impl Index<u32> for Arena {
+    type Output = Block;
+    fn index(&self, index: u32) -> &Block {
+        &self.slots[index as usize]
+    }
+}
+
+impl IndexMut<u32> for Arena {
+    fn index_mut(&mut self, index: u32) -> &mut Block {
+        &mut self.slots[index as usize]
+    }
+}
+
+/// PyTorch's `BlockPool`: the free (mapped) blocks by size, the unmapped expandable ranges
+/// by address, and the GC clock.
+#[derive(Debug)]
+pub struct BlockPool {
+    pub blocks: BTreeSet<SizeKey>,
+    pub unmapped: BTreeSet<AddrKey>,
+    pub get_free_blocks_call_count: u64,
+}
+
+impl BlockPool {
+    pub fn new() -> BlockPool {
+        BlockPool {
+            blocks: BTreeSet::new(),
+            unmapped: BTreeSet::new(),
+            get_free_blocks_call_count: 0,
+        }
+    }
+
+    /// The largest free block over all streams: the last key of each stream's run.
+    pub fn largest_free(&self) -> u64 {
+        let mut largest = 0;
+        let mut upper = self.blocks.iter().next_back().copied();
+        while let Some(key) = upper {
+            largest = largest.max(key.size);
+            upper =
+                self.blocks.range(..SizeKey::search(StreamId(key.stream), 0)).next_back().copied();
+        }
+        largest
+    }
+}
+
+/// A multiply-rotate hasher (FxHash) for `AllocId`s: they are already well spread.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Ids below this are looked up in a flat table; trace readers number allocations densely.
+const DENSE_IDS: u64 = 1 << 24;
+
+/// `AllocId` → block index for allocated and pending blocks (PyTorch's `allocated_blocks`).
+#[derive(Debug, Default)]
+pub struct IdMap {
+    dense: Vec<u32>,
+    sparse: HashMap<u64, u32, BuildHasherDefault<FxHasher>>,
+}
+
+impl IdMap {
+    pub fn get(&self, id: AllocId) -> Option<u32> {
+        if id.0 < DENSE_IDS {
+            self.dense.get(id.0 as usize).copied().filter(|&i| i != NIL)
+        } else {
+            self.sparse.get(&id.0).copied()
+        }
+    }
+
+    pub fn insert(&mut self, id: AllocId, index: u32) {
+        if id.0 < DENSE_IDS {
+            let slot = id.0 as usize;
+            if slot >= self.dense.len() {
+                let grown = (slot + 1).max(self.dense.len() * 2).min(DENSE_IDS as usize);
+                self.dense.resize(grown, NIL);
+            }
+            self.dense[slot] = index;
+        } else {
+            self.sparse.insert(id.0, index);
+        }
+    }
+
+    pub fn remove(&mut self, id: AllocId) {
+        if id.0 < DENSE_IDS {
+            if let Some(slot) = self.dense.get_mut(id.0 as usize) {
+                *slot = NIL;
+            }
+        } else {
+            self.sparse.remove(&id.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_keys_order_by_stream_size_address() {
+        let a = SizeKey { stream: 0, size: 10, addr: 900, index: 3 };
+        let b = SizeKey { stream: 0, size: 20, addr: 100, index: 1 };
+        let c = SizeKey { stream: 1, size: 1, addr: 0, index: 2 };
+        assert!(a < b && b < c);
+        assert!(SizeKey::search(StreamId(0), 10) < a);
+    }
+
+    #[test]
+    fn largest_free_spans_streams() {
+        let mut pool = BlockPool::new();
+        pool.blocks.insert(SizeKey { stream: 0, size: 50, addr: 0, index: 0 });
+        pool.blocks.insert(SizeKey { stream: 5, size: 10, addr: 0, index: 1 });
+        pool.blocks.insert(SizeKey { stream: 9, size: 20, addr: 0, index: 2 });
+        assert_eq!(pool.largest_free(), 50);
+    }
+
+    #[test]
+    fn id_map_dense_and_sparse() {
+        let mut m = IdMap::default();
+        m.insert(AllocId(7), 1);
+        m.insert(AllocId(1 << 40), 2);
+        assert_eq!(m.get(AllocId(7)), Some(1));
+        assert_eq!(m.get(AllocId(1 << 40)), Some(2));
+        assert_eq!(m.get(AllocId(8)), None);
+        m.remove(AllocId(7));
+        assert_eq!(m.get(AllocId(7)), None);
+    }
+}

@@ -1,0 +1,576 @@
+//! `PYTORCH_CUDA_ALLOC_CONF`, parsed as PyTorch 2.11 parses it.
+//!
+//! PyTorch splits the settings between two parsers that both walk the whole string:
+//! `AcceleratorAllocatorConfig::parseArgs` (c10/core/AllocatorConfig.cpp) owns the
+//! device-independent keys and runs first; `CUDAAllocatorConfig::parseArgs` owns the CUDA keys
+//! and rejects anything neither knows. We keep that two-pass shape because it decides which
+//! error a string with several mistakes reports, and because each pass writes into the live
+//! config as it goes: a string that fails half-way leaves the keys before the mistake applied,
+//! as it does in PyTorch.
+//!
+//! Every parse first resets `max_split_size`, `max_non_split_rounding`,
+//! `roundup_power2_divisions` and `garbage_collection_threshold` to their defaults; the other
+//! keys keep their previous values unless the string sets them (spec 11.1).
+
+use super::rounding::{K_LARGE_BUFFER, K_ROUNDUP_INTERVALS, MB};
+use allocsim_core::ConfigError;
+
+/// The allocator settings that PyTorch 2.11 keeps, with their defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Blocks and segments of at least this many bytes are never split. `u64::MAX`: unlimited.
+    pub max_split_size: u64,
+    /// An oversize block is handed to a request `r` only if it is smaller than `r` plus this.
+    pub max_non_split_rounding_size: u64,
+    /// Divisions per power-of-two interval, one slot per interval from 1 MiB (slot 0) up.
+    pub roundup_power2_divisions: [u64; K_ROUNDUP_INTERVALS],
+    /// Fraction of the allowed memory above which GC frees old cached segments; 0: off.
+    pub garbage_collection_threshold: f64,
+    pub expandable_segments: bool,
+    pub release_lock_on_cudamalloc: bool,
+    pub pinned_use_cuda_host_register: bool,
+    pub pinned_num_register_threads: u64,
+    pub pinned_use_background_threads: bool,
+    pub pinned_reserve_segment_size_mb: u64,
+    pub graph_capture_record_stream_reuse: bool,
+    /// The initial per-process memory fraction (`per_process_memory_fraction`), 1.0 by default.
+    pub per_process_memory_fraction: f64,
+    /// The last settings string parsed (`allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]`).
+    pub last_allocator_settings: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_split_size: u64::MAX,
+            max_non_split_rounding_size: K_LARGE_BUFFER,
+            roundup_power2_divisions: [0; K_ROUNDUP_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+            release_lock_on_cudamalloc: false,
+            pinned_use_cuda_host_register: false,
+            pinned_num_register_threads: 1,
+            pinned_use_background_threads: false,
+            pinned_reserve_segment_size_mb: 0,
+            graph_capture_record_stream_reuse: false,
+            per_process_memory_fraction: 1.0,
+            last_allocator_settings: String::new(),
+        }
+    }
+}
+
+/// `CUDAAllocatorConfig::pinned_max_register_threads()`.
+const PINNED_MAX_REGISTER_THREADS: u64 = 128;
+
+/// Keys the accelerator pass handles; the CUDA pass skips them.
+const ACCELERATOR_KEYS: [&str; 6] = [
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "expandable_segments",
+    "pinned_use_background_threads",
+];
+
+impl Config {
+    /// The defaults with `conf` applied, as at process start with `PYTORCH_CUDA_ALLOC_CONF=conf`.
+    pub fn parse(conf: &str) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        config.apply(conf)?;
+        Ok(config)
+    }
+
+    /// `_set_allocator_settings(conf)`: reset the per-parse keys, then apply `conf`.
+    /// On error, the keys before the mistake stay applied (PyTorch parses in place).
+    pub fn apply(&mut self, conf: &str) -> Result<(), ConfigError> {
+        self.max_split_size = u64::MAX;
+        self.max_non_split_rounding_size = K_LARGE_BUFFER;
+        self.roundup_power2_divisions = [0; K_ROUNDUP_INTERVALS];
+        self.garbage_collection_threshold = 0.0;
+        self.last_allocator_settings = conf.to_string();
+        let tokens = Tokenizer::new(conf);
+        self.parse_accelerator_keys(&tokens)?;
+        self.parse_cuda_keys(&tokens)
+    }
+
+    /// The division count for a request of `size` bytes
+    /// (`AcceleratorAllocatorConfig::roundup_power2_divisions(size)`).
+    pub fn roundup_divisions_for(&self, size: u64) -> u64 {
+        let log_size = 63 - u64::from(size.max(1).leading_zeros());
+        let index = log_size.saturating_sub(20).min(K_ROUNDUP_INTERVALS as u64 - 1);
+        self.roundup_power2_divisions[index as usize]
+    }
+
+    /// The `max_split_size` stat as PyTorch reports it: -1 when unlimited.
+    pub fn max_split_size_stat(&self) -> i64 {
+        if self.max_split_size == u64::MAX {
+            -1
+        } else {
+            self.max_split_size as i64
+        }
+    }
+
+    /// `AcceleratorAllocatorConfig::parseArgs`.
+    fn parse_accelerator_keys(&mut self, t: &Tokenizer<'_>) -> Result<(), ConfigError> {
+        let mut i = 0;
+        while i < t.len() {
+            i = match t.get(i)? {
+                "max_split_size_mb" => {
+                    let (i, mb) = parse_mb(t, i, "max_split_size_mb")?;
+                    self.max_split_size = mb * MB;
+                    i
+                }
+                "max_non_split_rounding_mb" => {
+                    let (i, mb) = parse_mb(t, i, "max_non_split_rounding_mb")?;
+                    self.max_non_split_rounding_size = mb * MB;
+                    i
+                }
+                "garbage_collection_threshold" => {
+                    t.check(i + 1, ":")?;
+                    let value = t.to_f64(i + 2)?;
+                    if !(value > 0.0 && value < 1.0) {
+                        return Err(err(
+                            "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
+                        ));
+                    }
+                    self.garbage_collection_threshold = value;
+                    i + 2
+                }
+                "roundup_power2_divisions" => self.parse_roundup(t, i)?,
+                "expandable_segments" => parse_bool(t, i, &mut self.expandable_segments)?,
+                "pinned_use_background_threads" => {
+                    parse_bool(t, i, &mut self.pinned_use_background_threads)?
+                }
+                _ => t.skip_key(i)?,
+            };
+            i = t.expect_separator(i)?;
+        }
+        Ok(())
+    }
+
+    /// `CUDAAllocatorConfig::parseArgs`.
+    fn parse_cuda_keys(&mut self, t: &Tokenizer<'_>) -> Result<(), ConfigError> {
+        let mut i = 0;
+        while i < t.len() {
+            let key = t.get(i)?;
+            i = match key {
+                "backend" => parse_backend(t, i)?,
+                "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
+                    parse_bool(t, i, &mut self.release_lock_on_cudamalloc)?
+                }
+                "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
+                    parse_bool(t, i, &mut self.pinned_use_cuda_host_register)?
+                }
+                "pinned_num_register_threads" => {
+                    t.check(i + 1, ":")?;
+                    let n = t.to_u64(i + 2)?;
+                    if !n.is_power_of_two() {
+                        return Err(err("Number of register threads has to be power of 2 "));
+                    }
+                    if n > PINNED_MAX_REGISTER_THREADS {
+                        return Err(ConfigError(format!(
+                            "Number of register threads should be less than or equal to {PINNED_MAX_REGISTER_THREADS}"
+                        )));
+                    }
+                    self.pinned_num_register_threads = n;
+                    i + 2
+                }
+                "pinned_reserve_segment_size_mb" => {
+                    t.check(i + 1, ":")?;
+                    let n = t.to_u64(i + 2)?;
+                    if n == 0 {
+                        return Err(err("Pinned reserve segment size has to be greater than 0 "));
+                    }
+                    self.pinned_reserve_segment_size_mb = n;
+                    i + 2
+                }
+                "graph_capture_record_stream_reuse" => {
+                    parse_bool(t, i, &mut self.graph_capture_record_stream_reuse)?
+                }
+                "pinned_free_catch_all" => {
+                    let mut ignored = false;
+                    parse_bool(t, i, &mut ignored)?
+                }
+                "per_process_memory_fraction" => {
+                    t.check(i + 1, ":")?;
+                    let value = t.to_f64(i + 2)?;
+                    if !(0.0..=1.0).contains(&value) {
+                        return Err(err(
+                            "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
+                        ));
+                    }
+                    self.per_process_memory_fraction = value;
+                    i + 2
+                }
+                _ if ACCELERATOR_KEYS.contains(&key) => t.skip_key(i)?,
+                _ => {
+                    return Err(ConfigError(format!(
+                        "Unrecognized key '{key}' in CUDA allocator config"
+                    )))
+                }
+            };
+            i = t.expect_separator(i)?;
+        }
+        Ok(())
+    }
+
+    /// `AcceleratorAllocatorConfig::parseRoundUpPower2Divisions`, with 2.8+ `>` semantics
+    /// (fill the slots *after* the last explicit one).
+    fn parse_roundup(&mut self, t: &Tokenizer<'_>, mut i: usize) -> Result<usize, ConfigError> {
+        t.check(i + 1, ":")?;
+        i += 2;
+        if t.get(i)? != "[" {
+            let value = t.to_u64(i)?;
+            if !value.is_power_of_two() {
+                return Err(err("For roundups, the divisions has to be power of 2 "));
+            }
+            self.roundup_power2_divisions = [value; K_ROUNDUP_INTERVALS];
+            return Ok(i);
+        }
+        let mut first_value = true;
+        let mut last_index = 0usize;
+        loop {
+            i += 1;
+            if i >= t.len() || t.get(i)? == "]" {
+                break;
+            }
+            let boundary_index = i;
+            t.check(i + 1, ":")?;
+            i += 2;
+            let value = t.to_u64(i)?;
+            if value != 0 && !value.is_power_of_two() {
+                return Err(err(
+                    "For roundups, the divisions has to be power of 2 or 0 to disable roundup ",
+                ));
+            }
+            if t.get(boundary_index)? == ">" {
+                for slot in self.roundup_power2_divisions.iter_mut().skip(last_index + 1) {
+                    *slot = value;
+                }
+            } else {
+                let boundary = t.to_u64(boundary_index)?;
+                if !boundary.is_power_of_two() {
+                    return Err(err("For roundups, the intervals have to be power of 2 "));
+                }
+                let index = (boundary.trailing_zeros() as usize).min(K_ROUNDUP_INTERVALS - 1);
+                if first_value {
+                    self.roundup_power2_divisions[..index].fill(value);
+                    first_value = false;
+                }
+                self.roundup_power2_divisions[index] = value;
+                last_index = index;
+            }
+            if t.get(i + 1)? != "]" {
+                t.check(i + 1, ",")?;
+                i += 1;
+            }
+        }
+        if i >= t.len() {
+            return Err(err(
+                "Expected closing bracket ']' in ConfigTokenizer but reached end of config",
+            ));
+        }
+        Ok(i)
+    }
+}
+
+fn err(msg: &str) -> ConfigError {
+    ConfigError(msg.to_string())
+}
+
+/// `parseMaxSplitSize` / `parseMaxNonSplitRoundingSize`: a MiB count of at least 20.
+fn parse_mb(t: &Tokenizer<'_>, i: usize, key: &str) -> Result<(usize, u64), ConfigError> {
+    t.check(i + 1, ":")?;
+    let min_mb = K_LARGE_BUFFER / MB;
+    let value = t.to_u64(i + 2)?;
+    if value < min_mb {
+        return Err(ConfigError(format!(
+            "CachingAllocator option {key} too small, must be >= {min_mb}"
+        )));
+    }
+    Ok((i + 2, value.min(u64::MAX / MB)))
+}
+
+/// `key:True|False`.
+fn parse_bool(t: &Tokenizer<'_>, i: usize, out: &mut bool) -> Result<usize, ConfigError> {
+    t.check(i + 1, ":")?;
+    *out = t.to_bool(i + 2)?;
+    Ok(i + 2)
+}
+
+/// `CUDAAllocatorConfig::parseAllocatorConfig`: only the native backend is simulated.
+fn parse_backend(t: &Tokenizer<'_>, i: usize) -> Result<usize, ConfigError> {
+    t.check(i + 1, ":")?;
+    match t.get(i + 2)? {
+        "native" => Ok(i + 2),
+        "cudaMallocAsync" => Err(err(
+            "Allocator backend parsed at runtime != allocator backend parsed at load time, cudaMallocAsync != native",
+        )),
+        _ => Err(err("Unknown allocator backend, options are native and cudaMallocAsync")),
+    }
+}
+
+/// `c10::CachingAllocator::ConfigTokenizer`: `,` `:` `[` `]` are tokens of their own,
+/// whitespace is dropped, everything else accumulates into words.
+#[derive(Debug)]
+struct Tokenizer<'a> {
+    tokens: Vec<&'a str>,
+}
+
+impl<'a> Tokenizer<'a> {
+    fn new(conf: &'a str) -> Self {
+        let mut tokens = Vec::new();
+        let mut start: Option<usize> = None;
+        for (pos, ch) in conf.char_indices() {
+            let separator = matches!(ch, ',' | ':' | '[' | ']');
+            if separator || ch.is_ascii_whitespace() {
+                if let Some(s) = start.take() {
+                    tokens.push(&conf[s..pos]);
+                }
+                if separator {
+                    tokens.push(&conf[pos..pos + 1]);
+                }
+            } else if start.is_none() {
+                start = Some(pos);
+            }
+        }
+        if let Some(s) = start {
+            tokens.push(&conf[s..]);
+        }
+        Tokenizer { tokens }
+    }
+
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    fn get(&self, i: usize) -> Result<&'a str, ConfigError> {
+        self.tokens.get(i).copied().ok_or_else(|| err("Index out of bounds in ConfigTokenizer"))
+    }
+
+    /// `checkToken`.
+    fn check(&self, i: usize, expected: &str) -> Result<(), ConfigError> {
+        let got = self.get(i)?;
+        if got == expected {
+            Ok(())
+        } else {
+            Err(ConfigError(format!(
+                "Expected '{expected}' at index {i} in ConfigTokenizer but got '{got}'"
+            )))
+        }
+    }
+
+    /// After a key's value: a `,` must follow unless the string ends. Returns the next key index.
+    fn expect_separator(&self, i: usize) -> Result<usize, ConfigError> {
+        if i + 1 < self.len() {
+            self.check(i + 1, ",")?;
+        }
+        Ok(i + 2)
+    }
+
+    /// `skipKey`: a key owned by the other pass; step over `: value` or `: [ ... ]`.
+    fn skip_key(&self, i: usize) -> Result<usize, ConfigError> {
+        self.check(i + 1, ":")?;
+        let mut j = i + 2;
+        if self.get(j)? == "[" {
+            while j < self.len() && self.tokens[j] != "]" {
+                j += 1;
+            }
+        }
+        Ok(j.min(self.len().saturating_sub(1)))
+    }
+
+    /// `toBool`: exactly `True` or `False`.
+    fn to_bool(&self, i: usize) -> Result<bool, ConfigError> {
+        match self.get(i)? {
+            "True" => Ok(true),
+            "False" => Ok(false),
+            other => Err(ConfigError(format!(
+                "Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{other}'"
+            ))),
+        }
+    }
+
+    /// `toSizeT`, i.e. `std::stoull`: an optional sign, decimal digits, trailing text ignored,
+    /// a minus wraps around as in C.
+    fn to_u64(&self, i: usize) -> Result<u64, ConfigError> {
+        let token = self.get(i)?;
+        stoull(token).ok_or_else(|| ConfigError(format!("stoull: invalid integer '{token}'")))
+    }
+
+    /// `toDouble`, i.e. `std::stod`: the longest numeric prefix.
+    fn to_f64(&self, i: usize) -> Result<f64, ConfigError> {
+        let token = self.get(i)?;
+        stod(token).ok_or_else(|| ConfigError(format!("stod: invalid number '{token}'")))
+    }
+}
+
+/// `std::stoull(s, nullptr, 10)`: `None` where it throws.
+fn stoull(s: &str) -> Option<u64> {
+    let (negative, digits) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let end = digits.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(digits.len());
+    if end == 0 {
+        return None;
+    }
+    let value: u64 = digits[..end].parse().ok()?;
+    Some(if negative { value.wrapping_neg() } else { value })
+}
+
+/// `std::stod`: the longest prefix that is a decimal float, `inf`/`infinity` or `nan`.
+fn stod(s: &str) -> Option<f64> {
+    let bytes = s.as_bytes();
+    let mut end = usize::from(matches!(bytes.first(), Some(b'-' | b'+')));
+    let rest = s[end..].to_ascii_lowercase();
+    for word in ["infinity", "inf", "nan"] {
+        if rest.starts_with(word) {
+            return s[..end + word.len()].parse().ok();
+        }
+    }
+    let mantissa_start = end;
+    while end < bytes.len() && bytes[end].is_ascii_digit() {
+        end += 1;
+    }
+    if end < bytes.len() && bytes[end] == b'.' {
+        end += 1;
+        while end < bytes.len() && bytes[end].is_ascii_digit() {
+            end += 1;
+        }
+    }
+    if !s[mantissa_start..end].bytes().any(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if end < bytes.len() && matches!(bytes[end], b'e' | b'E') {
+        let mut e = end + 1;
+        if e < bytes.len() && matches!(bytes[e], b'-' | b'+') {
+            e += 1;
+        }
+        let digits_start = e;
+        while e < bytes.len() && bytes[e].is_ascii_digit() {
+            e += 1;
+        }
+        if e > digits_start {
+            end = e;
+        }
+    }
+    s[..end].parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_pytorch() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.max_split_size_stat(), -1);
+        assert_eq!(c.max_non_split_rounding_size, 20 * MB);
+        assert_eq!(c.roundup_power2_divisions, [0; 16]);
+        assert!(!c.expandable_segments);
+    }
+
+    #[test]
+    fn roundup_list_uses_28_semantics() {
+        let c = Config::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").unwrap();
+        let mut want = [1u64; 16];
+        want[9] = 2;
+        want[10] = 4;
+        want[11..].fill(8);
+        assert_eq!(c.roundup_power2_divisions, want);
+        let c =
+            Config::parse("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]").unwrap();
+        let mut want = [8u64; 16];
+        want[7..10].fill(2);
+        want[10..].fill(1);
+        assert_eq!(c.roundup_power2_divisions, want);
+        let c = Config::parse("roundup_power2_divisions:4").unwrap();
+        assert_eq!(c.roundup_power2_divisions, [4; 16]);
+    }
+
+    #[test]
+    fn whitespace_and_many_keys() {
+        let c = Config::parse(
+            " max_split_size_mb : 40 , expandable_segments:True,garbage_collection_threshold:0.5",
+        )
+        .unwrap();
+        assert_eq!(c.max_split_size, 40 * MB);
+        assert!(c.expandable_segments);
+        assert_eq!(c.garbage_collection_threshold, 0.5);
+    }
+
+    #[test]
+    fn apply_resets_only_the_per_parse_keys() {
+        let mut c = Config::parse(
+            "expandable_segments:True,max_split_size_mb:40,roundup_power2_divisions:4",
+        )
+        .unwrap();
+        c.apply("release_lock_on_cudamalloc:True").unwrap();
+        assert!(c.expandable_segments);
+        assert!(c.release_lock_on_cudamalloc);
+        assert_eq!(c.max_split_size, u64::MAX);
+        assert_eq!(c.roundup_power2_divisions, [0; 16]);
+    }
+
+    #[test]
+    fn invalid_strings_from_test_allocator_settings() {
+        for bad in [
+            "foo:1,bar:2",
+            "garbage_collection_threshold:1.2",
+            "max_split_size_mb:2",
+            "release_lock_on_cudamalloc:none",
+            "pinned_use_cuda_host_register:none",
+            "pinned_num_register_threads:none",
+            "pinned_num_register_threads:1024",
+        ] {
+            assert!(Config::parse(bad).is_err(), "{bad} should be refused");
+        }
+        let e = Config::parse("foo:1,bar:2").unwrap_err();
+        assert_eq!(e.0, "Unrecognized key 'foo' in CUDA allocator config");
+    }
+
+    #[test]
+    fn malformed_strings_never_panic() {
+        for bad in [
+            ":",
+            ",",
+            "[",
+            "]",
+            "max_split_size_mb",
+            "max_split_size_mb:",
+            "roundup_power2_divisions:[",
+            "roundup_power2_divisions:[64",
+            "roundup_power2_divisions:[64:",
+            "roundup_power2_divisions:[64:3]",
+            "roundup_power2_divisions:[3:4]",
+            "expandable_segments:True:",
+            "backend:cudaMallocAsync",
+            "garbage_collection_threshold:nan",
+            "per_process_memory_fraction:1.1",
+            "max_split_size_mb:20x,",
+            "pinned_reserve_segment_size_mb:0",
+            "foo:[1,2]",
+        ] {
+            let _ = Config::parse(bad);
+        }
+        assert!(Config::parse("max_split_size_mb:20").is_ok());
+        assert!(Config::parse("backend:native").is_ok());
+        assert!(Config::parse(
+            "per_process_memory_fraction:0.5,pinned_use_background_threads:True"
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn c_number_parsing() {
+        assert_eq!(stoull("12abc"), Some(12));
+        assert_eq!(stoull("abc"), None);
+        assert_eq!(stoull("-1"), Some(u64::MAX));
+        assert_eq!(stod("0.5x"), Some(0.5));
+        assert_eq!(stod("1e-1"), Some(0.1));
+        assert_eq!(stod(".5"), Some(0.5));
+        assert_eq!(stod("x"), None);
+    }
+}

@@ -1,0 +1,301 @@
+//! The allocation path, `DeviceCachingAllocator::malloc` (spec section 4), in PyTorch's order:
+//! best fit from the cache, then GC, a new segment, freeing oversize cached segments, freeing
+//! every whole cached segment, and only then OOM. The order decides which device calls happen
+//! and so which segment events a recording shows; it must not be "simplified".
+
+use super::block::{Block, SizeKey, NIL};
+use super::rounding::{get_allocation_size, is_small, round_size, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
+use super::PyTorchAllocator;
+use allocsim_core::{AllocId, Env, Event, Granted, OomInfo, Pool, StreamId};
+
+/// Requests of at least 1 EiB are refused before anything else ("Tried to allocate more than
+/// 1EB memory").
+const MAX_REQUEST_BYTES: u64 = 1 << 60;
+
+/// `AllocParams`: one request as the miss path sees it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Params {
+    /// Rounded size.
+    pub size: u64,
+    /// Segment size a new segment would get (`get_allocation_size`).
+    pub alloc_size: u64,
+    pub stream: StreamId,
+    pub small: bool,
+    /// The block found or made; `NIL` until then.
+    pub block: u32,
+}
+
+pub(super) fn pool_of(small: bool) -> Pool {
+    if small {
+        Pool::Small
+    } else {
+        Pool::Large
+    }
+}
+
+impl PyTorchAllocator {
+    /// `DeviceCachingAllocator::malloc`.
+    pub(super) fn malloc_impl(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        orig_size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
+        if orig_size == 0 {
+            // NativeCachingAllocator::allocate(0) returns nullptr: no stats, no trace.
+            return Ok(Granted { addr: 0, size: 0 });
+        }
+        let size = round_size(&self.config, orig_size);
+        let small = is_small(size);
+        let mut p =
+            Params { size, alloc_size: get_allocation_size(size), stream, small, block: NIL };
+        if orig_size >= MAX_REQUEST_BYTES {
+            // PyTorch throws before touching any state; we still report the refusal.
+            let info = self.oom_info(env, &p);
+            env.events.push(Event::Oom { id, size, stream, info });
+            return Err(info);
+        }
+        // trigger_free_memory_callbacks only has the CUDA-IPC collector, false in one process.
+        let mut found = self.get_free_block(&mut p);
+        if !found {
+            if self.gc_enabled() {
+                self.garbage_collect_cached_blocks(env);
+            }
+            found = self.alloc_block(env, &mut p, false)
+                || (self.release_available_cached_blocks(env, &p)
+                    && self.alloc_block(env, &mut p, false))
+                || (self.release_cached_blocks(env) && self.alloc_block(env, &mut p, true));
+        }
+        if !found {
+            return Err(self.oom(env, id, &p));
+        }
+        let split = self.should_split(p.block, size);
+        Ok(self.alloc_found_block(env, id, &p, orig_size, split))
+    }
+
+    /// `get_free_block`: best fit on the same stream, with the expandable preference and the
+    /// max_split rules. No fallback search: a rejected candidate means a miss.
+    fn get_free_block(&mut self, p: &mut Params) -> bool {
+        let gc = self.gc_enabled();
+        let expandable_on = self.config.expandable_segments;
+        let max_split = self.config.max_split_size;
+        let non_split_rounding = self.config.max_non_split_rounding_size;
+        let arena = &self.arena;
+        let pool = if p.small { &mut self.small_pool } else { &mut self.large_pool };
+        if gc {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let stream = p.stream.0;
+        let mut it = pool.blocks.range(SizeKey::search(p.stream, p.size)..);
+        let Some(mut key) = it.next().copied() else { return false };
+        if key.stream != stream {
+            return false;
+        }
+        if arena[key.index].is_expandable() {
+            if expandable_on {
+                // Best fit by the size a block can grow to: prefer a bigger block with less
+                // unmapped room behind it.
+                let growable = |k: &SizeKey| {
+                    let b = &arena[k.index];
+                    let unmapped_next = b.next != NIL && !arena[b.next].mapped;
+                    b.size + if unmapped_next { arena[b.next].size } else { 0 }
+                };
+                while arena[key.index].is_expandable() {
+                    match it.next() {
+                        Some(next) if next.stream == stream && growable(next) < growable(&key) => {
+                            key = *next
+                        }
+                        _ => break,
+                    }
+                }
+            } else {
+                // Expandable segments were turned off after use: skip their blocks.
+                loop {
+                    match it.next() {
+                        None => return false,
+                        Some(next) => {
+                            key = *next;
+                            if !(arena[key.index].is_expandable() && key.stream == stream) {
+                                break;
+                            }
+                        }
+                    }
+                }
+                if key.stream != stream {
+                    return false;
+                }
+            }
+        }
+        if p.size < max_split && key.size >= max_split {
+            return false;
+        }
+        if p.size >= max_split && key.size >= p.size.saturating_add(non_split_rounding) {
+            return false;
+        }
+        pool.blocks.remove(&key);
+        p.block = key.index;
+        true
+    }
+
+    /// `alloc_block`: a new segment (or expandable pages) for `p`. The fraction check comes
+    /// before any device call; a retry is counted before any check.
+    pub(super) fn alloc_block(
+        &mut self,
+        env: &mut Env<'_>,
+        p: &mut Params,
+        is_retry: bool,
+    ) -> bool {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(allowed) = self.allowed_memory_maximum {
+            if self.total_allocated_memory.saturating_add(p.alloc_size) > allowed {
+                return false;
+            }
+        }
+        if self.config.expandable_segments {
+            return match self.try_allocate_expandable_block(env, p.stream, p.small, p.size) {
+                Some(block) => {
+                    p.block = block;
+                    true
+                }
+                None => false,
+            };
+        }
+        // cudaErrorMemoryAllocation is swallowed; PyTorch would throw on other driver errors,
+        // which we can only report as a failed allocation.
+        let Ok(addr) = env.device.malloc(p.alloc_size) else { return false };
+        self.total_allocated_memory += p.alloc_size;
+        p.block = self.arena.insert(Block::new(addr, p.alloc_size, p.stream, p.small));
+        let pool = pool_of(p.small);
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, p.alloc_size);
+        if p.alloc_size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        env.events.push(Event::SegmentAlloc { addr, size: p.alloc_size, stream: p.stream, pool });
+        true
+    }
+
+    /// `should_split`: small pool and expandable mode split any remainder of 512 B or more;
+    /// the large pool only below max_split_size and for remainders over 1 MiB.
+    fn should_split(&self, block: u32, size: u64) -> bool {
+        let b = &self.arena[block];
+        let remaining = b.size - size;
+        if b.small || self.config.expandable_segments {
+            remaining >= K_MIN_BLOCK_SIZE
+        } else {
+            size < self.config.max_split_size && remaining > K_SMALL_SIZE
+        }
+    }
+
+    /// `alloc_found_block`: the low part becomes a new block handed out, the found block object
+    /// becomes the high remainder (keeping its stale `requested_size`).
+    fn alloc_found_block(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        p: &Params,
+        orig_size: u64,
+        split: bool,
+    ) -> Granted {
+        let pool = pool_of(p.small);
+        let found = self.arena[p.block];
+        let already_split = found.is_split();
+        let expandable = found.is_expandable();
+        let mut block = p.block;
+        if split {
+            let remaining = p.block;
+            let mut head = Block::new(found.addr, p.size, p.stream, p.small);
+            head.expandable = found.expandable;
+            head.prev = found.prev;
+            head.next = remaining;
+            block = self.arena.insert(head);
+            if found.prev != NIL {
+                self.arena[found.prev].next = block;
+            }
+            let r = &mut self.arena[remaining];
+            r.prev = block;
+            r.addr += p.size;
+            r.size -= p.size;
+            let remaining_size = r.size;
+            self.insert_into_blocks(remaining);
+            if !expandable {
+                if already_split {
+                    self.stats.inactive_split_bytes.decrease(pool, p.size);
+                } else {
+                    self.stats.inactive_split_bytes.increase(pool, remaining_size);
+                    self.stats.inactive_split.increase(pool, 1);
+                }
+            }
+        } else if already_split && !expandable {
+            self.stats.inactive_split_bytes.decrease(pool, found.size);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+        let b = &mut self.arena[block];
+        b.allocated = true;
+        b.requested = orig_size;
+        b.id = id;
+        let (addr, size) = (b.addr, b.size);
+        env.events.push(Event::Alloc {
+            id,
+            addr,
+            size,
+            requested: orig_size,
+            stream: p.stream,
+            pool,
+        });
+        self.ids.insert(id, block);
+        let s = &mut self.stats;
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, size);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, size);
+        s.requested_bytes.increase(pool, orig_size);
+        if size >= self.config.max_split_size {
+            s.oversize_allocations.increase(1);
+        }
+        Granted { addr, size }
+    }
+
+    /// The OOM branch of `malloc`: trace `oom` with the driver's free memory, count it.
+    fn oom(&mut self, env: &mut Env<'_>, id: AllocId, p: &Params) -> OomInfo {
+        let info = self.oom_info(env, p);
+        env.events.push(Event::Oom { id, size: p.size, stream: p.stream, info });
+        self.stats.num_ooms += 1;
+        info
+    }
+
+    fn oom_info(&self, env: &Env<'_>, p: &Params) -> OomInfo {
+        let mem = env.device.mem_info();
+        OomInfo {
+            rounded_bytes: p.size,
+            device_free_bytes: mem.free_bytes,
+            device_total_bytes: mem.total_bytes,
+            allowed_bytes: self.allowed_memory_maximum,
+            allocated_bytes: self.stats.allocated_bytes.all.current.max(0) as u64,
+            reserved_bytes: self.stats.reserved_bytes.all.current.max(0) as u64,
+            largest_free_small_bytes: self.small_pool.largest_free(),
+            largest_free_large_bytes: self.large_pool.largest_free(),
+        }
+    }
+
+    /// `BlockPool::insert_into_blocks`: enter the free set, stamping the GC clock.
+    pub(super) fn insert_into_blocks(&mut self, index: u32) {
+        let pool =
+            if self.arena[index].small { &mut self.small_pool } else { &mut self.large_pool };
+        let b = &mut self.arena[index];
+        b.gc_count_base = pool.get_free_blocks_call_count;
+        pool.blocks.insert(b.size_key(index));
+    }
+
+    /// `pool.blocks.erase(block)`.
+    pub(super) fn erase_from_blocks(&mut self, index: u32) {
+        let b = &self.arena[index];
+        let key = b.size_key(index);
+        let pool = if b.small { &mut self.small_pool } else { &mut self.large_pool };
+        pool.blocks.remove(&key);
+    }
+}
