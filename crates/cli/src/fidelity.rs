@@ -23,9 +23,10 @@ pub struct Args {
 }
 
 fn read_truth(path: &PathBuf) -> anyhow::Result<Vec<(String, i64)>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("parsing {} as JSON", path.display()))?;
     let stats = json.get("memory_stats").unwrap_or(&json);
     let Some(map) = stats.as_object() else {
         bail!("{}: expected an object of memory_stats keys", path.display());

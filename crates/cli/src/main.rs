@@ -1,8 +1,11 @@
 //! `allocsim`: the command-line front end. The only crate that prints, reads the environment
 //! or uses `anyhow`; every command is a thin layer over the library crates.
 
+mod compare;
 mod convert;
+mod explain_oom;
 mod fidelity;
+mod html;
 mod info;
 mod output;
 mod replay;
@@ -26,9 +29,24 @@ enum Command {
     Replay(replay::Args),
     /// Replay a PyTorch recording in lockstep with itself and report "exact" or where it parts.
     Fidelity(fidelity::Args),
+    /// Run every policy on every trace and compare peaks, fragmentation, OOMs, device calls and
+    /// minimum feasible capacity.
+    Compare(compare::Args),
+    /// Explain each OOM: free memory, largest free block per pool, reserved but unallocated,
+    /// and the live blocks fencing the largest free region, with their allocation stacks.
+    ExplainOom(explain_oom::Args),
     /// Convert a trace between formats, chosen by extension (.pickle[.gz], .csv, .allocsim,
     /// .allocsim.json).
     Convert(convert::Args),
+}
+
+/// Write `bytes` to `path` through a temporary file in the same directory, so an existing file
+/// is replaced only by a complete new one.
+pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let tmp = path.with_extension("allocsim-tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
 }
 
 fn main() -> ExitCode {
@@ -38,6 +56,8 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay::run(args),
         Command::Fidelity(args) => fidelity::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Compare(args) => compare::run(args),
+        Command::ExplainOom(args) => explain_oom::run(args),
     };
     match result {
         Ok(code) => code,

@@ -106,7 +106,8 @@ pub fn stat_differences(
     let ours: std::collections::BTreeMap<String, i64> = simulated.flat().into_iter().collect();
     let theirs: std::collections::BTreeMap<&str, i64> =
         expected.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    let mut keys: Vec<&str> = ours.keys().map(String::as_str).chain(theirs.keys().copied()).collect();
+    let mut keys: Vec<&str> =
+        ours.keys().map(String::as_str).chain(theirs.keys().copied()).collect();
     keys.sort_unstable();
     keys.dedup();
     keys.into_iter()

@@ -116,7 +116,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let (Some(l), Some(path)) = (log, &args.event_log) {
         l.finish().with_context(|| format!("writing {}", path.display()))?;
     }
-    let differences = trace.meta.expected_stats.as_ref().map(|e| stat_differences(&report.stats, e));
+    let differences =
+        trace.meta.expected_stats.as_ref().map(|e| stat_differences(&report.stats, e));
     let violations = report.check.as_ref().map_or(0, |c| c.total_violations());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json_report(&args, &report, &differences))?);
@@ -135,7 +136,10 @@ pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> ser
         .iter()
         .map(|&k| {
             let c = r.device_calls.get(k);
-            (k.name().to_string(), serde_json::json!({"calls": c.calls, "failed": c.failed, "time_ns": c.time_ns}))
+            (
+                k.name().to_string(),
+                serde_json::json!({"calls": c.calls, "failed": c.failed, "time_ns": c.time_ns}),
+            )
         })
         .collect();
     let m = &r.metrics;
@@ -218,7 +222,12 @@ fn print_report(args: &Args, warnings: &[String], r: &RunReport, differences: &D
         .filter(|&&k| r.device_calls.get(k).calls > 0)
         .map(|&k| {
             let c = r.device_calls.get(k);
-            format!("{} {}{}", c.calls, k.name(), if c.failed > 0 { format!(" ({} refused)", c.failed) } else { String::new() })
+            format!(
+                "{} {}{}",
+                c.calls,
+                k.name(),
+                if c.failed > 0 { format!(" ({} refused)", c.failed) } else { String::new() }
+            )
         })
         .collect();
     println!(
@@ -250,10 +259,9 @@ fn print_report(args: &Args, warnings: &[String], r: &RunReport, differences: &D
         );
     }
     match differences {
-        Some(d) if d.is_empty() => println!(
-            "  memory_stats: all {} keys equal the recorded run's",
-            r.stats.flat().len()
-        ),
+        Some(d) if d.is_empty() => {
+            println!("  memory_stats: all {} keys equal the recorded run's", r.stats.flat().len())
+        }
         Some(d) => {
             println!("  memory_stats: {} keys differ from the recorded run's:", d.len());
             for (k, a, b) in d.iter().take(12) {

@@ -2,7 +2,7 @@
 //! API boundary.
 
 use crate::Observer;
-use allocsim_core::{AllocId, Allocator, ConfigError, Device, Env, Event, Granted, Op, OomInfo};
+use allocsim_core::{AllocId, Allocator, ConfigError, Device, Env, Event, Granted, OomInfo, Op};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -151,27 +151,27 @@ impl<'a> Engine<'a> {
                     }
                 }
             }
-            Op::FreeRequested { id } => match self.ids.get_mut(&id) {
-                Some(state @ IdState::Live) => {
-                    *state = IdState::Pending;
+            Op::FreeRequested { id } => match self.ids.get(&id).copied() {
+                Some(IdState::Live) => {
+                    self.ids.insert(id, IdState::Pending);
                     self.allocator.free(&mut env, id);
                     OpOutcome::Done
                 }
-                other => self.skip(other.copied()),
+                other => skip(&mut self.skipped, other),
             },
             Op::RecordStream { id, stream } => match self.ids.get(&id) {
                 Some(IdState::Live) => {
                     self.allocator.record_stream(id, stream);
                     OpOutcome::Done
                 }
-                other => self.skip(other.copied()),
+                other => skip(&mut self.skipped, other.copied()),
             },
             Op::FreeCompleted { id } => match self.ids.get(&id) {
                 Some(IdState::Pending) => {
                     self.allocator.free_completed(&mut env, id);
                     OpOutcome::Done
                 }
-                other => self.skip(other.copied()),
+                other => skip(&mut self.skipped, other.copied()),
             },
             Op::EmptyCache => {
                 self.allocator.empty_cache(&mut env);
@@ -205,12 +205,12 @@ impl<'a> Engine<'a> {
     pub fn refusals(&self) -> &[String] {
         &self.refusals
     }
+}
 
-    fn skip(&mut self, state: Option<IdState>) -> OpOutcome {
-        match state {
-            Some(IdState::Failed) => self.skipped.of_failed_allocs += 1,
-            _ => self.skipped.of_unknown_ids += 1,
-        }
-        OpOutcome::Skipped
+fn skip(skipped: &mut Skipped, state: Option<IdState>) -> OpOutcome {
+    match state {
+        Some(IdState::Failed) => skipped.of_failed_allocs += 1,
+        _ => skipped.of_unknown_ids += 1,
     }
+    OpOutcome::Skipped
 }

@@ -9,13 +9,17 @@
 //! trace) are skipped and counted, never passed on.
 
 mod engine;
+mod explain;
 mod fidelity;
+mod grid;
 mod metrics;
 mod observers;
 mod run;
 
 pub use engine::{Engine, OpOutcome, Skipped};
+pub use explain::{Fence, FreeRegion, OomExplainer, OomExplanation};
 pub use fidelity::{Divergence, Fidelity};
+pub use grid::{compare, min_feasible_capacity, GridCell, CAPACITY_RESOLUTION_BYTES};
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
 pub use observers::{format_event, CheckObserver, EventLog, Observer};
 pub use run::{run_trace, DeviceChoice, RunOptions, RunReport, H100_FREE_BYTES, H100_TOTAL_BYTES};

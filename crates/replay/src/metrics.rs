@@ -4,7 +4,7 @@
 //! same thing for every policy and cannot be wrong in the same way the policy's counters are.
 
 use crate::{Observer, OpOutcome};
-use allocsim_core::{Allocator, Device, Event, Op, OomInfo};
+use allocsim_core::{Allocator, Device, Event, OomInfo, Op};
 
 /// One OOM and the figures that explain it.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +27,8 @@ pub struct MetricsReport {
     pub events: u64,
     pub peak_allocated_bytes: u64,
     pub peak_reserved_bytes: u64,
+    /// The op after which reserved bytes first reached their peak.
+    pub peak_reserved_op: u64,
     pub peak_active_bytes: u64,
     pub peak_requested_bytes: u64,
     /// 1 - peak allocated / peak reserved: the share of the reservation peak never used.
@@ -94,7 +96,8 @@ impl Metrics {
             let frag = (space.cached_bytes - space.largest_free_block_bytes.min(space.cached_bytes))
                 as f64
                 / space.cached_bytes as f64;
-            self.report.external_fragmentation_max = self.report.external_fragmentation_max.max(frag);
+            self.report.external_fragmentation_max =
+                self.report.external_fragmentation_max.max(frag);
             self.frag_sum += frag;
             self.frag_samples += 1;
         }
@@ -107,13 +110,16 @@ impl Metrics {
 }
 
 impl Observer for Metrics {
-    fn on_event(&mut self, _event_index: u64, _op_index: u64, event: &Event) -> bool {
+    fn on_event(&mut self, _event_index: u64, op_index: u64, event: &Event) -> bool {
         let r = &mut self.report;
         r.events += 1;
         match *event {
             Event::SegmentAlloc { size, .. } | Event::SegmentMap { size, .. } => {
                 self.reserved += size;
-                r.peak_reserved_bytes = r.peak_reserved_bytes.max(self.reserved);
+                if self.reserved > r.peak_reserved_bytes {
+                    r.peak_reserved_bytes = self.reserved;
+                    r.peak_reserved_op = op_index;
+                }
             }
             Event::SegmentFree { size, .. } | Event::SegmentUnmap { size, .. } => {
                 self.reserved = self.reserved.saturating_sub(size)
@@ -126,7 +132,9 @@ impl Observer for Metrics {
                 r.peak_active_bytes = r.peak_active_bytes.max(self.active);
                 r.peak_requested_bytes = r.peak_requested_bytes.max(self.requested);
             }
-            Event::FreeRequested { size, .. } => self.allocated = self.allocated.saturating_sub(size),
+            Event::FreeRequested { size, .. } => {
+                self.allocated = self.allocated.saturating_sub(size)
+            }
             Event::FreeCompleted { size, requested, .. } => {
                 self.active = self.active.saturating_sub(size);
                 self.requested = self.requested.saturating_sub(requested);

@@ -60,7 +60,11 @@ pub fn format_event(event_index: u64, op_index: u64, event: &Event) -> String {
         | Event::SegmentFree { addr, size, stream, pool }
         | Event::SegmentMap { addr, size, stream, pool }
         | Event::SegmentUnmap { addr, size, stream, pool } => {
-            format!("{head} addr={addr:#x} size={size} stream={} pool={}", stream.0, pool.segment_type())
+            format!(
+                "{head} addr={addr:#x} size={size} stream={} pool={}",
+                stream.0,
+                pool.segment_type()
+            )
         }
         Event::Alloc { id, addr, size, requested, stream, pool } => format!(
             "{head} id={} addr={addr:#x} size={size} requested={requested} stream={} pool={}",

@@ -2,11 +2,11 @@
 //! integration tests, the comparison grid, the benchmarks), so that they all mean the same
 //! thing by "replay this trace under this policy".
 
-use crate::{replay, CheckObserver, Divergence, Fidelity, Metrics, MetricsReport, Observer, Skipped};
-use allocsim_check::{CheckConfig, CheckReport, Checker};
-use allocsim_core::{
-    Allocator, ConfigError, Device, DeviceCalls, Env, MemoryStats, SnapshotSegment, Trace,
+use crate::{
+    replay, CheckObserver, Divergence, Fidelity, Metrics, MetricsReport, Observer, Skipped,
 };
+use allocsim_check::{CheckConfig, CheckReport, Checker};
+use allocsim_core::{ConfigError, Device, DeviceCalls, Env, MemoryStats, SnapshotSegment, Trace};
 use allocsim_sim::{RecordedDevice, SimConfig, SimDevice};
 
 /// Which device a run uses.
@@ -81,7 +81,8 @@ pub fn run_trace(
         (None, _) => String::new(),
     };
     let mut allocator = allocsim_policies::by_name(&opts.policy, Some(&alloc_conf))?;
-    let total = opts.device_total_bytes.or(trace.meta.device_total_bytes).unwrap_or(H100_TOTAL_BYTES);
+    let total =
+        opts.device_total_bytes.or(trace.meta.device_total_bytes).unwrap_or(H100_TOTAL_BYTES);
     let free = opts
         .device_free_bytes
         .or(trace.meta.device_free_bytes)
@@ -92,10 +93,11 @@ pub fn run_trace(
         seed: opts.seed,
         ..SimConfig::default()
     });
-    let what_if = opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != trace.meta.alloc_conf.as_ref())
-        || opts.memory_fraction.is_some_and(|f| Some(f) != trace.meta.memory_fraction)
-        || opts.device_total_bytes.is_some_and(|t| Some(t) != trace.meta.device_total_bytes)
-        || opts.device_free_bytes.is_some_and(|f| Some(f) != trace.meta.device_free_bytes);
+    let what_if =
+        opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != trace.meta.alloc_conf.as_ref())
+            || opts.memory_fraction.is_some_and(|f| Some(f) != trace.meta.memory_fraction)
+            || opts.device_total_bytes.is_some_and(|t| Some(t) != trace.meta.device_total_bytes)
+            || opts.device_free_bytes.is_some_and(|f| Some(f) != trace.meta.device_free_bytes);
     let follow = match opts.device {
         DeviceChoice::Recorded => true,
         DeviceChoice::Sim => false,
@@ -122,20 +124,22 @@ pub fn run_trace(
     let mut checker = opts.check.then(|| {
         CheckObserver::new(Checker::new(CheckConfig {
             device_total_bytes: total,
+            alignment_bytes: allocator.block_alignment(),
             ..CheckConfig::default()
         }))
     });
     let mut fidelity = opts.fidelity.then(|| Fidelity::new(&trace.recorded));
-    let mut observers: Vec<&mut dyn Observer> = vec![&mut metrics];
+    let mut own: Vec<&mut dyn Observer> = vec![&mut metrics];
     if let Some(c) = checker.as_mut() {
-        observers.push(c);
+        own.push(c);
     }
     if let Some(f) = fidelity.as_mut() {
-        observers.push(f);
+        own.push(f);
     }
-    observers.extend(extra.iter_mut().map(|o| &mut **o));
-    let (ops_run, skipped) = replay(&trace.ops, &mut *allocator, device, &mut observers, progress);
-    drop(observers);
+    let mut fanout = Fanout { own, extra };
+    let (ops_run, skipped) =
+        replay(&trace.ops, &mut *allocator, device, &mut [&mut fanout], progress);
+    drop(fanout);
 
     Ok(RunReport {
         policy: opts.policy.clone(),
@@ -154,4 +158,42 @@ pub fn run_trace(
         fidelity: fidelity.map(Fidelity::finish),
         snapshot: allocator.snapshot(),
     })
+}
+
+/// The run's own observers and the caller's, as one. (Two lists because the caller's
+/// observers live longer than the run's, and `&mut dyn` lists cannot mix lifetimes.)
+struct Fanout<'a, 'b> {
+    own: Vec<&'a mut dyn Observer>,
+    extra: &'a mut [&'b mut dyn Observer],
+}
+
+impl Observer for Fanout<'_, '_> {
+    fn on_event(&mut self, event_index: u64, op_index: u64, event: &allocsim_core::Event) -> bool {
+        let mut keep_going = true;
+        for o in self.own.iter_mut() {
+            keep_going &= o.on_event(event_index, op_index, event);
+        }
+        for o in self.extra.iter_mut() {
+            keep_going &= o.on_event(event_index, op_index, event);
+        }
+        keep_going
+    }
+
+    fn on_op(
+        &mut self,
+        op_index: u64,
+        op: &allocsim_core::Op,
+        outcome: &crate::OpOutcome,
+        allocator: &dyn allocsim_core::Allocator,
+        device: &dyn Device,
+    ) -> bool {
+        let mut keep_going = true;
+        for o in self.own.iter_mut() {
+            keep_going &= o.on_op(op_index, op, outcome, allocator, device);
+        }
+        for o in self.extra.iter_mut() {
+            keep_going &= o.on_op(op_index, op, outcome, allocator, device);
+        }
+        keep_going
+    }
 }

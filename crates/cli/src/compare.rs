@@ -1,0 +1,145 @@
+//! `allocsim compare TRACE... --policy all|a,b,c`: the policy x trace grid.
+
+use allocsim_replay::{compare, GridCell, RunOptions};
+use anyhow::{bail, Context};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Traces to compare on (any format `replay` reads).
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// `all`, or a comma-separated list of policies.
+    #[arg(long, default_value = "all")]
+    policy: String,
+    /// Device memory in bytes (total and free at start). Default: each trace's own device.
+    #[arg(long)]
+    device_total: Option<u64>,
+    /// Skip the minimum-feasible-capacity bisection (about 16 more runs per cell).
+    #[arg(long)]
+    no_capacity: bool,
+    /// Print a JSON array of rows instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Also write a self-contained HTML report (timelines, segment map at peak, table).
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+fn policies(spec: &str) -> anyhow::Result<Vec<String>> {
+    let known = allocsim_policies::names();
+    if spec == "all" {
+        return Ok(known.iter().map(|s| s.to_string()).collect());
+    }
+    let chosen: Vec<String> = spec.split(',').map(|s| s.trim().to_string()).collect();
+    for p in &chosen {
+        if !known.contains(&p.as_str()) {
+            bail!("unknown policy {p:?}; known policies: {}", known.join(", "));
+        }
+    }
+    Ok(chosen)
+}
+
+fn trace_name(path: &std::path::Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    for ext in [".pickle.gz", ".pickle", ".allocsim.json", ".allocsim", ".csv"] {
+        if let Some(stem) = name.strip_suffix(ext) {
+            return stem.to_string();
+        }
+    }
+    name
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let policies = policies(&args.policy)?;
+    let mut traces = Vec::new();
+    for path in &args.traces {
+        traces.push((trace_name(path), allocsim_trace::read_trace(path)?));
+    }
+    if let Some(jobs) = args.jobs {
+        rayon::ThreadPoolBuilder::new().num_threads(jobs).build_global().ok();
+    }
+    let base = RunOptions {
+        device_total_bytes: args.device_total,
+        device_free_bytes: args.device_total,
+        check: true,
+        ..RunOptions::default()
+    };
+    let bar = indicatif::ProgressBar::new((traces.len() * policies.len()) as u64);
+    let cells = compare(&traces, &policies, &base, !args.no_capacity, || bar.inc(1))
+        .context("running the comparison grid")?;
+    bar.finish_and_clear();
+    if let Some(path) = &args.html {
+        let html = crate::html::report(&traces, &cells, &base)?;
+        crate::write_atomically(path, html.as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    if args.json {
+        let rows: Vec<serde_json::Value> = cells.iter().map(row).collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print_tables(&cells);
+    }
+    let violations: u64 =
+        cells.iter().map(|c| c.report.check.as_ref().map_or(0, |r| r.total_violations())).sum();
+    Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+fn row(c: &GridCell) -> serde_json::Value {
+    let m = &c.report.metrics;
+    serde_json::json!({
+        "trace": c.trace,
+        "policy": c.policy,
+        "peak_allocated_bytes": m.peak_allocated_bytes,
+        "peak_reserved_bytes": m.peak_reserved_bytes,
+        "fragmentation_at_peak": m.fragmentation_at_peak,
+        "ooms": m.ooms.len(),
+        "device_calls": c.report.device_calls.total_calls(),
+        "device_call_time_ns": c.report.device_calls.total_time_ns(),
+        "min_feasible_capacity_bytes": c.min_feasible_capacity_bytes,
+        "checker_violations": c.report.check.as_ref().map_or(0, |r| r.total_violations()),
+    })
+}
+
+fn gib(n: u64) -> String {
+    format!("{:.3}", n as f64 / (1u64 << 30) as f64)
+}
+
+fn print_tables(cells: &[GridCell]) {
+    let mut current = "";
+    for c in cells {
+        if c.trace != current {
+            current = &c.trace;
+            println!("\n{current}");
+            println!(
+                "  {:<14} {:>12} {:>12} {:>8} {:>6} {:>8} {:>11} {:>14} {:>6}",
+                "policy",
+                "peak alloc",
+                "peak rsrvd",
+                "frag",
+                "OOMs",
+                "calls",
+                "call time",
+                "min capacity",
+                "viol."
+            );
+        }
+        let m = &c.report.metrics;
+        println!(
+            "  {:<14} {:>10}Gi {:>10}Gi {:>7.2}% {:>6} {:>8} {:>9.1}ms {:>14} {:>6}",
+            c.policy,
+            gib(m.peak_allocated_bytes),
+            gib(m.peak_reserved_bytes),
+            100.0 * m.fragmentation_at_peak,
+            m.ooms.len(),
+            c.report.device_calls.total_calls(),
+            c.report.device_calls.total_time_ns() as f64 / 1e6,
+            c.min_feasible_capacity_bytes.map_or("-".to_string(), |b| format!("{}Gi", gib(b))),
+            c.report.check.as_ref().map_or(0, |r| r.total_violations()),
+        );
+    }
+}

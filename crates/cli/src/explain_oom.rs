@@ -1,0 +1,103 @@
+//! `allocsim explain-oom TRACE [--policy P]`.
+
+use crate::output::bytes;
+use crate::replay::progress_bar;
+use allocsim_core::Trace;
+use allocsim_replay::{run_trace, DeviceChoice, OomExplainer, RunOptions};
+use anyhow::Context;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The trace (any format `replay` reads).
+    trace: PathBuf,
+    /// The policy to explain.
+    #[arg(long, default_value = "pytorch")]
+    policy: String,
+    /// Allocator settings in the policy's syntax. Default: the trace's.
+    #[arg(long)]
+    alloc_conf: Option<String>,
+    /// Device memory in bytes (total and free at start). Default: the trace's own device.
+    #[arg(long)]
+    device_total: Option<u64>,
+    /// Explain at most this many OOMs.
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+}
+
+/// The stack of the op that allocated a fence, as "name (file:line)" lines, innermost first.
+fn stack_of(trace: &Trace, op: u64) -> Vec<String> {
+    let Ok(i) = trace.op_stacks.binary_search_by_key(&op, |&(o, _)| o) else {
+        return Vec::new();
+    };
+    let stack = &trace.stacks[trace.op_stacks[i].1 as usize];
+    stack.frames.iter().take(6).map(|f| format!("{} ({}:{})", f.name, f.filename, f.line)).collect()
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let trace = allocsim_trace::read_trace(&args.trace)?;
+    let opts = RunOptions {
+        policy: args.policy.clone(),
+        alloc_conf: args.alloc_conf.clone(),
+        device: DeviceChoice::Auto,
+        device_total_bytes: args.device_total,
+        device_free_bytes: args.device_total,
+        ..RunOptions::default()
+    };
+    let mut explainer = OomExplainer::default();
+    let report =
+        run_trace(&trace, &opts, &mut [&mut explainer], progress_bar(trace.ops.len() as u64))
+            .with_context(|| format!("setting up the {} policy", args.policy))?;
+    println!(
+        "{}: {} OOMs under {} on the {} device",
+        args.trace.display(),
+        explainer.explanations.len(),
+        args.policy,
+        report.device
+    );
+    for e in explainer.explanations.iter().take(args.limit) {
+        let i = &e.info;
+        println!("\nOOM at op {}: {} requested (rounded)", e.op_index, bytes(i.rounded_bytes));
+        println!(
+            "  device free: {} of {}",
+            bytes(i.device_free_bytes),
+            bytes(i.device_total_bytes)
+        );
+        if let Some(allowed) = i.allowed_bytes {
+            println!("  allowed by the memory fraction: {}", bytes(allowed));
+        }
+        println!(
+            "  allocated: {}; reserved: {}",
+            bytes(i.allocated_bytes),
+            bytes(i.reserved_bytes)
+        );
+        println!("  reserved but unallocated: {}", bytes(i.cached_bytes()));
+        for r in &e.largest_free {
+            println!(
+                "  largest free block in the {}: {} at {:#x}",
+                r.pool.stats_name().replace('_', " "),
+                bytes(r.size),
+                r.addr
+            );
+            for f in &r.fences {
+                let origin = match (f.id, f.alloc_op) {
+                    (Some(id), Some(op)) => format!("allocation {} from op {op}", id.0),
+                    _ => "allocated before the trace began".to_string(),
+                };
+                println!(
+                    "    fenced by a live block of {} at {:#x}: {origin}",
+                    bytes(f.size),
+                    f.addr
+                );
+                for frame in f.alloc_op.map(|op| stack_of(&trace, op)).unwrap_or_default() {
+                    println!("      {frame}");
+                }
+            }
+        }
+    }
+    if explainer.explanations.len() > args.limit {
+        println!("\n... and {} more (--limit)", explainer.explanations.len() - args.limit);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,93 @@
+//! Policy x trace grids, run in parallel, and the minimum feasible capacity of a run.
+
+use crate::{run_trace, DeviceChoice, RunOptions, RunReport};
+use allocsim_core::{ConfigError, Trace};
+use rayon::prelude::*;
+
+/// One cell of a comparison grid.
+#[derive(Debug, Clone)]
+pub struct GridCell {
+    pub trace: String,
+    pub policy: String,
+    pub report: RunReport,
+    /// The smallest device (bytes available to the process) on which the trace runs without
+    /// OOM, to `CAPACITY_RESOLUTION_BYTES`; `None` when not even the trace's own device is
+    /// enough, or when it was not asked for.
+    pub min_feasible_capacity_bytes: Option<u64>,
+}
+
+/// Bisection stops when the bracket is this narrow: the granularity of a CUDA segment.
+pub const CAPACITY_RESOLUTION_BYTES: u64 = 2 << 20;
+
+/// Whether `trace` runs without OOM on a device of `capacity` bytes (total = free).
+fn fits(trace: &Trace, opts: &RunOptions, capacity: u64) -> Result<bool, ConfigError> {
+    let opts = RunOptions {
+        device: DeviceChoice::Sim,
+        device_total_bytes: Some(capacity),
+        device_free_bytes: Some(capacity),
+        check: false,
+        fidelity: false,
+        ..opts.clone()
+    };
+    Ok(run_trace(trace, &opts, &mut [], |_| {})?.metrics.ooms.is_empty())
+}
+
+/// The smallest capacity on which `trace` runs without OOM under `opts`, found by bisection
+/// between `lower` (known or assumed too small) and `upper`. Feasibility is not strictly
+/// monotonic in capacity for every policy (a bigger card can change an early decision), so
+/// this is the boundary bisection finds, checked to fit.
+pub fn min_feasible_capacity(
+    trace: &Trace,
+    opts: &RunOptions,
+    lower: u64,
+    upper: u64,
+) -> Result<Option<u64>, ConfigError> {
+    if !fits(trace, opts, upper)? {
+        return Ok(None);
+    }
+    let (mut lo, mut hi) = (lower.min(upper), upper);
+    while hi - lo > CAPACITY_RESOLUTION_BYTES {
+        let mid = lo + (hi - lo) / 2;
+        if fits(trace, opts, mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(hi))
+}
+
+/// Run every policy on every trace in parallel. `progress` is called once per finished cell.
+pub fn compare(
+    traces: &[(String, Trace)],
+    policies: &[String],
+    base: &RunOptions,
+    with_capacity: bool,
+    progress: impl Fn() + Sync,
+) -> Result<Vec<GridCell>, ConfigError> {
+    let cells: Vec<(usize, &String)> =
+        (0..traces.len()).flat_map(|t| policies.iter().map(move |p| (t, p))).collect();
+    cells
+        .par_iter()
+        .map(|&(t, policy)| {
+            let (name, trace) = &traces[t];
+            let opts =
+                RunOptions { policy: policy.clone(), device: DeviceChoice::Sim, ..base.clone() };
+            let report = run_trace(trace, &opts, &mut [], |_| {})?;
+            let min_feasible_capacity_bytes = if with_capacity {
+                let upper = report.device_free_bytes;
+                let lower = report.metrics.peak_requested_bytes.saturating_sub(1);
+                min_feasible_capacity(trace, &opts, lower, upper)?
+            } else {
+                None
+            };
+            progress();
+            Ok(GridCell {
+                trace: name.clone(),
+                policy: policy.clone(),
+                report,
+                min_feasible_capacity_bytes,
+            })
+        })
+        .collect()
+}
