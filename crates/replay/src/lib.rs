@@ -25,11 +25,13 @@ pub use observers::{format_event, CheckObserver, EventLog, Observer};
 pub use run::{run_trace, DeviceChoice, RunOptions, RunReport, H100_FREE_BYTES, H100_TOTAL_BYTES};
 
 use allocsim_core::{Allocator, Device, Op};
+use std::borrow::Borrow;
 
 /// Replay `ops` (their indices are their positions) through `allocator` on `device`,
 /// notifying `observers`. Returns the number of ops run (fewer if an observer stopped the run).
-pub fn replay<'a>(
-    ops: impl IntoIterator<Item = &'a Op>,
+/// `ops` may borrow from a trace in memory or stream owned ops from a file.
+pub fn replay<O: Borrow<Op>>(
+    ops: impl IntoIterator<Item = O>,
     allocator: &mut dyn Allocator,
     device: &mut dyn Device,
     observers: &mut [&mut dyn Observer],
@@ -38,7 +40,7 @@ pub fn replay<'a>(
     let mut engine = Engine::new(allocator, device);
     let mut ran = 0;
     for op in ops {
-        let keep_going = engine.step(op, observers);
+        let keep_going = engine.step(op.borrow(), observers);
         ran += 1;
         if ran % 4096 == 0 {
             progress(ran);
