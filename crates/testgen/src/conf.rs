@@ -31,13 +31,15 @@ pub struct AllocConf {
 /// `max_split_size_mb` values: PyTorch 2.11 accepts 20 and up.
 pub const MAX_SPLIT_MB: [u64; 8] = [20, 21, 32, 40, 64, 100, 256, 1024];
 pub const MAX_NON_SPLIT_ROUNDING_MB: [u64; 4] = [20, 24, 40, 128];
-/// `roundup_power2_divisions` values: 0 disables, otherwise a power of two.
+/// `roundup_power2_divisions:D` values: a power of two (PyTorch refuses 0 in this form).
+pub const ALL_DIVISIONS: [u32; 5] = [1, 2, 4, 8, 16];
+/// Values in the list form, where 0 disables rounding for the interval.
 pub const DIVISIONS: [u32; 6] = [0, 1, 2, 4, 8, 16];
 pub const GC_THRESHOLDS: [f64; 5] = [0.05, 0.3, 0.5, 0.8, 0.99];
 
 /// Strings PyTorch refuses with a ValueError (from its own `test_allocator_settings`, and a few
 /// more of the same kinds).
-pub const INVALID: [&str; 10] = [
+pub const INVALID: [&str; 11] = [
     "foo:1,bar:2",
     "garbage_collection_threshold:1.2",
     "garbage_collection_threshold:0",
@@ -45,6 +47,7 @@ pub const INVALID: [&str; 10] = [
     "release_lock_on_cudamalloc:none",
     "expandable_segments:true",
     "roundup_power2_divisions:3",
+    "roundup_power2_divisions:0",
     "roundup_power2_divisions:[3:4]",
     "max_split_size_mb:",
     "max_split_size_mb:40,,",
@@ -64,7 +67,7 @@ impl AllocConf {
         }
         if e.chance(1, 2) {
             c.roundup_power2_divisions = Some(if e.chance(1, 2) {
-                Roundup::All(*e.pick(&DIVISIONS))
+                Roundup::All(*e.pick(&ALL_DIVISIONS))
             } else {
                 let n = 1 + e.below(4) as usize;
                 let mut boundary = 1u32 << e.below(3);

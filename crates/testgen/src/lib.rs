@@ -10,10 +10,14 @@
 //! - [`swarm`] and [`entropy`]: the swarm generator, driven by a seed or by fuzzer bytes.
 //! - [`strategy`]: the same programs as proptest strategies, which shrink.
 //! - [`conf`]: PyTorch allocator settings strings.
+//! - [`oracles`]: what must hold, shared by every front end.
+//! - [`reference`]: a deliberately simple model of PyTorch's rules, for differential tests.
 
 pub mod conf;
 pub mod entropy;
+pub mod oracles;
 pub mod program;
+pub mod reference;
 pub mod strategy;
 pub mod swarm;
 

@@ -3,7 +3,7 @@
 //! toward the first live allocation, sizes toward one byte, settings toward none.
 
 use crate::conf::{
-    AllocConf, Roundup, DIVISIONS, GC_THRESHOLDS, INVALID, MAX_NON_SPLIT_ROUNDING_MB, MAX_SPLIT_MB,
+    AllocConf, Roundup, ALL_DIVISIONS, DIVISIONS, GC_THRESHOLDS, INVALID, MAX_NON_SPLIT_ROUNDING_MB, MAX_SPLIT_MB,
 };
 use crate::program::{DeviceSpec, Program, Step, STREAMS};
 use crate::swarm::{Limits, Shape, BOUNDARY_SIZES, DEVICE_BYTES, FRACTIONS};
@@ -20,7 +20,7 @@ pub fn log_uniform(max_log2: u32) -> impl Strategy<Value = u64> + Clone {
 
 fn roundup() -> impl Strategy<Value = Roundup> {
     prop_oneof![
-        select(DIVISIONS.to_vec()).prop_map(Roundup::All),
+        select(ALL_DIVISIONS.to_vec()).prop_map(Roundup::All),
         (0u32..3, vec((1u32..4, select(DIVISIONS.to_vec())), 1..4), option::of(select(DIVISIONS.to_vec())))
             .prop_map(|(first, steps, rest)| {
                 let mut boundary = 1u32 << first;
@@ -56,12 +56,14 @@ pub fn alloc_conf(expandable: bool) -> impl Strategy<Value = AllocConf> {
         })
 }
 
-fn settings(expandable: bool) -> impl Strategy<Value = String> {
-    prop_oneof![
-        14 => alloc_conf(expandable).prop_map(|c| c.to_string()),
-        1 => Just(String::new()),
-        1 => select(INVALID.to_vec()).prop_map(str::to_string),
-    ]
+fn settings(limits: Limits) -> impl Strategy<Value = String> {
+    let invalid = if limits.invalid_settings { 1 } else { 0 };
+    let arms: Vec<(u32, BoxedStrategy<String>)> = vec![
+        (14, alloc_conf(limits.expandable).prop_map(|c| c.to_string()).boxed()),
+        (1, Just(String::new()).boxed()),
+        (invalid, select(INVALID.to_vec()).prop_map(str::to_string).boxed()),
+    ];
+    Union::new_weighted(arms.into_iter().filter(|(w, _)| *w > 0).collect())
 }
 
 /// A case's shape: switched-off kinds, weights, device, hot sizes, starting settings.
@@ -135,7 +137,7 @@ pub fn step(shape: &Shape, limits: Limits) -> BoxedStrategy<Step> {
         any::<u16>().prop_map(|p| Step::Complete { pick: u32::from(p) }).boxed(),
         Just(Step::EmptyCache).boxed(),
         select(FRACTIONS.to_vec()).prop_map(|fraction| Step::SetFraction { fraction }).boxed(),
-        settings(limits.expandable).prop_map(|conf| Step::Settings { conf }).boxed(),
+        settings(limits).prop_map(|conf| Step::Settings { conf }).boxed(),
     ];
     let weighted: Vec<(u32, BoxedStrategy<Step>)> =
         shape.weights.iter().copied().zip(arms).filter(|(w, _)| *w > 0).collect();
@@ -159,17 +161,23 @@ pub fn program(limits: Limits) -> impl Strategy<Value = Program> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conf::INVALID;
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
 
     #[test]
     fn programs_are_valid_and_varied() {
         let mut runner = TestRunner::deterministic();
-        let strategy = program(Limits { max_steps: 50, expandable: false });
+        let strategy = program(Limits::for_reference(50));
         let mut ops = 0;
         for _ in 0..50 {
             let p = strategy.new_tree(&mut runner).unwrap().current();
             assert!(!p.uses_expandable_segments(), "{p}");
+            for s in &p.steps {
+                if let Step::Settings { conf } = s {
+                    assert!(!INVALID.contains(&conf.as_str()), "{conf}");
+                }
+            }
             ops += p.ops().len();
         }
         assert!(ops > 100);

@@ -73,11 +73,20 @@ pub struct Limits {
     pub max_steps: usize,
     /// Allow `expandable_segments:True` (the reference model does not follow them).
     pub expandable: bool,
+    /// Allow settings strings PyTorch refuses in `SetAllocatorSettings` steps.
+    pub invalid_settings: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_steps: 200, expandable: true }
+        Limits { max_steps: 200, expandable: true, invalid_settings: true }
+    }
+}
+
+impl Limits {
+    /// What the reference model follows: no expandable segments, only valid settings.
+    pub fn for_reference(max_steps: usize) -> Self {
+        Limits { max_steps, expandable: false, invalid_settings: false }
     }
 }
 
@@ -165,6 +174,9 @@ impl Shape {
             5 => Step::SetFraction { fraction: *e.pick(&FRACTIONS) },
             _ => {
                 let mut conf = settings_string(e);
+                if !limits.invalid_settings && crate::conf::INVALID.contains(&conf.as_str()) {
+                    conf = String::new();
+                }
                 if !limits.expandable {
                     conf = conf.replace("expandable_segments:True", "expandable_segments:False");
                 }
