@@ -155,6 +155,11 @@ impl Allocator for PyTorchAllocator {
         "pytorch"
     }
 
+    /// Every block is a multiple of `kMinBlockSize` from a 2 MiB-aligned segment or page.
+    fn block_alignment(&self) -> u64 {
+        rounding::K_MIN_BLOCK_SIZE
+    }
+
     fn malloc(
         &mut self,
         env: &mut Env<'_>,
