@@ -1,1 +1,176 @@
 //! Every trace format: PyTorch snapshots (safe pickle reader), RMM logs, allocsim's native format.
+//!
+//! Each format is a module that converts into and out of `allocsim_core::Trace`; this file
+//! only picks the module by file name ([`Format`]) and does what all writers share: writing to
+//! a temporary file renamed into place, so a failed write never destroys an existing file.
+//!
+//! | extension | format | reads | writes |
+//! |---|---|---|---|
+//! | `.pickle`, `.pickle.gz` | PyTorch snapshot ([`pytorch`]) | ops, recorded, stacks, settings, sidecar | from `recorded`, else from ops |
+//! | `.csv` (`.rmm.csv`) | RMM `logging_resource_adaptor` log ([`rmm`]) | ops, recorded | ops |
+//! | `.allocsim` | native binary ([`native`]) | everything | everything |
+//! | `.allocsim.json` | native JSON ([`native`]) | everything | everything |
+//!
+//! A file whose name fits none of these is recognized by its first bytes when it can be.
+
+pub mod error;
+pub mod native;
+pub mod pickle;
+pub mod pytorch;
+pub mod rmm;
+
+pub use error::TraceError;
+
+use allocsim_core::Trace;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// A trace file format, chosen by extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `.pickle` (read: gzipped or not, told by content).
+    PytorchSnapshot,
+    /// `.pickle.gz`.
+    PytorchSnapshotGz,
+    /// `.csv`, `.rmm.csv`.
+    RmmCsv,
+    /// `.allocsim`.
+    Native,
+    /// `.allocsim.json`.
+    NativeJson,
+}
+
+impl Format {
+    /// The format a file name asks for, if any.
+    pub fn from_path(path: &Path) -> Option<Format> {
+        let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+        let format = if name.ends_with(".allocsim.json") {
+            Format::NativeJson
+        } else if name.ends_with(".allocsim") {
+            Format::Native
+        } else if name.ends_with(".pickle.gz") {
+            Format::PytorchSnapshotGz
+        } else if name.ends_with(".pickle") || name.ends_with(".pkl") {
+            Format::PytorchSnapshot
+        } else if name.ends_with(".csv") {
+            Format::RmmCsv
+        } else {
+            return None;
+        };
+        Some(format)
+    }
+
+    /// The format a file's first bytes show, for names that say nothing.
+    pub fn sniff(head: &[u8]) -> Option<Format> {
+        if head.starts_with(native::MAGIC) {
+            Some(Format::Native)
+        } else if head.starts_with(&[0x1f, 0x8b]) {
+            Some(Format::PytorchSnapshotGz)
+        } else if head.len() >= 2 && head[0] == 0x80 && (2..=5).contains(&head[1]) {
+            Some(Format::PytorchSnapshot)
+        } else if head.starts_with(b"Thread,") {
+            Some(Format::RmmCsv)
+        } else if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+            Some(Format::NativeJson)
+        } else {
+            None
+        }
+    }
+}
+
+/// How to read a trace.
+#[derive(Debug, Clone)]
+pub struct ReadOptions {
+    /// Read `X.json` next to `X.pickle(.gz)` for settings and expected statistics.
+    pub sidecar: bool,
+    /// Keep call stacks (`frames`); skipping them saves time on traces recorded with stacks.
+    pub stacks: bool,
+    /// Bounds for the pickle reader.
+    pub limits: pickle::Limits,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions { sidecar: true, stacks: true, limits: pickle::Limits::default() }
+    }
+}
+
+impl ReadOptions {
+    /// Defaults without the sidecar: the file alone.
+    pub fn without_sidecar() -> Self {
+        ReadOptions { sidecar: false, ..ReadOptions::default() }
+    }
+}
+
+/// Read a trace in the format its name (or else its content) shows, with a snapshot's sidecar.
+pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
+    read_trace_with(path, &ReadOptions::default())
+}
+
+/// [`read_trace`] with options.
+pub fn read_trace_with(path: impl AsRef<Path>, opts: &ReadOptions) -> Result<Trace, TraceError> {
+    let path = path.as_ref();
+    let format = match Format::from_path(path) {
+        Some(f) => f,
+        None => sniff_file(path)?.ok_or_else(|| TraceError::UnknownFormat { path: path.into() })?,
+    };
+    match format {
+        Format::PytorchSnapshot | Format::PytorchSnapshotGz => pytorch::read_snapshot(path, opts),
+        Format::RmmCsv => rmm::read_rmm(path),
+        Format::Native => native::read_native(path),
+        Format::NativeJson => native::read_native_json(path),
+    }
+}
+
+fn sniff_file(path: &Path) -> Result<Option<Format>, TraceError> {
+    let mut head = Vec::with_capacity(16);
+    File::open(path)
+        .and_then(|f| f.take(16).read_to_end(&mut head))
+        .map_err(|e| TraceError::io(path, e))?;
+    if head.is_empty() {
+        return Err(TraceError::Empty { path: path.into() });
+    }
+    Ok(Format::sniff(&head))
+}
+
+/// Write `trace` in the format its name asks for, atomically (temporary file, then rename).
+pub fn write_trace(trace: &Trace, path: impl AsRef<Path>) -> Result<(), TraceError> {
+    let path = path.as_ref();
+    let format =
+        Format::from_path(path).ok_or_else(|| TraceError::UnknownFormat { path: path.into() })?;
+    write_atomically(path, |out| match format {
+        Format::PytorchSnapshot => pytorch::write_snapshot(trace, out, false, path),
+        Format::PytorchSnapshotGz => pytorch::write_snapshot(trace, out, true, path),
+        Format::RmmCsv => rmm::write_rmm(trace, out, path),
+        Format::Native => native::write_native(trace, out, path),
+        Format::NativeJson => native::write_native_json(trace, out, path),
+    })
+}
+
+/// Run `write` into a temporary file beside `path` and rename it over `path` only when all of
+/// it was written and flushed; on any error the temporary file is removed.
+fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> Result<(), TraceError>,
+) -> Result<(), TraceError> {
+    let tmp = temp_path(path);
+    let result = (|| {
+        let file = File::create(&tmp).map_err(|e| TraceError::io(&tmp, e))?;
+        let mut out = BufWriter::with_capacity(256 * 1024, file);
+        write(&mut out)?;
+        out.flush().map_err(|e| TraceError::io(&tmp, e))?;
+        let file = out.into_inner().map_err(|e| TraceError::io(&tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| TraceError::io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| TraceError::io(path, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}

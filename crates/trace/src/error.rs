@@ -1,0 +1,66 @@
+//! One error type for every format, each variant naming the file and the place in it: a byte
+//! offset in a pickle, an entry and field in a snapshot, a line and column in a CSV log.
+
+use crate::pickle::PickleError;
+use std::io;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("{}: empty file", path.display())]
+    Empty { path: PathBuf },
+
+    #[error(
+        "{}: unknown trace format (expected .pickle, .pickle.gz, .csv, .allocsim or \
+         .allocsim.json)",
+        path.display()
+    )]
+    UnknownFormat { path: PathBuf },
+
+    /// The pickle itself is bad: truncated, corrupt, or it tries to run code.
+    #[error("{}: pickle {source}", path.display())]
+    Pickle {
+        path: PathBuf,
+        #[source]
+        source: PickleError,
+    },
+
+    /// The pickle is fine but is not a snapshot we understand. `place` is a Python-like path
+    /// such as `device_traces[0][17].size`.
+    #[error("{}: {place}: {message}", path.display())]
+    Snapshot { path: PathBuf, place: String, message: String },
+
+    /// A sidecar `.json` next to a snapshot has a field of the wrong type.
+    #[error("{}: {place}: {message}", path.display())]
+    Sidecar { path: PathBuf, place: String, message: String },
+
+    #[error("{}: line {line}, column {column}: {message}", path.display())]
+    Csv { path: PathBuf, line: u64, column: String, message: String },
+
+    #[error("{}: {message}", path.display())]
+    Native { path: PathBuf, message: String },
+
+    #[error("{}: JSON: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The trace cannot be expressed in the format asked for.
+    #[error("{}: cannot write: {message}", path.display())]
+    Unwritable { path: PathBuf, message: String },
+}
+
+impl TraceError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        TraceError::Io { path: path.into(), source }
+    }
+}

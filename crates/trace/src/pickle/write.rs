@@ -1,0 +1,215 @@
+//! Writing a [`Value`] as a protocol 4 pickle that CPython (and `torch.cuda._memory_viz`)
+//! loads with plain `pickle.load`.
+//!
+//! Strings are memoized by content and shared containers (an `Rc` held more than once, like a
+//! stack referenced by thousands of trace entries) by identity, as CPython's pickler does by
+//! object identity: a snapshot's keys and frames are then written once. Frames (`FRAME`) are
+//! optional in protocol 4 and left out.
+
+use super::opcodes as op;
+use super::{PickleError, PickleErrorKind as K, Value};
+use std::collections::HashMap;
+use std::io::Write;
+use std::rc::Rc;
+
+/// Deeper values are refused rather than risking the writer's own stack.
+const MAX_WRITE_DEPTH: u32 = 1000;
+/// CPython's batch size for APPENDS/SETITEMS.
+const BATCH: usize = 1000;
+
+struct Writer<W> {
+    out: W,
+    written: u64,
+    strs: HashMap<Rc<str>, u32>,
+    shared: HashMap<usize, u32>,
+    next_memo: u32,
+}
+
+/// Write `value` as a protocol 4 pickle to `out`.
+pub fn write<W: Write>(value: &Value, out: W) -> Result<(), PickleError> {
+    let out = std::io::BufWriter::with_capacity(64 * 1024, out);
+    let mut w =
+        Writer { out, written: 0, strs: HashMap::new(), shared: HashMap::new(), next_memo: 0 };
+    w.put(&[op::PROTO, 4])?;
+    w.value(value, 0)?;
+    w.put(&[op::STOP])?;
+    w.out.flush().map_err(|e| PickleError { offset: w.written, kind: K::Io(e) })
+}
+
+/// Write `value` as a protocol 4 pickle into a new buffer.
+pub fn to_vec(value: &Value) -> Result<Vec<u8>, PickleError> {
+    let mut out = Vec::new();
+    write(value, &mut out)?;
+    Ok(out)
+}
+
+impl<W: Write> Writer<W> {
+    fn put(&mut self, bytes: &[u8]) -> Result<(), PickleError> {
+        self.out
+            .write_all(bytes)
+            .map_err(|e| PickleError { offset: self.written, kind: K::Io(e) })?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn memoize(&mut self) -> Result<u32, PickleError> {
+        self.put(&[op::MEMOIZE])?;
+        self.next_memo += 1;
+        Ok(self.next_memo - 1)
+    }
+
+    fn get(&mut self, idx: u32) -> Result<(), PickleError> {
+        match u8::try_from(idx) {
+            Ok(i) => self.put(&[op::BINGET, i]),
+            Err(_) => {
+                self.put(&[op::LONG_BINGET])?;
+                self.put(&idx.to_le_bytes())
+            }
+        }
+    }
+
+    fn int(&mut self, i: i64) -> Result<(), PickleError> {
+        if let Ok(b) = u8::try_from(i) {
+            self.put(&[op::BININT1, b])
+        } else if let Ok(h) = u16::try_from(i) {
+            self.put(&[op::BININT2])?;
+            self.put(&h.to_le_bytes())
+        } else if let Ok(w) = i32::try_from(i) {
+            self.put(&[op::BININT])?;
+            self.put(&w.to_le_bytes())
+        } else {
+            // Minimal little-endian two's complement, as CPython's encode_long.
+            let bytes = i.to_le_bytes();
+            let mut n = 8;
+            while n > 1 {
+                let (last, prev) = (bytes[n - 1], bytes[n - 2]);
+                if (last == 0 && prev & 0x80 == 0) || (last == 0xff && prev & 0x80 != 0) {
+                    n -= 1;
+                } else {
+                    break;
+                }
+            }
+            self.put(&[op::LONG1, n as u8])?;
+            self.put(&bytes[..n])
+        }
+    }
+
+    fn sized(&mut self, short: u8, long: u8, huge: u8, payload: &[u8]) -> Result<(), PickleError> {
+        let n = payload.len();
+        if let Ok(b) = u8::try_from(n) {
+            self.put(&[short, b])?;
+        } else if let Ok(w) = u32::try_from(n) {
+            self.put(&[long])?;
+            self.put(&w.to_le_bytes())?;
+        } else {
+            self.put(&[huge])?;
+            self.put(&(n as u64).to_le_bytes())?;
+        }
+        self.put(payload)
+    }
+
+    fn string(&mut self, s: &Rc<str>) -> Result<(), PickleError> {
+        if let Some(&idx) = self.strs.get(s) {
+            return self.get(idx);
+        }
+        self.sized(op::SHORT_BINUNICODE, op::BINUNICODE, op::BINUNICODE8, s.as_bytes())?;
+        let idx = self.memoize()?;
+        self.strs.insert(s.clone(), idx);
+        Ok(())
+    }
+
+    /// For a container held more than once: its memo index if written before, and the key
+    /// under which to remember it otherwise.
+    fn shared_key<T>(&self, rc: &Rc<T>) -> (Option<u32>, Option<usize>) {
+        if Rc::strong_count(rc) < 2 {
+            return (None, None);
+        }
+        let key = Rc::as_ptr(rc) as *const u8 as usize;
+        (self.shared.get(&key).copied(), Some(key))
+    }
+
+    fn value(&mut self, v: &Value, depth: u32) -> Result<(), PickleError> {
+        if depth > MAX_WRITE_DEPTH {
+            return Err(PickleError { offset: self.written, kind: K::TooDeep(MAX_WRITE_DEPTH) });
+        }
+        match v {
+            Value::None => self.put(&[op::NONE]),
+            Value::Bool(true) => self.put(&[op::NEWTRUE]),
+            Value::Bool(false) => self.put(&[op::NEWFALSE]),
+            Value::Int(i) => self.int(*i),
+            Value::Float(x) => {
+                self.put(&[op::BINFLOAT])?;
+                self.put(&x.to_be_bytes())
+            }
+            Value::Str(s) => self.string(s),
+            Value::Bytes(b) => self.sized(op::SHORT_BINBYTES, op::BINBYTES, op::BINBYTES8, b),
+            Value::List(items) => {
+                let (done, key) = self.shared_key(items);
+                if let Some(idx) = done {
+                    return self.get(idx);
+                }
+                self.put(&[op::EMPTY_LIST])?;
+                self.remember(key)?;
+                for batch in items.chunks(BATCH) {
+                    if batch.len() > 1 {
+                        self.put(&[op::MARK])?;
+                    }
+                    for item in batch {
+                        self.value(item, depth + 1)?;
+                    }
+                    self.put(&[if batch.len() > 1 { op::APPENDS } else { op::APPEND }])?;
+                }
+                Ok(())
+            }
+            Value::Tuple(items) => {
+                let (done, key) = self.shared_key(items);
+                if let Some(idx) = done {
+                    return self.get(idx);
+                }
+                if items.is_empty() {
+                    return self.put(&[op::EMPTY_TUPLE]);
+                }
+                if items.len() > 3 {
+                    self.put(&[op::MARK])?;
+                }
+                for item in items.iter() {
+                    self.value(item, depth + 1)?;
+                }
+                self.put(&[match items.len() {
+                    1 => op::TUPLE1,
+                    2 => op::TUPLE2,
+                    3 => op::TUPLE3,
+                    _ => op::TUPLE,
+                }])?;
+                self.remember(key)
+            }
+            Value::Dict(pairs) => {
+                let (done, key) = self.shared_key(pairs);
+                if let Some(idx) = done {
+                    return self.get(idx);
+                }
+                self.put(&[op::EMPTY_DICT])?;
+                self.remember(key)?;
+                for batch in pairs.chunks(BATCH) {
+                    if batch.len() > 1 {
+                        self.put(&[op::MARK])?;
+                    }
+                    for (k, v) in batch {
+                        self.value(k, depth + 1)?;
+                        self.value(v, depth + 1)?;
+                    }
+                    self.put(&[if batch.len() > 1 { op::SETITEMS } else { op::SETITEM }])?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn remember(&mut self, key: Option<usize>) -> Result<(), PickleError> {
+        if let Some(key) = key {
+            let idx = self.memoize()?;
+            self.shared.insert(key, idx);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,375 @@
+//! From a snapshot's trace entries to ops (the program) and recorded events (what PyTorch did).
+//!
+//! The entries mix two things: the program's requests (`alloc`, `free_requested`, and
+//! `free_completed` when it is deferred) and the allocator's own device calls (`segment_*`).
+//! Ops are made from the first kind only; each device call becomes a recorded event tagged with
+//! the op during which it happened, so a replay can be compared with the recording op by op.
+//!
+//! Mapping (op indices are positions in `Trace::ops`):
+//! - `alloc` -> `Op::Alloc` with a fresh id; `oom` -> `Op::Alloc` with a fresh id that never
+//!   becomes live (a failed attempt; its size is the rounded request PyTorch records).
+//! - `free_requested` -> `Op::FreeRequested`. When the very next entry is its `free_completed`
+//!   (no stream uses), that entry is recorded on the same op. Otherwise the block was used on
+//!   another stream: `Op::RecordStream { stream: u64::MAX }` goes right before the
+//!   `FreeRequested`, and the later `free_completed` becomes `Op::FreeCompleted` where it is.
+//! - `segment_*` entries wait for the op they belong to: the next `alloc`/`oom` (a new
+//!   segment, the retry path, or the frees before an OOM). A run of segment frees/unmaps that
+//!   reaches a `free_requested` (or the end) without one was no allocation's doing: an
+//!   `Op::EmptyCache` is inferred there. A deferred `free_completed` does not end a run:
+//!   PyTorch completes pending frees inside `malloc`'s retry path and inside `empty_cache`.
+//! - `snapshot` entries are skipped.
+//! - A trace that starts mid-run (history enabled late, or a ring buffer that wrapped) frees
+//!   blocks it never allocated, and its final `segments` show blocks it never allocated: they
+//!   get synthetic `Op::Alloc`s at the very beginning (sized by the requested size), with a
+//!   warning; such a trace never fails.
+//!
+//! `recorded` is in trace order. Its op tags never decrease except around a deferred
+//! `free_completed` inside a run, whose own op comes before the allocation the run belongs to.
+
+use super::entries::{Action, AliveBlock, Ctx, Entry};
+use super::stacks::Stacks;
+use crate::error::TraceError;
+use allocsim_core::{AllocId, Op, RecordedEvent, RecordedKind, StreamId};
+use std::collections::HashMap;
+
+/// The stream of the `RecordStream` inferred for a deferred free: the recording does not say
+/// which stream used the block, only that one did.
+pub const UNKNOWN_STREAM: StreamId = StreamId(u64::MAX);
+
+/// Placeholder op tag of a device event whose op is not known yet.
+const UNTAGGED: u64 = u64::MAX;
+
+pub struct Converted {
+    pub ops: Vec<Op>,
+    pub recorded: Vec<RecordedEvent>,
+    pub stacks: Vec<allocsim_core::Stack>,
+    pub op_stacks: Vec<(u64, u32)>,
+    pub warnings: Vec<String>,
+}
+
+/// A block alive before the history starts, and what it needs at the start.
+struct Synthetic {
+    size: u64,
+    stream: StreamId,
+    /// Its free was requested before the history too: only the completion is in the trace.
+    free_requested: bool,
+    /// The entry that frees it; `None` for blocks still alive at the end.
+    entry: Option<usize>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Live,
+    PendingFree,
+}
+
+/// First pass: which frees name blocks the history never allocated.
+fn find_synthetic(
+    ctx: Ctx<'_>,
+    entries: &[Entry<'_>],
+    alive: &[AliveBlock],
+    frees_complete_at_once: bool,
+) -> Result<Vec<Synthetic>, TraceError> {
+    let mut state: HashMap<u64, Life> = HashMap::new();
+    let mut out = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let place = || format!("device_traces[0][{i}]");
+        match e.action {
+            Action::Alloc => {
+                let previous = state.insert(e.addr, Life::Live);
+                if let Some(life) = previous {
+                    let what = if life == Life::Live { "live" } else { "pending free" };
+                    let msg = format!("alloc at 0x{:x}, which is still {what}", e.addr);
+                    return Err(ctx.err(place(), msg));
+                }
+            }
+            Action::FreeRequested => match state.get(&e.addr) {
+                Some(Life::Live) | None => {
+                    if !state.contains_key(&e.addr) {
+                        let (size, stream) = (e.size, e.stream);
+                        out.push(Synthetic { size, stream, free_requested: false, entry: Some(i) });
+                    }
+                    if frees_complete_at_once {
+                        state.remove(&e.addr);
+                    } else {
+                        state.insert(e.addr, Life::PendingFree);
+                    }
+                }
+                Some(Life::PendingFree) => {
+                    let msg = format!("free_requested of 0x{:x}, whose free is pending", e.addr);
+                    return Err(ctx.err(place(), msg));
+                }
+            },
+            Action::FreeCompleted => match state.remove(&e.addr) {
+                Some(Life::PendingFree) => {}
+                Some(Life::Live) => {
+                    let msg = format!("free_completed of 0x{:x} without free_requested", e.addr);
+                    return Err(ctx.err(place(), msg));
+                }
+                None => out.push(Synthetic {
+                    size: e.size,
+                    stream: e.stream,
+                    free_requested: true,
+                    entry: Some(i),
+                }),
+            },
+            _ => {}
+        }
+    }
+    for b in alive {
+        if let std::collections::hash_map::Entry::Vacant(slot) = state.entry(b.addr) {
+            slot.insert(Life::Live);
+            let (size, stream) = (b.requested_size, b.stream);
+            out.push(Synthetic { size, stream, free_requested: false, entry: None });
+        }
+    }
+    Ok(out)
+}
+
+struct Builder<'a> {
+    ctx: Ctx<'a>,
+    ops: Vec<Op>,
+    recorded: Vec<RecordedEvent>,
+    op_stacks: Vec<(u64, u32)>,
+    stacks: Option<Stacks>,
+    next_id: u64,
+    /// Addresses of live and pending-free blocks.
+    ids: HashMap<u64, AllocId>,
+    /// Ids of synthetic blocks, by the entry that frees them.
+    synthetic_ids: HashMap<usize, AllocId>,
+    /// Indices into `recorded` of device events waiting for their op.
+    run: Vec<usize>,
+    run_has_alloc_side: bool,
+    /// Stack and entry index of the run's first device free (an inferred empty_cache's call).
+    run_frames: Option<(&'a crate::pickle::Value, usize)>,
+    inferred_empty_cache: usize,
+    misplaced_device_events: usize,
+}
+
+pub fn convert<'v>(
+    ctx: Ctx<'v>,
+    entries: &[Entry<'v>],
+    alive: &[AliveBlock],
+    with_stacks: bool,
+) -> Result<Converted, TraceError> {
+    let mut warnings = Vec::new();
+    let count = |a: Action| entries.iter().filter(|e| e.action == a).count();
+    // `skip_actions=["free_completed"]` drops every completion: then frees complete at once.
+    let frees_complete_at_once =
+        count(Action::FreeCompleted) == 0 && count(Action::FreeRequested) > 0;
+    if frees_complete_at_once {
+        warnings.push(
+            "the trace has free_requested but no free_completed entries (skip_actions?): \
+             every free is taken to complete at once"
+                .to_string(),
+        );
+    }
+    let synthetic = find_synthetic(ctx, entries, alive, frees_complete_at_once)?;
+    let mut b = Builder {
+        ctx,
+        ops: Vec::with_capacity(entries.len() / 2 + synthetic.len()),
+        recorded: Vec::with_capacity(entries.len()),
+        op_stacks: Vec::new(),
+        stacks: with_stacks.then(Stacks::default),
+        next_id: 0,
+        ids: HashMap::new(),
+        synthetic_ids: HashMap::new(),
+        run: Vec::new(),
+        run_has_alloc_side: false,
+        run_frames: None,
+        inferred_empty_cache: 0,
+        misplaced_device_events: 0,
+    };
+    for s in &synthetic {
+        let id = b.fresh_id();
+        b.ops.push(Op::Alloc { id, size: s.size, stream: s.stream });
+        if s.free_requested {
+            b.ops.push(Op::RecordStream { id, stream: UNKNOWN_STREAM });
+            b.ops.push(Op::FreeRequested { id });
+        }
+        if let Some(entry) = s.entry {
+            b.synthetic_ids.insert(entry, id);
+        }
+    }
+    if !synthetic.is_empty() {
+        warnings.push(format!(
+            "the history starts mid-run: {} allocations alive at its start were added as \
+             synthetic alloc ops at the beginning, sized by their requested size",
+            synthetic.len()
+        ));
+    }
+    b.entries(entries, frees_complete_at_once)?;
+    b.close_run(None)?;
+    if b.inferred_empty_cache > 0 {
+        warnings.push(format!(
+            "{} empty_cache ops were inferred from device frees that no allocation explains",
+            b.inferred_empty_cache
+        ));
+    }
+    if b.misplaced_device_events > 0 {
+        warnings.push(format!(
+            "{} segment_alloc/segment_map entries were not followed by an alloc or oom; they \
+             are tagged with the next op",
+            b.misplaced_device_events
+        ));
+    }
+    Ok(Converted {
+        ops: b.ops,
+        recorded: b.recorded,
+        stacks: b.stacks.map(|s| s.stacks).unwrap_or_default(),
+        op_stacks: b.op_stacks,
+        warnings,
+    })
+}
+
+impl<'a> Builder<'a> {
+    fn fresh_id(&mut self) -> AllocId {
+        self.next_id += 1;
+        AllocId(self.next_id - 1)
+    }
+
+    fn record(&mut self, op: u64, kind: RecordedKind, e: &Entry<'_>) {
+        let (addr, size, stream) = (e.addr, e.size, e.stream);
+        self.recorded.push(RecordedEvent { op, kind, addr, size, stream });
+    }
+
+    /// Push an op, attaching the entry's stack if stacks are kept.
+    fn push_op(
+        &mut self,
+        op: Op,
+        frames: Option<&crate::pickle::Value>,
+        i: usize,
+    ) -> Result<u64, TraceError> {
+        let index = self.ops.len() as u64;
+        self.ops.push(op);
+        if let (Some(stacks), Some(frames)) = (self.stacks.as_mut(), frames) {
+            let place = || format!("device_traces[0][{i}].frames");
+            if let Some(s) = stacks.intern(self.ctx, frames, &place)? {
+                self.op_stacks.push((index, s));
+            }
+        }
+        Ok(index)
+    }
+
+    /// The live id at `e.addr`, or the synthetic one made for entry `i`.
+    fn id_at(&self, i: usize, e: &Entry<'_>) -> Result<AllocId, TraceError> {
+        self.ids.get(&e.addr).or_else(|| self.synthetic_ids.get(&i)).copied().ok_or_else(|| {
+            let place = format!("device_traces[0][{i}]");
+            self.ctx.err(place, format!("free of unknown address 0x{:x}", e.addr))
+        })
+    }
+
+    /// End the pending run of device events before a free, or at the end (`at` = `None`).
+    fn close_run(&mut self, at: Option<usize>) -> Result<(), TraceError> {
+        if self.run.is_empty() {
+            return Ok(());
+        }
+        let op = if self.run_has_alloc_side && at.is_some() {
+            self.misplaced_device_events += 1;
+            self.ops.len() as u64
+        } else {
+            self.inferred_empty_cache += 1;
+            let (frames, entry) = match self.run_frames {
+                Some((f, e)) => (Some(f), e),
+                None => (None, 0),
+            };
+            self.push_op(Op::EmptyCache, frames, entry)?
+        };
+        self.tag_run(op);
+        Ok(())
+    }
+
+    fn tag_run(&mut self, op: u64) {
+        for &r in &self.run {
+            self.recorded[r].op = op;
+        }
+        self.run.clear();
+        self.run_has_alloc_side = false;
+        self.run_frames = None;
+    }
+
+    fn entries(
+        &mut self,
+        entries: &[Entry<'a>],
+        frees_complete_at_once: bool,
+    ) -> Result<(), TraceError> {
+        // The FreeRequested op of the free whose completion may come next, and its address.
+        let mut direct: Option<(u64, u64)> = None;
+        for (i, e) in entries.iter().enumerate() {
+            if e.action == Action::Snapshot {
+                continue;
+            }
+            let expecting = direct.take();
+            match e.action {
+                Action::Snapshot => {}
+                Action::SegmentAlloc
+                | Action::SegmentMap
+                | Action::SegmentFree
+                | Action::SegmentUnmap => {
+                    let kind = match e.action {
+                        Action::SegmentAlloc => RecordedKind::SegmentAlloc,
+                        Action::SegmentMap => RecordedKind::SegmentMap,
+                        Action::SegmentFree => RecordedKind::SegmentFree,
+                        _ => RecordedKind::SegmentUnmap,
+                    };
+                    if self.run.is_empty() {
+                        self.run_frames = e.frames.map(|f| (f, i));
+                    }
+                    self.run_has_alloc_side |=
+                        matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
+                    self.run.push(self.recorded.len());
+                    self.record(UNTAGGED, kind, e);
+                }
+                Action::Alloc | Action::Oom => {
+                    let id = self.fresh_id();
+                    let k = self.push_op(
+                        Op::Alloc { id, size: e.size, stream: e.stream },
+                        e.frames,
+                        i,
+                    )?;
+                    self.tag_run(k);
+                    if e.action == Action::Alloc {
+                        self.ids.insert(e.addr, id);
+                        self.record(k, RecordedKind::Alloc, e);
+                    } else {
+                        self.record(k, RecordedKind::Oom, e);
+                    }
+                }
+                Action::FreeRequested => {
+                    self.close_run(Some(i))?;
+                    let id = self.id_at(i, e)?;
+                    let completes_next = frees_complete_at_once
+                        || entries[i + 1..]
+                            .iter()
+                            .find(|n| n.action != Action::Snapshot)
+                            .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+                    if !completes_next {
+                        self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, i)?;
+                    }
+                    let k = self.push_op(Op::FreeRequested { id }, e.frames, i)?;
+                    self.record(k, RecordedKind::FreeRequested, e);
+                    if frees_complete_at_once {
+                        self.ids.remove(&e.addr);
+                    } else if completes_next {
+                        direct = Some((e.addr, k));
+                    } else {
+                        self.ids.insert(e.addr, id);
+                    }
+                }
+                Action::FreeCompleted => match expecting {
+                    Some((addr, k)) if addr == e.addr => {
+                        self.ids.remove(&e.addr);
+                        self.record(k, RecordedKind::FreeCompleted, e);
+                    }
+                    _ => {
+                        let id = self.id_at(i, e)?;
+                        self.ids.remove(&e.addr);
+                        let k = self.push_op(Op::FreeCompleted { id }, e.frames, i)?;
+                        self.record(k, RecordedKind::FreeCompleted, e);
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+}

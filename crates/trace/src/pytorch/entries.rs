@@ -1,0 +1,262 @@
+//! Checking a snapshot's Python structure and pulling out what the conversion needs.
+//!
+//! This layer only validates and extracts (typed `Entry`s, the blocks alive at the end, the
+//! settings string); deciding what the entries mean is `convert`'s job. Every error names the
+//! place as a Python-like path (`device_traces[0][17].size`), so a user can find it with
+//! `pickle.load` in a minute.
+
+use crate::error::TraceError;
+use crate::pickle::Value;
+use allocsim_core::StreamId;
+use std::path::Path;
+
+/// Sizes above this are treated as corrupt: no device has 4 EiB.
+pub const MAX_SIZE_BYTES: u64 = 1 << 62;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Oom,
+    Snapshot,
+}
+
+impl Action {
+    fn parse(s: &str) -> Option<Action> {
+        Some(match s {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "oom" => Action::Oom,
+            "snapshot" => Action::Snapshot,
+            _ => return None,
+        })
+    }
+}
+
+/// One `device_traces[0]` entry. For `oom`, `addr` holds `device_free`.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'v> {
+    pub action: Action,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: StreamId,
+    pub frames: Option<&'v Value>,
+}
+
+/// A block the final `segments` list shows as allocated.
+#[derive(Debug, Clone, Copy)]
+pub struct AliveBlock {
+    pub addr: u64,
+    pub requested_size: u64,
+    pub stream: StreamId,
+}
+
+/// Builds errors that name the file.
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    pub path: &'a Path,
+}
+
+impl Ctx<'_> {
+    pub fn err(&self, place: impl Into<String>, message: impl Into<String>) -> TraceError {
+        TraceError::Snapshot {
+            path: self.path.to_path_buf(),
+            place: place.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn expected(&self, place: impl Into<String>, what: &str, got: &Value) -> TraceError {
+        self.err(place, format!("expected {what}, got {} {got}", got.type_name()))
+    }
+
+    pub fn seq<'v>(
+        &self,
+        v: &'v Value,
+        place: impl Fn() -> String,
+    ) -> Result<&'v [Value], TraceError> {
+        v.as_seq().ok_or_else(|| self.expected(place(), "a list", v))
+    }
+
+    pub fn int(&self, v: &Value, place: impl Fn() -> String) -> Result<i64, TraceError> {
+        v.as_int().ok_or_else(|| self.expected(place(), "an int", v))
+    }
+
+    /// A byte count: an int in `0..=2^62`.
+    pub fn size(&self, v: &Value, place: impl Fn() -> String) -> Result<u64, TraceError> {
+        let i = self.int(v, &place)?;
+        match u64::try_from(i) {
+            Err(_) => Err(self.err(place(), format!("negative size {i}"))),
+            Ok(s) if s > MAX_SIZE_BYTES => {
+                Err(self.err(place(), format!("size {s} is larger than 2^62 bytes")))
+            }
+            Ok(s) => Ok(s),
+        }
+    }
+
+    /// An address or stream handle: PyTorch writes pointers as int64, so a negative value is
+    /// the same bit pattern read back as unsigned.
+    pub fn handle(&self, v: &Value, place: impl Fn() -> String) -> Result<u64, TraceError> {
+        Ok(self.int(v, place)? as u64)
+    }
+}
+
+/// The top-level dict's `device_traces[0]`, checked, plus the devices beyond 0 that have
+/// entries (for a warning).
+pub fn device_trace<'v>(
+    ctx: Ctx<'_>,
+    root: &'v Value,
+) -> Result<(Vec<Entry<'v>>, Vec<usize>), TraceError> {
+    if root.as_dict().is_none() {
+        return Err(ctx.expected("top level", "a dict (a torch.cuda.memory._snapshot())", root));
+    }
+    let traces = root
+        .get("device_traces")
+        .ok_or_else(|| ctx.err("device_traces", "missing: was _record_memory_history enabled?"))?;
+    let devices = ctx.seq(traces, || "device_traces".into())?;
+    let mut others = Vec::new();
+    for (d, t) in devices.iter().enumerate().skip(1) {
+        if !ctx.seq(t, || format!("device_traces[{d}]"))?.is_empty() {
+            others.push(d);
+        }
+    }
+    let Some(list) = devices.first() else {
+        return Ok((Vec::new(), others));
+    };
+    let list = ctx.seq(list, || "device_traces[0]".into())?;
+    let mut entries = Vec::with_capacity(list.len());
+    for (i, e) in list.iter().enumerate() {
+        entries.push(entry(ctx, i, e)?);
+    }
+    Ok((entries, others))
+}
+
+fn entry<'v>(ctx: Ctx<'_>, i: usize, e: &'v Value) -> Result<Entry<'v>, TraceError> {
+    let place = |field: &str| format!("device_traces[0][{i}].{field}");
+    let pairs =
+        e.as_dict().ok_or_else(|| ctx.expected(format!("device_traces[0][{i}]"), "a dict", e))?;
+    let (mut action, mut addr, mut device_free, mut size, mut stream, mut frames) =
+        (None, None, None, None, None, None);
+    // One pass over the keys: a snapshot entry has about eight.
+    for (k, v) in pairs {
+        match k.as_str() {
+            Some("action") => action = Some(v),
+            Some("addr") => addr = Some(v),
+            Some("device_free") => device_free = Some(v),
+            Some("size") => size = Some(v),
+            Some("stream") => stream = Some(v),
+            Some("frames") => frames = Some(v),
+            _ => {}
+        }
+    }
+    let action_v = action.ok_or_else(|| ctx.err(place("action"), "missing"))?;
+    let name = action_v.as_str().ok_or_else(|| ctx.expected(place("action"), "a str", action_v))?;
+    let action = Action::parse(name)
+        .ok_or_else(|| ctx.err(place("action"), format!("unknown action {name:?}")))?;
+    if action == Action::Snapshot {
+        return Ok(Entry { action, addr: 0, size: 0, stream: StreamId(0), frames: None });
+    }
+    let addr = if action == Action::Oom {
+        let v = device_free.ok_or_else(|| ctx.err(place("device_free"), "missing"))?;
+        ctx.size(v, || place("device_free"))?
+    } else {
+        let v = addr.ok_or_else(|| ctx.err(place("addr"), "missing"))?;
+        ctx.handle(v, || place("addr"))?
+    };
+    let size =
+        ctx.size(size.ok_or_else(|| ctx.err(place("size"), "missing"))?, || place("size"))?;
+    let stream = match stream {
+        Some(v) => StreamId(ctx.handle(v, || place("stream"))?),
+        None => StreamId(0),
+    };
+    if let Some(f) = frames {
+        ctx.seq(f, || place("frames"))?;
+    }
+    Ok(Entry { action, addr, size, stream, frames })
+}
+
+/// Blocks that `segments` shows as `active_allocated` on device 0.
+pub fn alive_blocks(ctx: Ctx<'_>, root: &Value) -> Result<Vec<AliveBlock>, TraceError> {
+    let Some(segments) = root.get("segments") else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for (s, seg) in ctx.seq(segments, || "segments".into())?.iter().enumerate() {
+        let place = |field: &str| format!("segments[{s}].{field}");
+        if seg.as_dict().is_none() {
+            return Err(ctx.expected(format!("segments[{s}]"), "a dict", seg));
+        }
+        if let Some(d) = seg.get("device") {
+            if ctx.int(d, || place("device"))? != 0 {
+                continue;
+            }
+        }
+        let seg_addr = match seg.get("address") {
+            Some(v) => ctx.handle(v, || place("address"))?,
+            None => 0,
+        };
+        let stream = match seg.get("stream") {
+            Some(v) => StreamId(ctx.handle(v, || place("stream"))?),
+            None => StreamId(0),
+        };
+        let blocks = seg.get("blocks").ok_or_else(|| ctx.err(place("blocks"), "missing"))?;
+        let mut offset = 0u64;
+        for (b, block) in ctx.seq(blocks, || place("blocks"))?.iter().enumerate() {
+            let bplace = |field: &str| format!("segments[{s}].blocks[{b}].{field}");
+            if block.as_dict().is_none() {
+                return Err(ctx.expected(format!("segments[{s}].blocks[{b}]"), "a dict", block));
+            }
+            let get =
+                |field: &str| block.get(field).ok_or_else(|| ctx.err(bplace(field), "missing"));
+            let size = ctx.size(get("size")?, || bplace("size"))?;
+            // PyTorch 2.0 blocks have no address: it is the segment's plus the sizes before.
+            let addr = match block.get("address") {
+                Some(v) => ctx.handle(v, || bplace("address"))?,
+                None => seg_addr.wrapping_add(offset),
+            };
+            offset = offset.saturating_add(size);
+            let state_v = get("state")?;
+            let state =
+                state_v.as_str().ok_or_else(|| ctx.expected(bplace("state"), "a str", state_v))?;
+            if state == "active_allocated" {
+                let requested_size = match block.get("requested_size") {
+                    Some(v) => ctx.size(v, || bplace("requested_size"))?,
+                    None => size,
+                };
+                out.push(AliveBlock { addr, requested_size, stream });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `allocator_settings['PYTORCH_CUDA_ALLOC_CONF']` (or a fork's `PYTORCH_ALLOC_CONF`).
+pub fn alloc_conf(ctx: Ctx<'_>, root: &Value) -> Result<Option<String>, TraceError> {
+    let Some(settings) = root.get("allocator_settings") else {
+        return Ok(None);
+    };
+    if settings.as_dict().is_none() {
+        return Err(ctx.expected("allocator_settings", "a dict", settings));
+    }
+    for key in ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] {
+        if let Some(v) = settings.get(key) {
+            let place = format!("allocator_settings[{key:?}]");
+            return match v {
+                Value::Str(s) => Ok(Some(s.to_string())),
+                Value::None => Ok(None),
+                other => Err(ctx.expected(place, "a str", other)),
+            };
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,89 @@
+//! The `NAME.json` written next to `NAME.pickle.gz` by the capture script: the run's settings
+//! and device facts (`meta`) and `torch.cuda.memory_stats()` at its end (`memory_stats`), which
+//! the snapshot itself does not carry. Optional; when present its fields are checked.
+
+use crate::error::TraceError;
+use allocsim_core::TraceMeta;
+use serde_json::Value as Json;
+use std::path::{Path, PathBuf};
+
+/// `X.json` for `X.pickle.gz` or `X.pickle`; `None` for other names.
+pub fn sidecar_path(snapshot: &Path) -> Option<PathBuf> {
+    let name = snapshot.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".pickle.gz").or_else(|| name.strip_suffix(".pickle"))?;
+    Some(snapshot.with_file_name(format!("{stem}.json")))
+}
+
+/// Fill `meta` from the sidecar of `snapshot` if there is one. Returns whether one was read.
+pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> {
+    let Some(path) = sidecar_path(snapshot) else {
+        return Ok(false);
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(TraceError::io(path, e)),
+    };
+    let json: Json = serde_json::from_str(&text)
+        .map_err(|source| TraceError::Json { path: path.clone(), source })?;
+    let err = |place: &str, message: String| TraceError::Sidecar {
+        path: path.clone(),
+        place: place.to_string(),
+        message,
+    };
+    let got = |v: &Json| match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a bool",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
+    };
+    let Json::Object(top) = &json else {
+        return Err(err("top level", format!("expected an object, got {}", got(&json))));
+    };
+    if let Some(m) = top.get("meta") {
+        let Json::Object(m) = m else {
+            return Err(err("meta", format!("expected an object, got {}", got(m))));
+        };
+        let field = |key: &str| m.get(key).filter(|v| !v.is_null());
+        if let Some(v) = field("alloc_conf") {
+            let s = v.as_str().ok_or_else(|| {
+                err("meta.alloc_conf", format!("expected a string, got {}", got(v)))
+            })?;
+            meta.alloc_conf = Some(s.to_string());
+        }
+        if let Some(v) = field("memory_fraction") {
+            let f = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
+                err("meta.memory_fraction", format!("expected a positive number, got {v}"))
+            })?;
+            meta.memory_fraction = Some(f);
+        }
+        for (key, slot) in [
+            ("total_memory", &mut meta.device_total_bytes),
+            ("free_at_start", &mut meta.device_free_bytes),
+        ] {
+            if let Some(v) = field(key) {
+                let n = v.as_u64().ok_or_else(|| {
+                    err(&format!("meta.{key}"), format!("expected a byte count, got {v}"))
+                })?;
+                *slot = Some(n);
+            }
+        }
+    }
+    if let Some(s) = top.get("memory_stats") {
+        let Json::Object(s) = s else {
+            return Err(err("memory_stats", format!("expected an object, got {}", got(s))));
+        };
+        let mut stats = Vec::with_capacity(s.len());
+        for (k, v) in s {
+            let n = v.as_i64().ok_or_else(|| {
+                err(&format!("memory_stats[{k:?}]"), format!("expected an integer, got {v}"))
+            })?;
+            stats.push((k.clone(), n));
+        }
+        stats.sort();
+        meta.expected_stats = Some(stats);
+    }
+    Ok(true)
+}

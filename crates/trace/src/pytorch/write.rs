@@ -1,0 +1,147 @@
+//! A `Trace` as a snapshot dict that `torch.cuda._memory_viz` and this crate's reader open.
+//!
+//! The trace entries come from `recorded` when the trace has it (a recording, or a simulated
+//! run's event log turned into recorded events): that is where addresses are. A trace without
+//! `recorded` has only ops, which carry no addresses, so its entries are made from the ops
+//! with `addr` 0 for every block: fine for looking at sizes over time, but such a file cannot
+//! be read back as a trace (every block would sit at address 0).
+//!
+//! `segments` is written empty: the memory map at the end is a simulation's business, not
+//! the trace's.
+
+use crate::pickle::Value;
+use allocsim_core::{AllocId, Op, StreamId, Trace};
+use std::collections::{HashMap, HashSet};
+
+/// Interned keys and actions, so each is one shared string (and one memo entry when written).
+struct Keys {
+    action: Value,
+    addr: Value,
+    device_free: Value,
+    size: Value,
+    stream: Value,
+    time_us: Value,
+    frames: Value,
+    actions: HashMap<&'static str, Value>,
+}
+
+impl Keys {
+    fn new() -> Keys {
+        let s = Value::str;
+        Keys {
+            action: s("action"),
+            addr: s("addr"),
+            device_free: s("device_free"),
+            size: s("size"),
+            stream: s("stream"),
+            time_us: s("time_us"),
+            frames: s("frames"),
+            actions: HashMap::new(),
+        }
+    }
+
+    fn action(&mut self, name: &'static str) -> Value {
+        self.actions.entry(name).or_insert_with(|| Value::str(name)).clone()
+    }
+}
+
+fn int(v: u64, what: &str) -> Result<Value, String> {
+    i64::try_from(v).map(Value::Int).map_err(|_| format!("{what} {v} does not fit in int64"))
+}
+
+/// Build the snapshot dict. Fails only on sizes beyond int64.
+pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
+    let mut keys = Keys::new();
+    let frames = stack_values(trace);
+    let op_stack: HashMap<u64, usize> =
+        trace.op_stacks.iter().map(|&(op, s)| (op, s as usize)).collect();
+    let empty_frames = Value::list(Vec::new());
+    let mut entries = Vec::new();
+    let mut entry = |keys: &mut Keys,
+                     action: &'static str,
+                     addr: u64,
+                     size: u64,
+                     stream: StreamId,
+                     op: Option<u64>| {
+        let addr_key = if action == "oom" { keys.device_free.clone() } else { keys.addr.clone() };
+        let f =
+            op.and_then(|o| op_stack.get(&o)).and_then(|&s| frames.get(s)).unwrap_or(&empty_frames);
+        // Addresses and stream handles are pointers that PyTorch writes as int64.
+        let v = Value::dict(vec![
+            (keys.action.clone(), keys.action(action)),
+            (addr_key, Value::Int(addr as i64)),
+            (keys.size.clone(), int(size, "size")?),
+            (keys.stream.clone(), Value::Int(stream.0 as i64)),
+            (keys.time_us.clone(), Value::Int(entries.len() as i64)),
+            (keys.frames.clone(), f.clone()),
+        ]);
+        entries.push(v);
+        Ok::<(), String>(())
+    };
+    if trace.recorded.is_empty() {
+        let mut blocks: HashMap<AllocId, (u64, StreamId)> = HashMap::new();
+        let mut deferred: HashSet<AllocId> = HashSet::new();
+        for (i, op) in trace.ops.iter().enumerate() {
+            let o = Some(i as u64);
+            match op {
+                Op::Alloc { id, size, stream } => {
+                    blocks.insert(*id, (*size, *stream));
+                    entry(&mut keys, "alloc", 0, *size, *stream, o)?;
+                }
+                Op::RecordStream { id, .. } => {
+                    deferred.insert(*id);
+                }
+                Op::FreeRequested { id } => {
+                    let (size, stream) = blocks.get(id).copied().unwrap_or_default();
+                    entry(&mut keys, "free_requested", 0, size, stream, o)?;
+                    if !deferred.contains(id) {
+                        entry(&mut keys, "free_completed", 0, size, stream, o)?;
+                    }
+                }
+                Op::FreeCompleted { id } => {
+                    let (size, stream) = blocks.get(id).copied().unwrap_or_default();
+                    entry(&mut keys, "free_completed", 0, size, stream, o)?;
+                }
+                Op::EmptyCache | Op::SetMemoryFraction { .. } | Op::SetAllocatorSettings { .. } => {
+                }
+            }
+        }
+    } else {
+        for ev in &trace.recorded {
+            entry(&mut keys, ev.kind.action(), ev.addr, ev.size, ev.stream, Some(ev.op))?;
+        }
+    }
+    let conf = trace.meta.alloc_conf.as_deref().unwrap_or("");
+    Ok(Value::str_dict([
+        ("segments", Value::list(Vec::new())),
+        ("device_traces", Value::list(vec![Value::list(entries)])),
+        ("allocator_settings", Value::str_dict([("PYTORCH_CUDA_ALLOC_CONF", Value::str(conf))])),
+        ("external_annotations", Value::list(Vec::new())),
+    ]))
+}
+
+/// One shared `frames` list per stack, as PyTorch shares identical tracebacks.
+fn stack_values(trace: &Trace) -> Vec<Value> {
+    let (name, filename, line) = (Value::str("name"), Value::str("filename"), Value::str("line"));
+    // Frame strings need no interning here: the pickle writer memoizes strings by content.
+    let text = Value::str;
+    trace
+        .stacks
+        .iter()
+        .map(|stack| {
+            Value::list(
+                stack
+                    .frames
+                    .iter()
+                    .map(|f| {
+                        Value::dict(vec![
+                            (name.clone(), text(&f.name)),
+                            (filename.clone(), text(&f.filename)),
+                            (line.clone(), Value::Int(i64::from(f.line))),
+                        ])
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
+}
