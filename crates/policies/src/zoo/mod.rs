@@ -9,6 +9,7 @@ mod common;
 mod tiling;
 
 pub mod bfc;
+pub mod rmm_arena;
 pub mod rmm_binning;
 pub mod rmm_pool;
 
@@ -19,7 +20,7 @@ use allocsim_core::{Allocator, ConfigError};
 
 /// Names of the zoo's policies.
 pub fn names() -> Vec<&'static str> {
-    vec!["bfc", "rmm_pool", "rmm_binning"]
+    vec!["bfc", "rmm_pool", "rmm_arena", "rmm_binning"]
 }
 
 /// Build a zoo policy; `None` when `name` is not one of the zoo's.
@@ -31,6 +32,7 @@ pub fn by_name(name: &str, conf: Option<&str>) -> Option<Result<Box<dyn Allocato
     Some(match name {
         "bfc" => boxed(bfc::Bfc::from_conf(conf)),
         "rmm_pool" => boxed(rmm_pool::RmmPool::from_conf(conf)),
+        "rmm_arena" => boxed(rmm_arena::RmmArena::from_conf(conf)),
         "rmm_binning" => boxed(rmm_binning::RmmBinning::from_conf(conf)),
         _ => return None,
     })
