@@ -8,6 +8,7 @@
 mod common;
 mod tiling;
 
+pub mod async_pool;
 pub mod bfc;
 pub mod rmm_arena;
 pub mod rmm_binning;
@@ -20,7 +21,7 @@ use allocsim_core::{Allocator, ConfigError};
 
 /// Names of the zoo's policies.
 pub fn names() -> Vec<&'static str> {
-    vec!["bfc", "rmm_pool", "rmm_arena", "rmm_binning"]
+    vec!["bfc", "rmm_pool", "rmm_arena", "rmm_binning", "async_pool"]
 }
 
 /// Build a zoo policy; `None` when `name` is not one of the zoo's.
@@ -34,6 +35,7 @@ pub fn by_name(name: &str, conf: Option<&str>) -> Option<Result<Box<dyn Allocato
         "rmm_pool" => boxed(rmm_pool::RmmPool::from_conf(conf)),
         "rmm_arena" => boxed(rmm_arena::RmmArena::from_conf(conf)),
         "rmm_binning" => boxed(rmm_binning::RmmBinning::from_conf(conf)),
+        "async_pool" => boxed(async_pool::AsyncPool::from_conf(conf)),
         _ => return None,
     })
 }
