@@ -160,7 +160,7 @@ impl<R: Read> Vm<'_, R> {
 
     fn input_err(&self, e: InputError) -> PickleError {
         match e {
-            InputError::Eof if self.at == 0 => self.err(K::Empty),
+            InputError::Eof if self.input.offset() == 0 => self.err(K::Empty),
             InputError::Eof => self.err(K::Truncated(name(self.opcode))),
             InputError::Io(e) => self.err(K::Io(e)),
         }

@@ -1,0 +1,93 @@
+//! Helpers shared by the integration tests: scratch directories, hand-built snapshots, and
+//! trace comparison (core's `Trace` has no `PartialEq` on purpose).
+#![allow(dead_code)]
+
+use allocsim_core::Trace;
+use allocsim_trace::pickle::{self, Value};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The bundled real traces.
+pub fn traces_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces/pytorch-2.11-h100")
+}
+
+pub fn data_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
+}
+
+/// A fresh empty directory under the system temp dir, unique per call.
+pub fn scratch(name: &str) -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("allocsim-trace-{}-{n}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A trace entry as PyTorch writes it (without time and metadata).
+pub fn entry(action: &str, addr: i64, size: i64, stream: i64) -> Value {
+    let addr_key = if action == "oom" { "device_free" } else { "addr" };
+    Value::str_dict([
+        ("action", Value::str(action)),
+        (addr_key, Value::Int(addr)),
+        ("size", Value::Int(size)),
+        ("stream", Value::Int(stream)),
+    ])
+}
+
+/// A block of a `segments` entry.
+pub fn block(address: i64, size: i64, requested: i64, state: &str) -> Value {
+    Value::str_dict([
+        ("address", Value::Int(address)),
+        ("size", Value::Int(size)),
+        ("requested_size", Value::Int(requested)),
+        ("state", Value::str(state)),
+    ])
+}
+
+pub fn segment(address: i64, stream: i64, blocks: Vec<Value>) -> Value {
+    let total: i64 = blocks.iter().map(|b| b.get("size").unwrap().as_int().unwrap()).sum();
+    Value::str_dict([
+        ("device", Value::Int(0)),
+        ("address", Value::Int(address)),
+        ("total_size", Value::Int(total)),
+        ("stream", Value::Int(stream)),
+        ("blocks", Value::list(blocks)),
+    ])
+}
+
+/// A snapshot dict with one device's trace.
+pub fn snapshot(entries: Vec<Value>, segments: Vec<Value>, conf: &str) -> Value {
+    Value::str_dict([
+        ("segments", Value::list(segments)),
+        ("device_traces", Value::list(vec![Value::list(entries)])),
+        ("allocator_settings", Value::str_dict([("PYTORCH_CUDA_ALLOC_CONF", Value::str(conf))])),
+        ("external_annotations", Value::list(Vec::new())),
+    ])
+}
+
+/// Pickle `value` into `dir/name`.
+pub fn write_pickle(dir: &Path, name: &str, value: &Value) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, pickle::to_vec(value).unwrap()).unwrap();
+    path
+}
+
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+pub fn assert_same(a: &Trace, b: &Trace) {
+    assert_eq!(a.meta, b.meta, "meta");
+    assert_eq!(a.ops.len(), b.ops.len(), "op count");
+    assert_eq!(a.ops, b.ops, "ops");
+    assert_eq!(a.recorded, b.recorded, "recorded");
+    assert_eq!(a.stacks, b.stacks, "stacks");
+    assert_eq!(a.op_stacks, b.op_stacks, "op_stacks");
+    assert_eq!(a.warnings, b.warnings, "warnings");
+}
