@@ -10,9 +10,11 @@ mod tiling;
 
 pub mod async_pool;
 pub mod bfc;
+pub mod buddy;
 pub mod rmm_arena;
 pub mod rmm_binning;
 pub mod rmm_pool;
+pub mod tlsf;
 
 #[cfg(test)]
 mod testing;
@@ -21,7 +23,7 @@ use allocsim_core::{Allocator, ConfigError};
 
 /// Names of the zoo's policies.
 pub fn names() -> Vec<&'static str> {
-    vec!["bfc", "rmm_pool", "rmm_arena", "rmm_binning", "async_pool"]
+    vec!["bfc", "rmm_pool", "rmm_arena", "rmm_binning", "async_pool", "buddy", "tlsf"]
 }
 
 /// Build a zoo policy; `None` when `name` is not one of the zoo's.
@@ -36,6 +38,8 @@ pub fn by_name(name: &str, conf: Option<&str>) -> Option<Result<Box<dyn Allocato
         "rmm_arena" => boxed(rmm_arena::RmmArena::from_conf(conf)),
         "rmm_binning" => boxed(rmm_binning::RmmBinning::from_conf(conf)),
         "async_pool" => boxed(async_pool::AsyncPool::from_conf(conf)),
+        "buddy" => boxed(buddy::Buddy::from_conf(conf)),
+        "tlsf" => boxed(tlsf::Tlsf::from_conf(conf)),
         _ => return None,
     })
 }

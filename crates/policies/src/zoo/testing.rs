@@ -579,7 +579,7 @@ macro_rules! random_program_tests {
 
 mod random {
     use super::random_programs;
-    random_program_tests!(bfc, rmm_pool, rmm_arena, rmm_binning, async_pool);
+    random_program_tests!(bfc, rmm_pool, rmm_arena, rmm_binning, async_pool, buddy, tlsf);
 }
 
 #[test]
