@@ -22,7 +22,9 @@ pub use fidelity::{Divergence, Fidelity};
 pub use grid::{compare, min_feasible_capacity, GridCell, CAPACITY_RESOLUTION_BYTES};
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
 pub use observers::{format_event, CheckObserver, EventLog, Observer};
-pub use run::{run_trace, DeviceChoice, RunOptions, RunReport, H100_FREE_BYTES, H100_TOTAL_BYTES};
+pub use run::{
+    run_trace, run_trace_on, DeviceChoice, RunOptions, RunReport, H100_FREE_BYTES, H100_TOTAL_BYTES,
+};
 
 use allocsim_core::{Allocator, Device, Op};
 use std::borrow::Borrow;

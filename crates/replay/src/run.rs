@@ -75,12 +75,6 @@ pub fn run_trace(
     extra: &mut [&mut dyn Observer],
     progress: impl FnMut(u64),
 ) -> Result<RunReport, ConfigError> {
-    let alloc_conf = match (&opts.alloc_conf, opts.policy.as_str()) {
-        (Some(conf), _) => conf.clone(),
-        (None, "pytorch") => trace.meta.alloc_conf.clone().unwrap_or_default(),
-        (None, _) => String::new(),
-    };
-    let mut allocator = allocsim_policies::by_name(&opts.policy, Some(&alloc_conf))?;
     let total =
         opts.device_total_bytes.or(trace.meta.device_total_bytes).unwrap_or(H100_TOTAL_BYTES);
     let free = opts
@@ -112,7 +106,42 @@ pub fn run_trace(
         modelled = sim;
         &mut modelled
     };
+    let name = if follow { "recorded" } else { "sim" };
+    run_on(trace, opts, device, name, total, free, extra, progress)
+}
 
+/// Replay `trace` as `opts` say on a device the caller built (a real GPU, say), so this crate
+/// needs to know nothing of it. `opts.device`, `device_total_bytes` and `device_free_bytes` do
+/// not apply: the report gives the device's own `mem_info` at the start, under `device_name`.
+pub fn run_trace_on(
+    trace: &Trace,
+    opts: &RunOptions,
+    device: &mut dyn Device,
+    device_name: &'static str,
+    extra: &mut [&mut dyn Observer],
+    progress: impl FnMut(u64),
+) -> Result<RunReport, ConfigError> {
+    let mem = device.mem_info();
+    run_on(trace, opts, device, device_name, mem.total_bytes, mem.free_bytes, extra, progress)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_on(
+    trace: &Trace,
+    opts: &RunOptions,
+    device: &mut dyn Device,
+    device_name: &'static str,
+    total: u64,
+    free: u64,
+    extra: &mut [&mut dyn Observer],
+    progress: impl FnMut(u64),
+) -> Result<RunReport, ConfigError> {
+    let alloc_conf = match (&opts.alloc_conf, opts.policy.as_str()) {
+        (Some(conf), _) => conf.clone(),
+        (None, "pytorch") => trace.meta.alloc_conf.clone().unwrap_or_default(),
+        (None, _) => String::new(),
+    };
+    let mut allocator = allocsim_policies::by_name(&opts.policy, Some(&alloc_conf))?;
     let memory_fraction = opts.memory_fraction.or(trace.meta.memory_fraction);
     if let Some(fraction) = memory_fraction {
         let mut events = Vec::new();
@@ -143,7 +172,7 @@ pub fn run_trace(
 
     Ok(RunReport {
         policy: opts.policy.clone(),
-        device: if follow { "recorded" } else { "sim" },
+        device: device_name,
         alloc_conf,
         memory_fraction,
         device_total_bytes: total,
