@@ -103,6 +103,17 @@ impl CheckReport {
     pub fn is_ok(&self) -> bool {
         self.total_violations == 0
     }
+
+    /// All violations found, stored or not (the same as the field, for callers holding
+    /// the report behind a trait or a reference chain).
+    pub fn total_violations(&self) -> u64 {
+        self.total_violations
+    }
+
+    /// The stored violations, in the order found.
+    pub fn violations(&self) -> &[Violation] {
+        &self.violations
+    }
 }
 
 impl fmt::Display for CheckReport {

@@ -22,7 +22,7 @@ pub struct AddressSpace {
 }
 
 impl AddressSpace {
-    /// Place `size_bytes` at the lowest free `alignment`-aligned address (a power of two).
+    /// Place `size_bytes` at the lowest free multiple of `alignment`.
     /// `None` only when the 64-bit space is exhausted.
     pub fn place(&mut self, size_bytes: u64, alignment: u64) -> Option<u64> {
         let mut candidate = align_up(VA_BASE, alignment)?;
@@ -64,13 +64,12 @@ impl AddressSpace {
     }
 }
 
-/// Round `value` up to a multiple of `alignment` (a power of two, or 0/1 for none).
+/// Round `value` up to a multiple of `alignment` (any; 0 and 1 mean none).
 pub fn align_up(value: u64, alignment: u64) -> Option<u64> {
     if alignment <= 1 {
         return Some(value);
     }
-    let mask = alignment - 1;
-    value.checked_add(mask).map(|v| v & !mask)
+    value.div_ceil(alignment).checked_mul(alignment)
 }
 
 /// Disjoint, merged `[start, end)` intervals: the mapped pages of one reservation.

@@ -371,14 +371,18 @@ fn check_pages(call: &str, addr: u64, size_bytes: u64) -> Result<(), DeviceError
     Ok(())
 }
 
-/// The alignment a reservation gets: at least a page; 0 means the default (a page).
+/// The alignment a reservation gets: a multiple of both `alignment` and the page (their least
+/// common multiple; 0 means the page). The driver's contract names no constraint on it, and
+/// PyTorch passes its segment page (20 MiB), which is no power of two.
 fn checked_alignment(alignment: u64) -> Result<u64, DeviceError> {
-    if alignment != 0 && !alignment.is_power_of_two() {
-        return Err(DeviceError::Driver(format!(
-            "reserve_address: alignment {alignment} is not a power of two"
-        )));
+    let a = alignment.max(1);
+    let (mut x, mut y) = (a, PAGE_BYTES);
+    while y != 0 {
+        (x, y) = (y, x % y);
     }
-    Ok(alignment.max(PAGE_BYTES))
+    (a / x).checked_mul(PAGE_BYTES).ok_or_else(|| {
+        DeviceError::Driver(format!("reserve_address: alignment {alignment} is too large"))
+    })
 }
 
 fn va_exhausted() -> DeviceError {

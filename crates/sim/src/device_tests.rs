@@ -133,7 +133,7 @@ fn contract_breaches_are_errors_not_panics() {
     d.map(r, 2 * PAGE).unwrap();
     assert!(driver(d.map(r + PAGE, 2 * PAGE)), "double map");
     assert!(matches!(d.malloc(0), Err(DeviceError::Driver(_))));
-    assert!(matches!(d.reserve_address(PAGE, 3), Err(DeviceError::Driver(_))));
+    assert!(matches!(d.reserve_address(PAGE, u64::MAX), Err(DeviceError::Driver(_))));
     d.free(0x1234, PAGE);
     d.unmap(r + 4 * PAGE, PAGE);
     d.release_address(r, 10 * PAGE); // still mapped: refused
@@ -207,4 +207,15 @@ fn free_at_start_above_total_is_clamped_and_said() {
     let d = SimDevice::new(SimConfig { free_bytes: 10, total_bytes: 5, ..SimConfig::default() });
     assert_eq!(d.mem_info().free_bytes, 5);
     assert!(d.notes()[0].contains("clamped"));
+}
+
+#[test]
+fn reservations_take_any_alignment_and_stay_page_aligned() {
+    let mut d = device(100, 100, vec![]);
+    d.malloc(PAGE).unwrap();
+    let twenty = d.reserve_address(1 << 30, 20 * MIB).unwrap();
+    assert_eq!((twenty % (20 * MIB), twenty % PAGE), (0, 0));
+    assert!(twenty > VA_BASE);
+    let odd = d.reserve_address(PAGE, 3 * 4096).unwrap();
+    assert_eq!((odd % (3 * 4096), odd % PAGE), (0, 0));
 }

@@ -68,6 +68,9 @@ pub struct Divergence {
 impl fmt::Display for Divergence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "left the recording at op {}: ", self.op_index)?;
+        if let (None, None, Some(detail)) = (self.expected, self.got, &self.detail) {
+            return write!(f, "{detail}; modelled from there");
+        }
         match self.expected {
             Some(e) => {
                 write!(f, "expected {} {}", e.kind.action(), e.size)?;

@@ -182,3 +182,17 @@ fn the_notes_say_when_the_run_stopped_short() {
     assert_eq!(notes[0], "followed the recording for all 1 device calls");
     assert!(notes[1].contains("1 recorded device events not reached (the first in op 5)"));
 }
+
+#[test]
+fn ops_going_backwards_leave_the_recording() {
+    let mut d = recorded(&[ev(5, SegmentAlloc, 0x7f00_1000_0000, PAGE)]);
+    d.begin_op(3);
+    d.begin_op(2);
+    assert_eq!(
+        d.divergence().map(|div| div.to_string()),
+        Some(
+            "left the recording at op 3: ops went backwards, from 3 to 2; modelled from there"
+                .into()
+        )
+    );
+}
