@@ -27,7 +27,9 @@
 //! - `internal_dependencies` (bool, default `true`),
 //! - `trim_on_empty_cache` (bool, default `true`).
 
-use super::common::{parse_bool, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, PAGE_2MIB};
+use super::common::{
+    parse_bool, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, PAGE_2MIB,
+};
 use super::tiling::Tiling;
 use allocsim_core::{
     AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
@@ -36,7 +38,8 @@ use allocsim_core::{
 use std::collections::{BTreeMap, BTreeSet};
 
 const NAME: &str = "async_pool";
-const KEYS: &[&str] = &["release_threshold", "granularity", "internal_dependencies", "trim_on_empty_cache"];
+const KEYS: &[&str] =
+    &["release_threshold", "granularity", "internal_dependencies", "trim_on_empty_cache"];
 const ALIGN_512: u64 = 512;
 
 /// Who may reuse a free block.
@@ -83,15 +86,32 @@ impl AsyncPool {
     }
 
     /// The best fit among the lists `stream` may use: `(size, addr, list)`.
-    fn best_fit(&self, rounded: u64, stream: StreamId, any_stream: bool) -> Option<(u64, u64, Avail)> {
+    fn best_fit(
+        &self,
+        rounded: u64,
+        stream: StreamId,
+        any_stream: bool,
+    ) -> Option<(u64, u64, Avail)> {
         self.free
             .iter()
-            .filter(|(&avail, _)| any_stream || avail == Avail::Any || avail == Avail::Stream(stream))
-            .filter_map(|(&avail, set)| set.range((rounded, 0)..).next().map(|&(s, a)| (s, a, avail)))
+            .filter(|(&avail, _)| {
+                any_stream || avail == Avail::Any || avail == Avail::Stream(stream)
+            })
+            .filter_map(|(&avail, set)| {
+                set.range((rounded, 0)..).next().map(|&(s, a)| (s, a, avail))
+            })
             .min()
     }
 
-    fn take(&mut self, env: &mut Env<'_>, id: AllocId, rounded: u64, size: u64, stream: StreamId, fit: (u64, u64, Avail)) -> Granted {
+    fn take(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        rounded: u64,
+        size: u64,
+        stream: StreamId,
+        fit: (u64, u64, Avail),
+    ) -> Granted {
         let (chunk, addr, avail) = fit;
         let set = self.free.entry(avail).or_default();
         set.remove(&(chunk, addr));
@@ -115,11 +135,13 @@ impl AsyncPool {
     fn insert(&mut self, addr: u64, avail: Avail) {
         let set = self.free.entry(avail).or_default();
         let mut at = addr;
-        if let Some((next, c)) = self.tiling.next(at).filter(|(_, c)| c.is_free() && c.tag == avail) {
+        if let Some((next, c)) = self.tiling.next(at).filter(|(_, c)| c.is_free() && c.tag == avail)
+        {
             set.remove(&(c.size, next));
             self.tiling.merge_next(at);
         }
-        if let Some((prev, c)) = self.tiling.prev(at).filter(|(_, c)| c.is_free() && c.tag == avail) {
+        if let Some((prev, c)) = self.tiling.prev(at).filter(|(_, c)| c.is_free() && c.tag == avail)
+        {
             set.remove(&(c.size, prev));
             self.tiling.merge_next(prev);
             at = prev;
@@ -150,8 +172,12 @@ impl AsyncPool {
 
     /// `cuMemPoolTrimTo`: release wholly free segments while more than `keep` is reserved.
     fn trim_to(&mut self, env: &mut Env<'_>, keep: u64) {
-        let free: Vec<(u64, u64)> =
-            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, s)| (b, s.size)).collect();
+        let free: Vec<(u64, u64)> = self
+            .tiling
+            .segments()
+            .filter(|(_, s)| s.is_wholly_free())
+            .map(|(b, s)| (b, s.size))
+            .collect();
         for (base, size) in free {
             if self.books.reserved() <= keep {
                 break;
@@ -172,7 +198,14 @@ impl AsyncPool {
         self.books.sync_inactive_split(self.tiling.inactive_split());
     }
 
-    fn try_paths(&mut self, env: &mut Env<'_>, id: AllocId, rounded: u64, size: u64, stream: StreamId) -> Option<Granted> {
+    fn try_paths(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        rounded: u64,
+        size: u64,
+        stream: StreamId,
+    ) -> Option<Granted> {
         if let Some(fit) = self.best_fit(rounded, stream, false) {
             return Some(self.take(env, id, rounded, size, stream, fit));
         }
@@ -204,7 +237,13 @@ impl Allocator for AsyncPool {
         NAME
     }
 
-    fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, size: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
         let rounded = rounded_request(size, ALIGN_512);
         let found = self.try_paths(env, id, rounded, size, stream);
         self.books.sync_inactive_split(self.tiling.inactive_split());
@@ -247,11 +286,15 @@ impl Allocator for AsyncPool {
                 "granularity" => {
                     let g = parse_bytes(NAME, &key, &value)?;
                     if !g.is_power_of_two() || g < ALIGN_512 {
-                        return Err(ConfigError(format!("policy {NAME}: granularity {g} is not a power of two >= 512")));
+                        return Err(ConfigError(format!(
+                            "policy {NAME}: granularity {g} is not a power of two >= 512"
+                        )));
                     }
                     c.granularity = g;
                 }
-                "internal_dependencies" => c.internal_dependencies = parse_bool(NAME, &key, &value)?,
+                "internal_dependencies" => {
+                    c.internal_dependencies = parse_bool(NAME, &key, &value)?
+                }
                 "trim_on_empty_cache" => c.trim_on_empty_cache = parse_bool(NAME, &key, &value)?,
                 _ => return Err(unknown_key(NAME, &key, KEYS)),
             }
@@ -326,7 +369,8 @@ mod tests {
 
     #[test]
     fn release_threshold_applies_at_sync() {
-        let mut rig = Rig::new("async_pool", Some("release_threshold:4MiB,trim_on_empty_cache:false"), GIB);
+        let mut rig =
+            Rig::new("async_pool", Some("release_threshold:4MiB,trim_on_empty_cache:false"), GIB);
         for i in 0..4 {
             rig.malloc(i, 2 * MIB, 0).unwrap();
         }

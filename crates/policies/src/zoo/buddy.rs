@@ -102,7 +102,8 @@ impl Buddy {
             }
             let buddy = c.seg + ((at - c.seg) ^ c.size);
             let order = self.order(c.size);
-            let buddy_free = self.tiling.get(buddy).is_some_and(|b| b.is_free() && b.size == c.size);
+            let buddy_free =
+                self.tiling.get(buddy).is_some_and(|b| b.is_free() && b.size == c.size);
             if !buddy_free {
                 break;
             }
@@ -119,7 +120,8 @@ impl Buddy {
 
     /// Return wholly free segments to the device; whether any went.
     fn release_free_segments(&mut self, env: &mut Env<'_>) -> bool {
-        let free: Vec<u64> = self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
+        let free: Vec<u64> =
+            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
         for &base in &free {
             if let Some(seg) = self.tiling.remove_segment(base) {
                 let order = self.order(seg.size);
@@ -151,7 +153,13 @@ impl Allocator for Buddy {
         NAME
     }
 
-    fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, size: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
         let block = size.max(self.min_block).checked_next_power_of_two().unwrap_or(u64::MAX);
         let found = if block <= MAX_BLOCK_BYTES { self.find(env, block, stream) } else { None };
         let result = match found {
@@ -203,7 +211,12 @@ impl Allocator for Buddy {
             }
         }
         let pow2 = |v: u64| v.is_power_of_two();
-        if !pow2(min_block) || min_block < 256 || !pow2(segment_size) || segment_size < min_block || segment_size > MAX_BLOCK_BYTES {
+        if !pow2(min_block)
+            || min_block < 256
+            || !pow2(segment_size)
+            || segment_size < min_block
+            || segment_size > MAX_BLOCK_BYTES
+        {
             return Err(ConfigError(format!(
                 "policy {NAME}: need powers of two 256 <= min_block <= segment_size <= 1 TiB"
             )));
@@ -280,7 +293,10 @@ mod tests {
         // A free 4 MiB segment and 6 MiB of device left: an 8 MiB block needs the segment back.
         rig.malloc(2, 5 * MIB, 0).unwrap();
         let s = rig.policy.stats();
-        assert_eq!((s.num_alloc_retries, s.num_device_free, s.reserved_bytes.all.current), (1, 1, 8 << 20));
+        assert_eq!(
+            (s.num_alloc_retries, s.num_device_free, s.reserved_bytes.all.current),
+            (1, 1, 8 << 20)
+        );
         assert!(rig.malloc(3, 5 * MIB, 0).is_err());
     }
 }

@@ -113,7 +113,8 @@ impl Books {
         self.stats.active_bytes.increase(pool, size);
         self.stats.requested_bytes.increase(pool, requested);
         env.events.push(Event::Alloc { id, addr, size, requested, stream, pool });
-        let live = Live { addr, size, requested, stream, pool, pending: false, other_stream_uses: false };
+        let live =
+            Live { addr, size, requested, stream, pool, pending: false, other_stream_uses: false };
         self.live.insert(id, live);
         Granted { addr, size }
     }
@@ -127,7 +128,12 @@ impl Books {
         }
         b.pending = true;
         let b = *b;
-        env.events.push(Event::FreeRequested { id, addr: b.addr, size: b.size, requested: b.requested });
+        env.events.push(Event::FreeRequested {
+            id,
+            addr: b.addr,
+            size: b.size,
+            requested: b.requested,
+        });
         self.stats.allocation.decrease(b.pool, 1);
         self.stats.allocated_bytes.decrease(b.pool, b.size);
         if b.other_stream_uses {
@@ -148,7 +154,12 @@ impl Books {
 
     fn complete(&mut self, env: &mut Env<'_>, id: AllocId) -> Option<Live> {
         let b = self.live.remove(&id)?;
-        env.events.push(Event::FreeCompleted { id, addr: b.addr, size: b.size, requested: b.requested });
+        env.events.push(Event::FreeCompleted {
+            id,
+            addr: b.addr,
+            size: b.size,
+            requested: b.requested,
+        });
         self.stats.active.decrease(b.pool, 1);
         self.stats.active_bytes.decrease(b.pool, b.size);
         self.stats.requested_bytes.decrease(b.pool, b.requested);
@@ -193,7 +204,7 @@ impl Books {
             return Err(ConfigError(format!("memory fraction {fraction} is not in [0, 1]")));
         }
         let total = env.device.mem_info().total_bytes;
-        self.allowed_bytes = (fraction < 1.0).then(|| (fraction * total as f64) as u64);
+        self.allowed_bytes = (fraction < 1.0).then_some((fraction * total as f64) as u64);
         Ok(())
     }
 

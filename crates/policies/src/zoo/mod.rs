@@ -29,7 +29,9 @@ pub fn names() -> Vec<&'static str> {
 /// Build a zoo policy; `None` when `name` is not one of the zoo's.
 pub fn by_name(name: &str, conf: Option<&str>) -> Option<Result<Box<dyn Allocator>, ConfigError>> {
     let conf = conf.unwrap_or("");
-    fn boxed<A: Allocator + 'static>(r: Result<A, ConfigError>) -> Result<Box<dyn Allocator>, ConfigError> {
+    fn boxed<A: Allocator + 'static>(
+        r: Result<A, ConfigError>,
+    ) -> Result<Box<dyn Allocator>, ConfigError> {
         r.map(|a| Box::new(a) as Box<dyn Allocator>)
     }
     Some(match name {

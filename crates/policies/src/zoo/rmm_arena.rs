@@ -106,12 +106,16 @@ impl RmmArena {
     fn sb_coalesce(&mut self, base: u64, addr: u64, size: u64) {
         let Some(sb) = self.sbs.get_mut(&base) else { return };
         let (mut at, mut len) = (addr, size);
-        if let Some((&n, &ns)) = sb.free.range(addr + size..).next().filter(|(&n, _)| n == addr + size) {
+        if let Some((&n, &ns)) =
+            sb.free.range(addr + size..).next().filter(|(&n, _)| n == addr + size)
+        {
             sb.free.remove(&n);
             self.tiling.merge_next(at);
             len += ns;
         }
-        if let Some((&p, &ps)) = sb.free.range(..addr).next_back().filter(|(&p, &ps)| p + ps == addr) {
+        if let Some((&p, &ps)) =
+            sb.free.range(..addr).next_back().filter(|(&p, &ps)| p + ps == addr)
+        {
             sb.free.remove(&p);
             self.tiling.merge_next(p);
             at = p;
@@ -124,7 +128,8 @@ impl RmmArena {
     /// `global_arena::first_fit`: take a superblock that fits `size` out of the global set,
     /// splitting an empty one that is big enough.
     fn global_first_fit(&mut self, size: u64) -> Option<u64> {
-        let base = *self.global.iter().find(|b| self.sbs.get(b).is_some_and(|sb| sb.max_free >= size))?;
+        let base =
+            *self.global.iter().find(|b| self.sbs.get(b).is_some_and(|sb| sb.max_free >= size))?;
         self.global.remove(&base);
         let min_size = SUPERBLOCK_MIN_BYTES.max(size);
         let sb = self.sbs.get(&base)?;
@@ -149,7 +154,9 @@ impl RmmArena {
             return;
         }
         let (mut at, mut size) = (base, sb.size);
-        let empty_at = |sbs: &BTreeMap<u64, Superblock>, b: u64| sbs.get(&b).filter(|s| s.is_empty(b)).map(|s| s.size);
+        let empty_at = |sbs: &BTreeMap<u64, Superblock>, b: u64| {
+            sbs.get(&b).filter(|s| s.is_empty(b)).map(|s| s.size)
+        };
         if let Some(&next) = self.global.range(base + 1..).next() {
             if let Some(next_size) = empty_at(&self.sbs, next).filter(|_| next == base + size) {
                 self.sbs.remove(&next);
@@ -183,7 +190,8 @@ impl RmmArena {
             return addr;
         }
         let arena = self.arenas.entry(stream).or_default();
-        let found = arena.iter().copied().find(|b| self.sbs.get(b).is_some_and(|sb| sb.max_free >= size));
+        let found =
+            arena.iter().copied().find(|b| self.sbs.get(b).is_some_and(|sb| sb.max_free >= size));
         if let Some(base) = found {
             return self.sb_first_fit(base, size);
         }
@@ -241,7 +249,13 @@ impl Allocator for RmmArena {
         NAME
     }
 
-    fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, size: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
         let rounded = rounded_request(size, ALIGN_256);
         let mut found = None;
         if self.start(env, stream) {
@@ -299,7 +313,9 @@ impl Allocator for RmmArena {
             }
         }
         if arena_size.is_some_and(|s| s < SUPERBLOCK_MIN_BYTES) {
-            return Err(ConfigError(format!("policy {NAME}: arena_size below the 1 MiB superblock")));
+            return Err(ConfigError(format!(
+                "policy {NAME}: arena_size below the 1 MiB superblock"
+            )));
         }
         self.arena_size = arena_size;
         Ok(())

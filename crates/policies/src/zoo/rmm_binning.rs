@@ -19,7 +19,9 @@
 //! - `blocks_to_preallocate` (default 128): blocks per growth of a bin;
 //! - `preallocate` (bool, default `true`): fill every bin at the first request.
 
-use super::common::{parse_bool, parse_bytes, parse_conf, rounded_request, unknown_key, Books, ALIGN_256};
+use super::common::{
+    parse_bool, parse_bytes, parse_conf, rounded_request, unknown_key, Books, ALIGN_256,
+};
 use super::rmm_pool::{Piece, PoolCore};
 use super::tiling::Tiling;
 use allocsim_core::{
@@ -29,8 +31,14 @@ use allocsim_core::{
 use std::collections::{BTreeMap, VecDeque};
 
 const NAME: &str = "rmm_binning";
-const KEYS: &[&str] =
-    &["initial_pool_size", "maximum_pool_size", "min_exp", "max_exp", "blocks_to_preallocate", "preallocate"];
+const KEYS: &[&str] = &[
+    "initial_pool_size",
+    "maximum_pool_size",
+    "min_exp",
+    "max_exp",
+    "blocks_to_preallocate",
+    "preallocate",
+];
 
 #[derive(Debug, Clone, Copy)]
 struct BinningConf {
@@ -64,7 +72,12 @@ impl RmmBinning {
             tiling: Tiling::default(),
             pool: PoolCore::default(),
             bins: Vec::new(),
-            conf: BinningConf { min_exp: 18, max_exp: 22, blocks_to_preallocate: 128, preallocate: true },
+            conf: BinningConf {
+                min_exp: 18,
+                max_exp: 22,
+                blocks_to_preallocate: 128,
+                preallocate: true,
+            },
             started: false,
         };
         me.set_settings(conf)?;
@@ -81,7 +94,9 @@ impl RmmBinning {
     fn grow_bin(&mut self, env: &mut Env<'_>, bin: usize, stream: StreamId) -> bool {
         let block = self.bins[bin].block;
         let n = self.conf.blocks_to_preallocate;
-        let Some(addr) = self.pool.allocate(&mut self.books, &mut self.tiling, env, block * n, stream) else {
+        let Some(addr) =
+            self.pool.allocate(&mut self.books, &mut self.tiling, env, block * n, stream)
+        else {
             return false;
         };
         self.tiling.set_tag(addr, Piece::Bin);
@@ -101,7 +116,8 @@ impl RmmBinning {
         if let Some(addr) = self.bins[bin].lists.get_mut(&stream).and_then(VecDeque::pop_front) {
             return Some(addr);
         }
-        let others: Vec<StreamId> = self.bins[bin].lists.keys().copied().filter(|&s| s != stream).collect();
+        let others: Vec<StreamId> =
+            self.bins[bin].lists.keys().copied().filter(|&s| s != stream).collect();
         for &other in &others {
             if let Some(addr) = self.bins[bin].lists.get_mut(&other).and_then(VecDeque::pop_front) {
                 return Some(addr);
@@ -158,14 +174,21 @@ impl Allocator for RmmBinning {
         NAME
     }
 
-    fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, size: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
         self.start(env);
         let rounded = rounded_request(size, ALIGN_256);
         let found = match self.bins.iter().position(|b| b.block >= rounded) {
             Some(bin) => self.bin_block(env, bin, stream).map(|addr| (addr, self.bins[bin].block)),
-            None => {
-                self.pool.allocate(&mut self.books, &mut self.tiling, env, rounded, stream).map(|a| (a, rounded))
-            }
+            None => self
+                .pool
+                .allocate(&mut self.books, &mut self.tiling, env, rounded, stream)
+                .map(|a| (a, rounded)),
         };
         let result = match found {
             Some((addr, block)) => {
@@ -211,7 +234,9 @@ impl Allocator for RmmBinning {
             match key.as_str() {
                 "min_exp" => c.min_exp = parse_bytes(NAME, &key, &value)?.min(64) as u32,
                 "max_exp" => c.max_exp = parse_bytes(NAME, &key, &value)?.min(64) as u32,
-                "blocks_to_preallocate" => c.blocks_to_preallocate = parse_bytes(NAME, &key, &value)?,
+                "blocks_to_preallocate" => {
+                    c.blocks_to_preallocate = parse_bytes(NAME, &key, &value)?
+                }
                 "preallocate" => c.preallocate = parse_bool(NAME, &key, &value)?,
                 _ => return Err(unknown_key(NAME, &key, KEYS)),
             }
@@ -220,7 +245,9 @@ impl Allocator for RmmBinning {
             return Err(ConfigError(format!("policy {NAME}: need 8 <= min_exp <= max_exp <= 40")));
         }
         if !(1..=1 << 20).contains(&c.blocks_to_preallocate) {
-            return Err(ConfigError(format!("policy {NAME}: blocks_to_preallocate must be in 1..=2^20")));
+            return Err(ConfigError(format!(
+                "policy {NAME}: blocks_to_preallocate must be in 1..=2^20"
+            )));
         }
         self.conf = c;
         self.pool.conf = pool;
@@ -273,7 +300,8 @@ mod tests {
 
     #[test]
     fn fifo_reuse_and_growth() {
-        let mut rig = Rig::new("rmm_binning", Some("blocks_to_preallocate:2,preallocate:false"), GIB);
+        let mut rig =
+            Rig::new("rmm_binning", Some("blocks_to_preallocate:2,preallocate:false"), GIB);
         let a = rig.malloc(1, 300 << 10, 0).unwrap();
         assert_eq!(a.size, 512 << 10);
         let b = rig.malloc(2, 300 << 10, 0).unwrap();

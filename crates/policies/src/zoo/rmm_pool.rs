@@ -21,7 +21,9 @@
 //!   reserved at the first request on the legacy stream 0's list, skipped if the device refuses;
 //! - `maximum_pool_size` (bytes, default none).
 
-use super::common::{parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, ALIGN_256};
+use super::common::{
+    parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, ALIGN_256,
+};
 use super::tiling::Tiling;
 use allocsim_core::{
     AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
@@ -53,7 +55,9 @@ impl PoolConf {
     /// Apply one setting; `false` when `key` is not a pool setting.
     pub fn apply(&mut self, policy: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
         match key {
-            "initial_pool_size" => self.initial_pool_size = round_up(parse_bytes(policy, key, value)?, ALIGN_256),
+            "initial_pool_size" => {
+                self.initial_pool_size = round_up(parse_bytes(policy, key, value)?, ALIGN_256)
+            }
             "maximum_pool_size" => self.maximum_pool_size = Some(parse_bytes(policy, key, value)?),
             _ => return Ok(false),
         }
@@ -166,7 +170,13 @@ impl PoolCore {
     }
 
     /// `merge_lists`: move `other`'s free list into `stream`'s, coalescing.
-    fn merge_list(&mut self, books: &mut Books, tiling: &mut Tiling<Piece>, other: StreamId, stream: StreamId) {
+    fn merge_list(
+        &mut self,
+        books: &mut Books,
+        tiling: &mut Tiling<Piece>,
+        other: StreamId,
+        stream: StreamId,
+    ) {
         let Some(blocks) = self.lists.remove(&other) else { return };
         books.stats.num_sync_all_streams += 1;
         let mut addrs: Vec<u64> = blocks.into_iter().map(|(_, a)| a).collect();
@@ -252,7 +262,13 @@ impl Allocator for RmmPool {
         NAME
     }
 
-    fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, size: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
         let rounded = rounded_request(size, ALIGN_256);
         let found = self.core.allocate(&mut self.books, &mut self.tiling, env, rounded, stream);
         let result = match found {

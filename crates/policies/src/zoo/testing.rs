@@ -44,7 +44,10 @@ impl BumpDevice {
     fn take(&mut self, kind: CallKind, size: u64) -> Result<(), DeviceError> {
         if size > self.capacity - self.used {
             self.calls.record(kind, false, 0);
-            return Err(DeviceError::OutOfMemory { requested: size, free: self.capacity - self.used });
+            return Err(DeviceError::OutOfMemory {
+                requested: size,
+                free: self.capacity - self.used,
+            });
         }
         self.used += size;
         self.calls.record(kind, true, 0);
@@ -62,7 +65,11 @@ impl Device for BumpDevice {
     }
 
     fn free(&mut self, addr: u64, size: u64) {
-        assert_eq!(self.segments.remove(&addr), Some(size), "free of {addr:#x}+{size} not a segment");
+        assert_eq!(
+            self.segments.remove(&addr),
+            Some(size),
+            "free of {addr:#x}+{size} not a segment"
+        );
         self.used -= size;
         self.calls.record(CallKind::Free, true, 0);
     }
@@ -81,9 +88,11 @@ impl Device for BumpDevice {
     }
 
     fn map(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
-        let inside = self.ranges.range(..=addr).next_back().is_some_and(|(&b, &s)| addr + size <= b + s);
+        let inside =
+            self.ranges.range(..=addr).next_back().is_some_and(|(&b, &s)| addr + size <= b + s);
         assert!(inside, "map of {addr:#x}+{size} outside reserved ranges");
-        let overlaps = self.mapped.range(..addr + size).next_back().is_some_and(|(&b, &s)| b + s > addr);
+        let overlaps =
+            self.mapped.range(..addr + size).next_back().is_some_and(|(&b, &s)| b + s > addr);
         assert!(!overlaps, "map of {addr:#x}+{size} over mapped pages");
         self.take(CallKind::Map, size)?;
         self.mapped.insert(addr, size);
@@ -92,9 +101,14 @@ impl Device for BumpDevice {
 
     fn unmap(&mut self, addr: u64, size: u64) {
         // Unmaps may cover several maps or parts of one: split mapped pieces to match.
-        let pieces: Vec<(u64, u64)> =
-            self.mapped.range(..addr + size).filter(|(&b, &s)| b + s > addr).map(|(&b, &s)| (b, s)).collect();
-        let covered: u64 = pieces.iter().map(|&(b, s)| (b + s).min(addr + size) - b.max(addr)).sum();
+        let pieces: Vec<(u64, u64)> = self
+            .mapped
+            .range(..addr + size)
+            .filter(|(&b, &s)| b + s > addr)
+            .map(|(&b, &s)| (b, s))
+            .collect();
+        let covered: u64 =
+            pieces.iter().map(|&(b, s)| (b + s).min(addr + size) - b.max(addr)).sum();
         assert_eq!(covered, size, "unmap of {addr:#x}+{size} not wholly mapped");
         for (b, s) in pieces {
             self.mapped.remove(&b);
@@ -162,9 +176,17 @@ struct Shadow {
 impl Shadow {
     fn apply(&mut self, e: &Event) -> Result<(), String> {
         match *e {
-            Event::SegmentAlloc { addr, size, pool, .. } | Event::SegmentMap { addr, size, pool, .. } => {
-                if self.memory.range(..addr + size).next_back().is_some_and(|(&b, &(s, _))| b + s > addr) {
-                    return Err(format!("segment {addr:#x}+{size} overlaps device memory already held"));
+            Event::SegmentAlloc { addr, size, pool, .. }
+            | Event::SegmentMap { addr, size, pool, .. } => {
+                if self
+                    .memory
+                    .range(..addr + size)
+                    .next_back()
+                    .is_some_and(|(&b, &(s, _))| b + s > addr)
+                {
+                    return Err(format!(
+                        "segment {addr:#x}+{size} overlaps device memory already held"
+                    ));
                 }
                 self.memory.insert(addr, (size, pool));
                 self.expected.reserved_bytes[ix(pool)] += size as i64;
@@ -198,12 +220,19 @@ impl Shadow {
                     return Err(format!("alloc of live id {id:?}"));
                 }
                 if addr % 256 != 0 || size < requested || size == 0 {
-                    return Err(format!("alloc {id:?} at {addr:#x}+{size} for {requested}: misaligned or short"));
+                    return Err(format!(
+                        "alloc {id:?} at {addr:#x}+{size} for {requested}: misaligned or short"
+                    ));
                 }
                 if pool != Pool::for_size(size) {
                     return Err(format!("alloc {id:?} of {size} in pool {pool:?}"));
                 }
-                if self.blocks.range(..addr + size).next_back().is_some_and(|(&b, k)| b + k.size > addr) {
+                if self
+                    .blocks
+                    .range(..addr + size)
+                    .next_back()
+                    .is_some_and(|(&b, k)| b + k.size > addr)
+                {
                     return Err(format!("alloc {id:?} at {addr:#x}+{size} overlaps a live block"));
                 }
                 if !self.covered(addr, size) {
@@ -220,8 +249,11 @@ impl Shadow {
             }
             Event::FreeRequested { id, addr, size, requested } => {
                 let b = self.where_is.get(&id).and_then(|a| self.blocks.get_mut(a));
-                let Some(b) = b.filter(|b| !b.freed && b.size == size && b.requested == requested) else {
-                    return Err(format!("free_requested {id:?} {addr:#x}+{size} does not match a live block"));
+                let Some(b) = b.filter(|b| !b.freed && b.size == size && b.requested == requested)
+                else {
+                    return Err(format!(
+                        "free_requested {id:?} {addr:#x}+{size} does not match a live block"
+                    ));
                 };
                 b.freed = true;
                 self.expected.allocation[ix(b.pool)] -= 1;
@@ -230,7 +262,9 @@ impl Shadow {
             Event::FreeCompleted { id, addr, size, .. } => {
                 let b = self.where_is.remove(&id).and_then(|a| self.blocks.remove(&a));
                 let Some(b) = b.filter(|b| b.freed && b.size == size && b.id == id) else {
-                    return Err(format!("free_completed {id:?} {addr:#x}+{size} without free_requested"));
+                    return Err(format!(
+                        "free_completed {id:?} {addr:#x}+{size} without free_requested"
+                    ));
                 };
                 self.expected.active[ix(b.pool)] -= 1;
                 self.expected.active_bytes[ix(b.pool)] -= size as i64;
@@ -298,9 +332,15 @@ impl Rig {
         let r = p.malloc(&mut env, AllocId(id), size, StreamId(stream));
         match (&r, self.events.last()) {
             (Ok(g), Some(Event::Alloc { id: i, addr, size, .. })) => {
-                assert!(*i == AllocId(id) && *addr == g.addr && *size == g.size, "{}: Ok without its Alloc", self.label)
+                assert!(
+                    *i == AllocId(id) && *addr == g.addr && *size == g.size,
+                    "{}: Ok without its Alloc",
+                    self.label
+                )
             }
-            (Err(_), Some(Event::Oom { id: i, .. })) => assert_eq!(*i, AllocId(id), "{}: Oom for another id", self.label),
+            (Err(_), Some(Event::Oom { id: i, .. })) => {
+                assert_eq!(*i, AllocId(id), "{}: Oom for another id", self.label)
+            }
             _ => panic!("{}: malloc of id {id} did not end with Alloc or Oom", self.label),
         }
         self.check();
@@ -349,8 +389,9 @@ impl Rig {
         self.seen = self.events.len();
         // Stats every call; the O(blocks) snapshot comparison on a sample of calls.
         self.checks += 1;
-        let snapshot = self.checks < 64 || self.checks % 16 == 0;
-        let result = self.check_stats().and_then(|_| if snapshot { self.check_snapshot() } else { Ok(()) });
+        let snapshot = self.checks < 64 || self.checks & 15 == 0;
+        let result =
+            self.check_stats().and_then(|_| if snapshot { self.check_snapshot() } else { Ok(()) });
         if let Err(msg) = result {
             panic!("{}: after {} events: {msg}", self.label, self.seen);
         }
@@ -393,17 +434,25 @@ impl Rig {
             let mut at = seg.address;
             for b in &seg.blocks {
                 if b.address != at || b.size == 0 {
-                    return Err(format!("snapshot blocks of {:#x} do not tile it at {at:#x}", seg.address));
+                    return Err(format!(
+                        "snapshot blocks of {:#x} do not tile it at {at:#x}",
+                        seg.address
+                    ));
                 }
                 at += b.size;
                 let shadow = self.shadow.blocks.get(&b.address).filter(|k| k.size == b.size);
                 let ok = match b.state {
-                    BlockState::Inactive => self.shadow.blocks.range(b.address..at).next().is_none(),
+                    BlockState::Inactive => {
+                        self.shadow.blocks.range(b.address..at).next().is_none()
+                    }
                     BlockState::ActiveAllocated => shadow.is_some_and(|k| !k.freed),
                     BlockState::ActivePendingFree => shadow.is_some_and(|k| k.freed),
                 };
                 if !ok {
-                    return Err(format!("snapshot block {:#x}+{} {:?} disagrees with events", b.address, b.size, b.state));
+                    return Err(format!(
+                        "snapshot block {:#x}+{} {:?} disagrees with events",
+                        b.address, b.size, b.state
+                    ));
                 }
                 if b.state == BlockState::Inactive && seg.blocks.len() > 1 {
                     let p = ix(Pool::for_size(b.size));
@@ -416,7 +465,10 @@ impl Rig {
             }
         }
         if reserved as i64 != s.reserved_bytes.all.current {
-            return Err(format!("snapshot holds {reserved} bytes, reserved_bytes {}", s.reserved_bytes.all.current));
+            return Err(format!(
+                "snapshot holds {reserved} bytes, reserved_bytes {}",
+                s.reserved_bytes.all.current
+            ));
         }
         let got = [
             (s.inactive_split.small_pool.current, s.inactive_split_bytes.small_pool.current),
@@ -476,7 +528,13 @@ pub(crate) struct Outcome {
 const STREAMS: [u64; 4] = [0, 7, 13, 21];
 
 /// A seeded random program of `ops` ops over several streams, checked after every op.
-pub(crate) fn random_program(name: &str, conf: Option<&str>, seed: u64, ops: u64, capacity: u64) -> Outcome {
+pub(crate) fn random_program(
+    name: &str,
+    conf: Option<&str>,
+    seed: u64,
+    ops: u64,
+    capacity: u64,
+) -> Outcome {
     let mut rig = Rig::new(name, conf, capacity);
     rig.label = format!("{name} (conf {conf:?}, seed {seed})");
     let mut rng = Rng::new(seed);
@@ -533,7 +591,11 @@ pub(crate) fn random_program(name: &str, conf: Option<&str>, seed: u64, ops: u64
 /// A policy with its typical small-config variants, for the random programs.
 pub(crate) fn configs(name: &str) -> Vec<Option<&'static str>> {
     match name {
-        "bfc" => vec![None, Some("allow_growth:false"), Some("garbage_collection:false,fragmentation_fraction:0.01")],
+        "bfc" => vec![
+            None,
+            Some("allow_growth:false"),
+            Some("garbage_collection:false,fragmentation_fraction:0.01"),
+        ],
         "rmm_pool" => vec![None, Some("initial_pool_size:1GiB,maximum_pool_size:6GiB")],
         "rmm_arena" => vec![None, Some("arena_size:7GiB")],
         "rmm_binning" => vec![None, Some("blocks_to_preallocate:4,min_exp:10,max_exp:16")],

@@ -45,10 +45,6 @@ impl Seg {
     pub fn is_wholly_free(&self) -> bool {
         self.pieces == 1 && self.free[0].0 + self.free[1].0 == 1
     }
-
-    pub fn free_bytes(&self) -> u64 {
-        self.free[0].1 + self.free[1].1
-    }
 }
 
 fn class(size: u64) -> usize {
@@ -147,7 +143,8 @@ impl<T: Copy> Tiling<T> {
         self.uncount(c.seg);
         let rest = addr + first;
         self.chunks.insert(addr, Chunk { size: first, ..c });
-        self.chunks.insert(rest, Chunk { size: c.size - first, seg: c.seg, owner: None, tag: rest_tag });
+        self.chunks
+            .insert(rest, Chunk { size: c.size - first, seg: c.seg, owner: None, tag: rest_tag });
         self.seg_mut(c.seg, |s| s.pieces += 1);
         self.recount_free(c.seg, &[(c.size, -1), (first, 1), (c.size - first, 1)]);
         self.count(c.seg);
@@ -270,7 +267,12 @@ impl<T: Copy> Tiling<T> {
 }
 
 /// A snapshot block for the chunk at `addr`, its state taken from the books.
-pub(crate) fn snapshot_block(books: &Books, addr: u64, size: u64, owner: Option<AllocId>) -> SnapshotBlock {
+pub(crate) fn snapshot_block(
+    books: &Books,
+    addr: u64,
+    size: u64,
+    owner: Option<AllocId>,
+) -> SnapshotBlock {
     let live = owner.and_then(|id| books.live.get(&id));
     SnapshotBlock {
         address: addr,

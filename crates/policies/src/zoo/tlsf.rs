@@ -25,11 +25,13 @@
 //! - `segment_size` (bytes, at least 2 MiB, default 256 MiB: VMA's preferred large-heap block),
 //! - `sl_bits` (second-level bits, 1..=6, default 5 as in TLSF and VMA).
 
-use super::common::{parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, ALIGN_256, PAGE_2MIB};
+use super::common::{
+    parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, ALIGN_256, PAGE_2MIB,
+};
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
-    SnapshotSegment, StreamId, MIB,
+    AllocId, Allocator, ConfigError, Env, Granted, MemoryStats, OomInfo, SnapshotSegment, StreamId,
+    MIB,
 };
 use std::collections::BTreeSet;
 
@@ -175,10 +177,18 @@ impl Tlsf {
 
     /// A regular segment able to hold `rounded`, sized by VMA's rules.
     fn grow(&mut self, env: &mut Env<'_>, rounded: u64, stream: StreamId) -> bool {
-        let largest = self.tiling.segments().filter(|(b, _)| !self.dedicated.contains(b)).map(|(_, s)| s.size).max();
+        let largest = self
+            .tiling
+            .segments()
+            .filter(|(b, _)| !self.dedicated.contains(b))
+            .map(|(_, s)| s.size)
+            .max();
         let mut size = self.segment_size;
         let mut shift = 0;
-        while shift < NEW_SEGMENT_SHIFT_MAX && size / 2 > largest.unwrap_or(0) && size / 2 >= rounded * 2 {
+        while shift < NEW_SEGMENT_SHIFT_MAX
+            && size / 2 > largest.unwrap_or(0)
+            && size / 2 >= rounded * 2
+        {
             size /= 2;
             shift += 1;
         }
@@ -197,7 +207,12 @@ impl Tlsf {
         }
     }
 
-    fn dedicated_segment(&mut self, env: &mut Env<'_>, rounded: u64, stream: StreamId) -> Option<(u64, u64)> {
+    fn dedicated_segment(
+        &mut self,
+        env: &mut Env<'_>,
+        rounded: u64,
+        stream: StreamId,
+    ) -> Option<(u64, u64)> {
         let size = round_up(rounded, PAGE_2MIB);
         let addr = self.books.device_malloc(env, size, stream)?;
         self.tiling.add_segment(addr, size, stream, UNLINKED);
@@ -207,7 +222,8 @@ impl Tlsf {
 
     /// Return wholly free segments, keeping `keep` of them; whether any went.
     fn release_free_segments(&mut self, env: &mut Env<'_>, keep: usize) -> bool {
-        let free: Vec<u64> = self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
+        let free: Vec<u64> =
+            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
         let mut released = false;
         for &base in free.iter().skip(keep) {
             self.unlink(base);
@@ -283,9 +299,16 @@ impl Allocator for Tlsf {
         NAME
     }
 
-    fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, size: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
         let rounded = rounded_request(size, ALIGN_256);
-        let found = if rounded <= MAX_REQUEST_BYTES { self.find(env, rounded, stream) } else { None };
+        let found =
+            if rounded <= MAX_REQUEST_BYTES { self.find(env, rounded, stream) } else { None };
         let result = match found {
             Some((addr, block)) => {
                 self.tiling.take(addr, id);
@@ -335,7 +358,9 @@ impl Allocator for Tlsf {
             }
         }
         if !(PAGE_2MIB..=MAX_REQUEST_BYTES).contains(&segment_size) || !(1..=6).contains(&sl_bits) {
-            return Err(ConfigError(format!("policy {NAME}: need 2 MiB <= segment_size <= 1 PiB and 1 <= sl_bits <= 6")));
+            return Err(ConfigError(format!(
+                "policy {NAME}: need 2 MiB <= segment_size <= 1 PiB and 1 <= sl_bits <= 6"
+            )));
         }
         self.segment_size = segment_size;
         if self.heads.is_empty() {
