@@ -96,11 +96,12 @@ impl Buddy {
         self.tiling.release(addr, ());
         let mut at = addr;
         while let Some(&c) = self.tiling.get(at) {
-            let seg_size = self.tiling.seg(c.seg).map_or(0, |s| s.size);
+            let Some(base) = self.tiling.seg_of(at) else { break };
+            let seg_size = self.tiling.seg(base).map_or(0, |s| s.size);
             if c.size >= seg_size {
                 break;
             }
-            let buddy = c.seg + ((at - c.seg) ^ c.size);
+            let buddy = base + ((at - base) ^ c.size);
             let order = self.order(c.size);
             let buddy_free =
                 self.tiling.get(buddy).is_some_and(|b| b.is_free() && b.size == c.size);

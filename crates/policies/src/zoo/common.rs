@@ -97,6 +97,39 @@ impl Books {
         env.events.push(Event::SegmentFree { addr, size, stream, pool });
     }
 
+    /// Map physical pages at `[addr, addr+size)` of a reservation, respecting the cap; on
+    /// success counted (a device alloc, not a segment, as `allocsim-check` counts it) and
+    /// `SegmentMap` pushed.
+    pub fn device_map(
+        &mut self,
+        env: &mut Env<'_>,
+        (addr, size): (u64, u64),
+        stream: StreamId,
+        pool: Pool,
+    ) -> bool {
+        if size == 0 || !self.within_cap(size) || env.device.map(addr, size).is_err() {
+            return false;
+        }
+        self.stats.num_device_alloc += 1;
+        self.stats.reserved_bytes.increase(pool, size);
+        env.events.push(Event::SegmentMap { addr, size, stream, pool });
+        true
+    }
+
+    /// Unmap `[addr, addr+size)` and push `SegmentUnmap`.
+    pub fn device_unmap(
+        &mut self,
+        env: &mut Env<'_>,
+        (addr, size): (u64, u64),
+        stream: StreamId,
+        pool: Pool,
+    ) {
+        env.device.unmap(addr, size);
+        self.stats.num_device_free += 1;
+        self.stats.reserved_bytes.decrease(pool, size);
+        env.events.push(Event::SegmentUnmap { addr, size, stream, pool });
+    }
+
     /// Record a block handed out for `id` and push `Alloc`.
     pub fn grant(
         &mut self,

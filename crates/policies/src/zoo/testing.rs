@@ -190,16 +190,17 @@ impl Shadow {
                 }
                 self.memory.insert(addr, (size, pool));
                 self.expected.reserved_bytes[ix(pool)] += size as i64;
+                // As allocsim-check counts: a map is a device alloc, not a segment.
+                self.expected.num_device_alloc += 1;
                 if matches!(e, Event::SegmentAlloc { .. }) {
                     self.expected.segment[ix(pool)] += 1;
-                    self.expected.num_device_alloc += 1;
                 }
             }
             Event::SegmentFree { addr, size, pool, .. } => {
                 if self.memory.remove(&addr) != Some((size, pool)) {
                     return Err(format!("segment_free {addr:#x}+{size} is not a live segment"));
                 }
-                if self.blocks.range(addr..addr + size).next().is_some() {
+                if self.overlaps_block(addr, size) {
                     return Err(format!("segment_free {addr:#x}+{size} with live blocks inside"));
                 }
                 self.expected.reserved_bytes[ix(pool)] -= size as i64;
@@ -207,13 +208,32 @@ impl Shadow {
                 self.expected.num_device_free += 1;
             }
             Event::SegmentUnmap { addr, size, pool, .. } => {
-                if self.memory.remove(&addr) != Some((size, pool)) {
-                    return Err(format!("segment_unmap {addr:#x}+{size} is not a mapped range"));
+                // Unmaps may take part of a mapped range, or several adjacent ones.
+                let end = addr + size;
+                let pieces: Vec<(u64, u64, Pool)> = self
+                    .memory
+                    .range(..end)
+                    .filter(|(&b, &(s, _))| b + s > addr)
+                    .map(|(&b, &(s, p))| (b, s, p))
+                    .collect();
+                let covered: u64 = pieces.iter().map(|&(b, s, _)| (b + s).min(end) - b.max(addr)).sum();
+                if covered != size || pieces.iter().any(|&(_, _, p)| p != pool) {
+                    return Err(format!("segment_unmap {addr:#x}+{size} is not mapped in {pool:?}"));
                 }
-                if self.blocks.range(addr..addr + size).next().is_some() {
+                if self.overlaps_block(addr, size) {
                     return Err(format!("segment_unmap {addr:#x}+{size} with live blocks inside"));
                 }
+                for (b, s, p) in pieces {
+                    self.memory.remove(&b);
+                    if b < addr {
+                        self.memory.insert(b, (addr - b, p));
+                    }
+                    if b + s > end {
+                        self.memory.insert(end, (b + s - end, p));
+                    }
+                }
                 self.expected.reserved_bytes[ix(pool)] -= size as i64;
+                self.expected.num_device_free += 1;
             }
             Event::Alloc { id, addr, size, requested, pool, .. } => {
                 if self.where_is.contains_key(&id) {
@@ -227,12 +247,7 @@ impl Shadow {
                 if pool != Pool::for_size(size) {
                     return Err(format!("alloc {id:?} of {size} in pool {pool:?}"));
                 }
-                if self
-                    .blocks
-                    .range(..addr + size)
-                    .next_back()
-                    .is_some_and(|(&b, k)| b + k.size > addr)
-                {
+                if self.overlaps_block(addr, size) {
                     return Err(format!("alloc {id:?} at {addr:#x}+{size} overlaps a live block"));
                 }
                 if !self.covered(addr, size) {
@@ -273,6 +288,10 @@ impl Shadow {
             Event::Oom { .. } => self.expected.num_ooms += 1,
         }
         Ok(())
+    }
+
+    fn overlaps_block(&self, addr: u64, size: u64) -> bool {
+        self.blocks.range(..addr + size).next_back().is_some_and(|(&b, k)| b + k.size > addr)
     }
 
     /// Whether `[addr, addr+size)` lies in device memory (contiguous mapped ranges count).
@@ -442,9 +461,7 @@ impl Rig {
                 at += b.size;
                 let shadow = self.shadow.blocks.get(&b.address).filter(|k| k.size == b.size);
                 let ok = match b.state {
-                    BlockState::Inactive => {
-                        self.shadow.blocks.range(b.address..at).next().is_none()
-                    }
+                    BlockState::Inactive => !self.shadow.overlaps_block(b.address, b.size),
                     BlockState::ActiveAllocated => shadow.is_some_and(|k| !k.freed),
                     BlockState::ActivePendingFree => shadow.is_some_and(|k| k.freed),
                 };

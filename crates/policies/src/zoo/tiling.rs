@@ -8,6 +8,9 @@
 //! A per-chunk `tag` carries what a policy needs to remember about a chunk (which free list it
 //! is on, which layer owns it).
 //!
+//! Segments are device segments, or for a policy on address reservations (VMM) maximal mapped
+//! ranges: those grow by [`Tiling::join`] and shrink by [`Tiling::cut_out`].
+//!
 //! **Architecture Invariant:** chunks never cross a segment boundary: merges are refused across
 //! segments, so returning a segment to the device never cuts a chunk.
 
@@ -18,8 +21,6 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Chunk<T> {
     pub size: u64,
-    /// Base address of the segment holding the chunk.
-    pub seg: u64,
     pub owner: Option<AllocId>,
     pub tag: T,
 }
@@ -35,6 +36,7 @@ pub(crate) struct Seg {
     pub size: u64,
     pub stream: StreamId,
     pub pool: Pool,
+    pub expandable: bool,
     pieces: u64,
     /// Free chunks and their bytes, by the chunk's size class (small, large).
     free: [(u64, u64); 2],
@@ -71,11 +73,90 @@ impl<T> Default for Tiling<T> {
 impl<T: Copy> Tiling<T> {
     /// A new segment from the device, as one free chunk tagged `tag`.
     pub fn add_segment(&mut self, base: u64, size: u64, stream: StreamId, tag: T) {
+        self.add_segment_in(base, size, stream, Pool::for_size(size), false, tag);
+    }
+
+    /// A new segment counted in `pool`; `expandable` for mapped ranges of a reservation.
+    pub fn add_segment_in(
+        &mut self,
+        base: u64,
+        size: u64,
+        stream: StreamId,
+        pool: Pool,
+        expandable: bool,
+        tag: T,
+    ) {
         let mut free = [(0, 0); 2];
         free[class(size)] = (1, size);
-        let seg = Seg { size, stream, pool: Pool::for_size(size), pieces: 1, free };
+        let seg = Seg { size, stream, pool, expandable, pieces: 1, free };
         self.segs.insert(base, seg);
-        self.chunks.insert(base, Chunk { size, seg: base, owner: None, tag });
+        self.chunks.insert(base, Chunk { size, owner: None, tag });
+    }
+
+    /// The base of the segment holding `addr`.
+    pub fn seg_of(&self, addr: u64) -> Option<u64> {
+        let (&base, seg) = self.segs.range(..=addr).next_back()?;
+        (addr < base + seg.size).then_some(base)
+    }
+
+    /// Make the segment at `right`, which starts where the one at `left` ends, part of it.
+    /// Their chunks stay as they are (the caller merges free neighbours if it wants).
+    pub fn join(&mut self, left: u64, right: u64) -> bool {
+        let (Some(&l), Some(&r)) = (self.segs.get(&left), self.segs.get(&right)) else {
+            return false;
+        };
+        if left + l.size != right {
+            return false;
+        }
+        self.uncount(left);
+        self.uncount(right);
+        self.segs.remove(&right);
+        if let Some(l) = self.segs.get_mut(&left) {
+            l.size += r.size;
+            l.pieces += r.pieces;
+            for (a, b) in l.free.iter_mut().zip(r.free) {
+                a.0 += b.0;
+                a.1 += b.1;
+            }
+        }
+        self.count(left);
+        true
+    }
+
+    /// Remove the free chunk at `addr` from its segment, which splits around it (or goes when
+    /// nothing is left). Returns the chunk's size. Costs a walk over the chunks after it.
+    pub fn cut_out(&mut self, addr: u64) -> Option<u64> {
+        let c = *self.chunks.get(&addr).filter(|c| c.is_free())?;
+        let base = self.seg_of(addr)?;
+        let seg = *self.segs.get(&base)?;
+        self.uncount(base);
+        self.chunks.remove(&addr);
+        let (end, right) = (base + seg.size, addr + c.size);
+        let mut r = Seg { size: end - right, pieces: 0, free: [(0, 0); 2], ..seg };
+        for (_, chunk) in self.chunks.range(right..end) {
+            r.pieces += 1;
+            if chunk.is_free() {
+                r.free[class(chunk.size)].0 += 1;
+                r.free[class(chunk.size)].1 += chunk.size;
+            }
+        }
+        let mut l = Seg { size: addr - base, pieces: seg.pieces - 1 - r.pieces, ..seg };
+        l.free[class(c.size)].0 -= 1;
+        l.free[class(c.size)].1 -= c.size;
+        for (a, b) in l.free.iter_mut().zip(r.free) {
+            a.0 -= b.0;
+            a.1 -= b.1;
+        }
+        self.segs.remove(&base);
+        if l.size > 0 {
+            self.segs.insert(base, l);
+            self.count(base);
+        }
+        if r.size > 0 {
+            self.segs.insert(right, r);
+            self.count(right);
+        }
+        Some(c.size)
     }
 
     /// Forget a wholly free segment (the caller returns it to the device).
@@ -109,8 +190,8 @@ impl<T: Copy> Tiling<T> {
 
     /// The chunk before `addr` in the same segment.
     pub fn prev(&self, addr: u64) -> Option<(u64, Chunk<T>)> {
-        let c = self.chunks.get(&addr)?;
-        if addr == c.seg {
+        let base = self.seg_of(addr)?;
+        if addr == base {
             return None;
         }
         self.chunks.range(..addr).next_back().map(|(&a, &p)| (a, p))
@@ -119,9 +200,9 @@ impl<T: Copy> Tiling<T> {
     /// The chunk after `addr` in the same segment.
     pub fn next(&self, addr: u64) -> Option<(u64, Chunk<T>)> {
         let c = self.chunks.get(&addr)?;
+        let base = self.seg_of(addr)?;
         let end = addr + c.size;
-        let seg = self.segs.get(&c.seg)?;
-        if end >= c.seg + seg.size {
+        if end >= base + self.segs.get(&base)?.size {
             return None;
         }
         self.chunks.get(&end).map(|&n| (end, n))
@@ -140,14 +221,14 @@ impl<T: Copy> Tiling<T> {
         if first == 0 || first >= c.size || !c.is_free() {
             return None;
         }
-        self.uncount(c.seg);
+        let base = self.seg_of(addr)?;
+        self.uncount(base);
         let rest = addr + first;
         self.chunks.insert(addr, Chunk { size: first, ..c });
-        self.chunks
-            .insert(rest, Chunk { size: c.size - first, seg: c.seg, owner: None, tag: rest_tag });
-        self.seg_mut(c.seg, |s| s.pieces += 1);
-        self.recount_free(c.seg, &[(c.size, -1), (first, 1), (c.size - first, 1)]);
-        self.count(c.seg);
+        self.chunks.insert(rest, Chunk { size: c.size - first, owner: None, tag: rest_tag });
+        self.seg_mut(base, |s| s.pieces += 1);
+        self.recount_free(base, &[(c.size, -1), (first, 1), (c.size - first, 1)]);
+        self.count(base);
         Some(rest)
     }
 
@@ -158,37 +239,34 @@ impl<T: Copy> Tiling<T> {
         if !c.is_free() || !next.is_free() {
             return false;
         }
-        self.uncount(c.seg);
+        let Some(base) = self.seg_of(addr) else { return false };
+        self.uncount(base);
         self.chunks.remove(&next_addr);
         self.chunks.insert(addr, Chunk { size: c.size + next.size, ..c });
-        self.seg_mut(c.seg, |s| s.pieces -= 1);
-        self.recount_free(c.seg, &[(c.size, -1), (next.size, -1), (c.size + next.size, 1)]);
-        self.count(c.seg);
+        self.seg_mut(base, |s| s.pieces -= 1);
+        self.recount_free(base, &[(c.size, -1), (next.size, -1), (c.size + next.size, 1)]);
+        self.count(base);
         true
     }
 
     /// The free chunk at `addr` is handed out to `id`.
     pub fn take(&mut self, addr: u64, id: AllocId) {
         let Some(&c) = self.chunks.get(&addr) else { return };
-        if !c.is_free() {
-            return;
-        }
-        self.uncount(c.seg);
+        let Some(base) = self.seg_of(addr).filter(|_| c.is_free()) else { return };
+        self.uncount(base);
         self.chunks.insert(addr, Chunk { owner: Some(id), ..c });
-        self.recount_free(c.seg, &[(c.size, -1)]);
-        self.count(c.seg);
+        self.recount_free(base, &[(c.size, -1)]);
+        self.count(base);
     }
 
     /// The chunk at `addr` is free again, tagged `tag`.
     pub fn release(&mut self, addr: u64, tag: T) {
         let Some(&c) = self.chunks.get(&addr) else { return };
-        if c.is_free() {
-            return;
-        }
-        self.uncount(c.seg);
+        let Some(base) = self.seg_of(addr).filter(|_| !c.is_free()) else { return };
+        self.uncount(base);
         self.chunks.insert(addr, Chunk { owner: None, tag, ..c });
-        self.recount_free(c.seg, &[(c.size, 1)]);
-        self.count(c.seg);
+        self.recount_free(base, &[(c.size, 1)]);
+        self.count(base);
     }
 
     /// `inactive_split` and `inactive_split_bytes` now, per pool (small, large).
@@ -199,10 +277,11 @@ impl<T: Copy> Tiling<T> {
     /// The largest free chunk in small and in large segments.
     pub fn largest_free(&self) -> (u64, u64) {
         let mut largest = (0, 0);
-        for c in self.chunks.values().filter(|c| c.is_free()) {
-            match self.segs.get(&c.seg).map(|s| s.pool) {
-                Some(Pool::Small) => largest.0 = largest.0.max(c.size),
-                _ => largest.1 = largest.1.max(c.size),
+        for (&base, seg) in &self.segs {
+            let biggest = self.chunks_of(base).filter(|(_, c)| c.is_free()).map(|(_, c)| c.size).max();
+            match seg.pool {
+                Pool::Small => largest.0 = largest.0.max(biggest.unwrap_or(0)),
+                Pool::Large => largest.1 = largest.1.max(biggest.unwrap_or(0)),
             }
         }
         largest
@@ -217,7 +296,7 @@ impl<T: Copy> Tiling<T> {
                 total_size: seg.size,
                 stream: seg.stream,
                 pool: seg.pool,
-                is_expandable: false,
+                is_expandable: seg.expandable,
                 blocks: self
                     .chunks_of(base)
                     .map(|(addr, c)| snapshot_block(books, addr, c.size, c.owner))

@@ -269,7 +269,7 @@ impl Tlsf {
 
     fn release_block(&mut self, env: &mut Env<'_>, addr: u64) {
         self.tiling.release(addr, UNLINKED);
-        let seg = self.tiling.get(addr).map_or(addr, |c| c.seg);
+        let seg = self.tiling.seg_of(addr).unwrap_or(addr);
         if self.dedicated.remove(&seg) {
             if let Some(s) = self.tiling.remove_segment(seg) {
                 self.books.device_free(env, seg, s.size, s.stream);
