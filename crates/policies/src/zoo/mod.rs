@@ -8,6 +8,7 @@
 mod common;
 mod tiling;
 
+pub mod allocsim;
 pub mod async_pool;
 pub mod bfc;
 pub mod buddy;
@@ -23,7 +24,7 @@ use allocsim_core::{Allocator, ConfigError};
 
 /// Names of the zoo's policies.
 pub fn names() -> Vec<&'static str> {
-    vec!["bfc", "rmm_pool", "rmm_arena", "rmm_binning", "async_pool", "buddy", "tlsf"]
+    vec!["bfc", "rmm_pool", "rmm_arena", "rmm_binning", "async_pool", "buddy", "tlsf", "allocsim"]
 }
 
 /// Build a zoo policy; `None` when `name` is not one of the zoo's.
@@ -42,6 +43,7 @@ pub fn by_name(name: &str, conf: Option<&str>) -> Option<Result<Box<dyn Allocato
         "async_pool" => boxed(async_pool::AsyncPool::from_conf(conf)),
         "buddy" => boxed(buddy::Buddy::from_conf(conf)),
         "tlsf" => boxed(tlsf::Tlsf::from_conf(conf)),
+        "allocsim" => boxed(allocsim::Allocsim::from_conf(conf)),
         _ => return None,
     })
 }

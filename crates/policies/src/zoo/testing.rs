@@ -216,9 +216,12 @@ impl Shadow {
                     .filter(|(&b, &(s, _))| b + s > addr)
                     .map(|(&b, &(s, p))| (b, s, p))
                     .collect();
-                let covered: u64 = pieces.iter().map(|&(b, s, _)| (b + s).min(end) - b.max(addr)).sum();
+                let covered: u64 =
+                    pieces.iter().map(|&(b, s, _)| (b + s).min(end) - b.max(addr)).sum();
                 if covered != size || pieces.iter().any(|&(_, _, p)| p != pool) {
-                    return Err(format!("segment_unmap {addr:#x}+{size} is not mapped in {pool:?}"));
+                    return Err(format!(
+                        "segment_unmap {addr:#x}+{size} is not mapped in {pool:?}"
+                    ));
                 }
                 if self.overlaps_block(addr, size) {
                     return Err(format!("segment_unmap {addr:#x}+{size} with live blocks inside"));
@@ -619,6 +622,7 @@ pub(crate) fn configs(name: &str) -> Vec<Option<&'static str>> {
         "async_pool" => vec![None, Some("release_threshold:1GiB,internal_dependencies:false")],
         "buddy" => vec![None, Some("segment_size:2MiB,min_block:4KiB")],
         "tlsf" => vec![None, Some("segment_size:256MiB,sl_bits:3")],
+        "allocsim" => vec![None, Some("headroom:max,small_max:0,reserve_size:3GiB")],
         _ => vec![None],
     }
 }
@@ -658,7 +662,7 @@ macro_rules! random_program_tests {
 
 mod random {
     use super::random_programs;
-    random_program_tests!(bfc, rmm_pool, rmm_arena, rmm_binning, async_pool, buddy, tlsf);
+    random_program_tests!(bfc, rmm_pool, rmm_arena, rmm_binning, async_pool, buddy, tlsf, allocsim);
 }
 
 #[test]

@@ -188,6 +188,17 @@ impl<T: Copy> Tiling<T> {
         }
     }
 
+    /// The chunk that holds `addr`, if any segment does.
+    pub fn chunk_at(&self, addr: u64) -> Option<(u64, Chunk<T>)> {
+        self.seg_of(addr)?;
+        self.chunks.range(..=addr).next_back().map(|(&a, &c)| (a, c))
+    }
+
+    /// Where the first segment at or after `addr` starts.
+    pub fn next_segment_from(&self, addr: u64) -> Option<u64> {
+        self.segs.range(addr..).next().map(|(&b, _)| b)
+    }
+
     /// The chunk before `addr` in the same segment.
     pub fn prev(&self, addr: u64) -> Option<(u64, Chunk<T>)> {
         let base = self.seg_of(addr)?;
@@ -278,7 +289,8 @@ impl<T: Copy> Tiling<T> {
     pub fn largest_free(&self) -> (u64, u64) {
         let mut largest = (0, 0);
         for (&base, seg) in &self.segs {
-            let biggest = self.chunks_of(base).filter(|(_, c)| c.is_free()).map(|(_, c)| c.size).max();
+            let biggest =
+                self.chunks_of(base).filter(|(_, c)| c.is_free()).map(|(_, c)| c.size).max();
             match seg.pool {
                 Pool::Small => largest.0 = largest.0.max(biggest.unwrap_or(0)),
                 Pool::Large => largest.1 = largest.1.max(biggest.unwrap_or(0)),
