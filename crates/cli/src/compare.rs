@@ -1,5 +1,6 @@
 //! `allocsim compare TRACE... --policy all|a,b,c`: the policy x trace grid.
 
+use crate::output::outln;
 use allocsim_replay::{compare, GridCell, RunOptions};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
@@ -80,9 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if args.json {
         let rows: Vec<serde_json::Value> = cells.iter().map(row).collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        crate::output::emit(&(serde_json::to_string_pretty(&rows)? + "\n"))?;
     } else {
-        print_tables(&cells);
+        crate::output::emit(&tables(&cells))?;
     }
     let violations: u64 =
         cells.iter().map(|c| c.report.check.as_ref().map_or(0, |r| r.total_violations())).sum();
@@ -109,13 +110,15 @@ fn gib(n: u64) -> String {
     format!("{:.3}", n as f64 / (1u64 << 30) as f64)
 }
 
-fn print_tables(cells: &[GridCell]) {
+fn tables(cells: &[GridCell]) -> String {
+    let mut out = String::new();
     let mut current = "";
     for c in cells {
         if c.trace != current {
             current = &c.trace;
-            println!("\n{current}");
-            println!(
+            outln!(out, "\n{current}");
+            outln!(
+                out,
                 "  {:<14} {:>12} {:>12} {:>8} {:>6} {:>8} {:>11} {:>14} {:>6}",
                 "policy",
                 "peak alloc",
@@ -129,7 +132,8 @@ fn print_tables(cells: &[GridCell]) {
             );
         }
         let m = &c.report.metrics;
-        println!(
+        outln!(
+            out,
             "  {:<14} {:>10}Gi {:>10}Gi {:>7.2}% {:>6} {:>8} {:>9.1}ms {:>14} {:>6}",
             c.policy,
             gib(m.peak_allocated_bytes),
@@ -142,4 +146,5 @@ fn print_tables(cells: &[GridCell]) {
             c.report.check.as_ref().map_or(0, |r| r.total_violations()),
         );
     }
+    out
 }

@@ -1,6 +1,6 @@
 //! `allocsim explain-oom TRACE [--policy P]`.
 
-use crate::output::bytes;
+use crate::output::{bytes, outln};
 use crate::replay::progress_bar;
 use allocsim_core::Trace;
 use allocsim_replay::{run_trace, DeviceChoice, OomExplainer, RunOptions};
@@ -49,7 +49,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report =
         run_trace(&trace, &opts, &mut [&mut explainer], progress_bar(trace.ops.len() as u64))
             .with_context(|| format!("setting up the {} policy", args.policy))?;
-    println!(
+    let mut out = String::new();
+    outln!(
+        out,
         "{}: {} OOMs under {} on the {} device",
         args.trace.display(),
         explainer.explanations.len(),
@@ -58,23 +60,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     for e in explainer.explanations.iter().take(args.limit) {
         let i = &e.info;
-        println!("\nOOM at op {}: {} requested (rounded)", e.op_index, bytes(i.rounded_bytes));
-        println!(
+        outln!(out, "\nOOM at op {}: {} requested (rounded)", e.op_index, bytes(i.rounded_bytes));
+        outln!(
+            out,
             "  device free: {} of {}",
             bytes(i.device_free_bytes),
             bytes(i.device_total_bytes)
         );
         if let Some(allowed) = i.allowed_bytes {
-            println!("  allowed by the memory fraction: {}", bytes(allowed));
+            outln!(out, "  allowed by the memory fraction: {}", bytes(allowed));
         }
-        println!(
+        outln!(
+            out,
             "  allocated: {}; reserved: {}",
             bytes(i.allocated_bytes),
             bytes(i.reserved_bytes)
         );
-        println!("  reserved but unallocated: {}", bytes(i.cached_bytes()));
+        outln!(out, "  reserved but unallocated: {}", bytes(i.cached_bytes()));
         for r in &e.largest_free {
-            println!(
+            outln!(
+                out,
                 "  largest free block in the {}: {} at {:#x}",
                 r.pool.stats_name().replace('_', " "),
                 bytes(r.size),
@@ -85,19 +90,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     (Some(id), Some(op)) => format!("allocation {} from op {op}", id.0),
                     _ => "allocated before the trace began".to_string(),
                 };
-                println!(
+                outln!(
+                    out,
                     "    fenced by a live block of {} at {:#x}: {origin}",
                     bytes(f.size),
                     f.addr
                 );
                 for frame in f.alloc_op.map(|op| stack_of(&trace, op)).unwrap_or_default() {
-                    println!("      {frame}");
+                    outln!(out, "      {frame}");
                 }
             }
         }
     }
     if explainer.explanations.len() > args.limit {
-        println!("\n... and {} more (--limit)", explainer.explanations.len() - args.limit);
+        outln!(out, "\n... and {} more (--limit)", explainer.explanations.len() - args.limit);
     }
+    crate::output::emit(&out)?;
     Ok(ExitCode::SUCCESS)
 }

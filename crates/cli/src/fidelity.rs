@@ -1,6 +1,6 @@
 //! `allocsim fidelity TRACE [--truth STATS.json]`.
 
-use crate::output::stat_differences;
+use crate::output::{outln, stat_differences};
 use allocsim_replay::{run_trace, DeviceChoice, RunOptions};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
@@ -54,34 +54,36 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..RunOptions::default()
     };
     let report = run_trace(&trace, &opts, &mut [], |_| {})?;
+    let mut out = String::new();
     let mut exact = true;
     match report.fidelity.unwrap_or(Ok(0)) {
-        Ok(n) => println!("events: exact ({n} events, every action, size and segment offset)"),
+        Ok(n) => outln!(out, "events: exact ({n} events, every action, size and segment offset)"),
         Err(d) => {
             exact = false;
-            println!("events: diverged at recorded event {} (op {})", d.event_index, d.op_index);
-            println!("  expected:  {}", d.expected.as_deref().unwrap_or("(end of recording)"));
-            println!("  simulated: {}", d.simulated.as_deref().unwrap_or("(end of simulation)"));
+            outln!(out, "events: diverged at recorded event {} (op {})", d.event_index, d.op_index);
+            outln!(out, "  expected:  {}", d.expected.as_deref().unwrap_or("(end of recording)"));
+            outln!(out, "  simulated: {}", d.simulated.as_deref().unwrap_or("(end of simulation)"));
         }
     }
     for note in &report.device_notes {
-        println!("  device: {note}");
+        outln!(out, "  device: {note}");
     }
     match &trace.meta.expected_stats {
         Some(expected) => {
             let d = stat_differences(&report.stats, expected);
             if d.is_empty() {
-                println!("memory_stats: exact ({} keys)", expected.len());
+                outln!(out, "memory_stats: exact ({} keys)", expected.len());
             } else {
                 exact = false;
-                println!("memory_stats: {} keys differ", d.len());
+                outln!(out, "memory_stats: {} keys differ", d.len());
                 for (k, a, b) in &d {
-                    println!("  {k}: recorded {a:?}, simulated {b:?}");
+                    outln!(out, "  {k}: recorded {a:?}, simulated {b:?}");
                 }
             }
         }
-        None => println!("memory_stats: no recorded statistics to compare (use --truth)"),
+        None => outln!(out, "memory_stats: no recorded statistics to compare (use --truth)"),
     }
-    println!("{}", if exact { "exact" } else { "not exact" });
+    outln!(out, "{}", if exact { "exact" } else { "not exact" });
+    crate::output::emit(&out)?;
     Ok(if exact { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -1,6 +1,6 @@
 //! `allocsim info TRACE`.
 
-use crate::output::bytes;
+use crate::output::{bytes, outln};
 use allocsim_core::{Op, RecordedKind, Trace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -84,39 +84,41 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "stacks": trace.stacks.len(),
             "warnings": trace.warnings,
         });
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        crate::output::emit(&(serde_json::to_string_pretty(&json)? + "\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{} ({})", args.trace.display(), m.source_format);
-    println!("  ops: {}", trace.ops.len());
+    let mut out = String::new();
+    outln!(out, "{} ({})", args.trace.display(), m.source_format);
+    outln!(out, "  ops: {}", trace.ops.len());
     for (action, n) in &s.ops_by_action {
-        println!("    {action:<24} {n:>10}");
+        outln!(out, "    {action:<24} {n:>10}");
     }
     if !trace.recorded.is_empty() {
-        println!("  recorded events: {}", trace.recorded.len());
+        outln!(out, "  recorded events: {}", trace.recorded.len());
         for (action, n) in &s.recorded_by_action {
-            println!("    {action:<24} {n:>10}");
+            outln!(out, "    {action:<24} {n:>10}");
         }
     }
     let streams: Vec<String> = s.streams.iter().map(|s| format!("{s:#x}")).collect();
-    println!("  streams: {} ({})", s.streams.len(), streams.join(", "));
-    println!("  peak live bytes (requested): {}", bytes(s.peak_live_bytes));
-    println!("  requested in total: {}", bytes(s.requested_bytes_total));
-    println!("  allocator settings: {:?}", m.alloc_conf.as_deref().unwrap_or(""));
+    outln!(out, "  streams: {} ({})", s.streams.len(), streams.join(", "));
+    outln!(out, "  peak live bytes (requested): {}", bytes(s.peak_live_bytes));
+    outln!(out, "  requested in total: {}", bytes(s.requested_bytes_total));
+    outln!(out, "  allocator settings: {:?}", m.alloc_conf.as_deref().unwrap_or(""));
     if let Some(f) = m.memory_fraction {
-        println!("  memory fraction: {f}");
+        outln!(out, "  memory fraction: {f}");
     }
     if let (Some(t), Some(f)) = (m.device_total_bytes, m.device_free_bytes) {
-        println!("  device: {} total, {} free at start", bytes(t), bytes(f));
+        outln!(out, "  device: {} total, {} free at start", bytes(t), bytes(f));
     }
     if m.expected_stats.is_some() {
-        println!("  recorded memory_stats: yes (the replay compares against them)");
+        outln!(out, "  recorded memory_stats: yes (the replay compares against them)");
     }
     if !trace.stacks.is_empty() {
-        println!("  call stacks: {} distinct", trace.stacks.len());
+        outln!(out, "  call stacks: {} distinct", trace.stacks.len());
     }
     for w in &trace.warnings {
-        println!("  warning: {w}");
+        outln!(out, "  warning: {w}");
     }
+    crate::output::emit(&out)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -117,3 +117,27 @@ pub fn stat_differences(
         })
         .collect()
 }
+
+/// `writeln!` into a `String` report. Commands build their whole output first and hand it to
+/// [`emit`], so a closed pipe (`allocsim ... | head`) ends the program quietly instead of
+/// panicking in `println!`.
+macro_rules! outln {
+    ($out:expr) => {
+        $out.push('\n')
+    };
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+pub(crate) use outln;
+
+/// Write a finished report to stdout. A reader that went away is not an error.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
