@@ -21,7 +21,7 @@ pub use explain::{Fence, FreeRegion, OomExplainer, OomExplanation};
 pub use fidelity::{Divergence, Fidelity};
 pub use grid::{compare, min_feasible_capacity, GridCell, CAPACITY_RESOLUTION_BYTES};
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
-pub use observers::{format_event, CheckObserver, EventLog, Observer};
+pub use observers::{format_event, CheckObserver, EventLog, Observer, Recorder};
 pub use run::{
     run_trace, run_trace_on, DeviceChoice, RunOptions, RunReport, H100_FREE_BYTES, H100_TOTAL_BYTES,
 };

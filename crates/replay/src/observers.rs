@@ -2,7 +2,7 @@
 
 use crate::OpOutcome;
 use allocsim_check::Checker;
-use allocsim_core::{Allocator, Device, Event, Op};
+use allocsim_core::{Allocator, Device, Event, Op, RecordedEvent, RecordedKind, StreamId};
 use std::io::Write;
 
 /// Sees every event and every finished op of a run. Return `false` to stop the run.
@@ -123,6 +123,43 @@ impl Observer for CheckObserver {
         _device: &dyn Device,
     ) -> bool {
         self.checker.on_stats(self.last_event_index, op_index, &allocator.stats());
+        true
+    }
+}
+
+/// Keeps the run's events in the shape of a recording (`RecordedEvent`s tagged with their op),
+/// so a simulated run can be written out as a trace or a PyTorch snapshot and compared with
+/// a real one by the same tools.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub events: Vec<RecordedEvent>,
+    /// Stream of each live block by address: PyTorch records it on free entries too.
+    streams: std::collections::HashMap<u64, StreamId>,
+}
+
+impl Observer for Recorder {
+    fn on_event(&mut self, _event_index: u64, op: u64, event: &Event) -> bool {
+        use RecordedKind as K;
+        let (kind, addr, size, stream) = match *event {
+            Event::SegmentAlloc { addr, size, stream, .. } => (K::SegmentAlloc, addr, size, stream),
+            Event::SegmentFree { addr, size, stream, .. } => (K::SegmentFree, addr, size, stream),
+            Event::SegmentMap { addr, size, stream, .. } => (K::SegmentMap, addr, size, stream),
+            Event::SegmentUnmap { addr, size, stream, .. } => (K::SegmentUnmap, addr, size, stream),
+            Event::Alloc { addr, requested, stream, .. } => {
+                self.streams.insert(addr, stream);
+                (K::Alloc, addr, requested, stream)
+            }
+            Event::FreeRequested { addr, requested, .. } => {
+                let stream = self.streams.get(&addr).copied().unwrap_or_default();
+                (K::FreeRequested, addr, requested, stream)
+            }
+            Event::FreeCompleted { addr, requested, .. } => {
+                let stream = self.streams.remove(&addr).unwrap_or_default();
+                (K::FreeCompleted, addr, requested, stream)
+            }
+            Event::Oom { size, stream, info, .. } => (K::Oom, info.device_free_bytes, size, stream),
+        };
+        self.events.push(RecordedEvent { op, kind, addr, size, stream });
         true
     }
 }
