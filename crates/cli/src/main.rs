@@ -9,6 +9,7 @@ mod html;
 mod info;
 mod output;
 mod replay;
+mod validate;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -38,6 +39,12 @@ enum Command {
     /// Convert a trace between formats, chosen by extension (.pickle[.gz], .csv, .allocsim,
     /// .allocsim.json).
     Convert(convert::Args),
+    /// Replay on a real GPU and on the simulated device with the same policy, compare every
+    /// decision and the pattern checks, and print a verdict with the first difference.
+    Validate(validate::Args),
+    /// List the live workloads (transformer training, LLM inference, CNN training), or build
+    /// one from a spec and write it out as a trace.
+    Workload(validate::WorkloadArgs),
 }
 
 /// Write `bytes` to `path` through a temporary file in the same directory, so an existing file
@@ -58,6 +65,8 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Compare(args) => compare::run(args),
         Command::ExplainOom(args) => explain_oom::run(args),
+        Command::Validate(args) => validate::run(args),
+        Command::Workload(args) => validate::workload(args),
     };
     match result {
         Ok(code) => code,

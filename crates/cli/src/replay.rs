@@ -17,12 +17,15 @@ pub enum DeviceArg {
     Sim,
     /// Follow the recording's device calls and addresses, model from where the run leaves it.
     Recorded,
+    /// A real GPU (CUDA device 0): measured wall time per op and per device call.
+    Cuda,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The trace: a PyTorch snapshot (.pickle, .pickle.gz), an RMM log (.csv) or a native
-    /// trace (.allocsim, .allocsim.json).
+    /// trace (.allocsim, .allocsim.json); or a live workload, `workload:NAME?key=value&...`
+    /// (`allocsim workload` lists them).
     pub trace: PathBuf,
     /// The allocation policy.
     #[arg(long, default_value = "pytorch")]
@@ -65,7 +68,7 @@ impl Args {
             memory_fraction: self.memory_fraction,
             device: match self.device {
                 DeviceArg::Auto => DeviceChoice::Auto,
-                DeviceArg::Sim => DeviceChoice::Sim,
+                DeviceArg::Sim | DeviceArg::Cuda => DeviceChoice::Sim,
                 DeviceArg::Recorded => DeviceChoice::Recorded,
             },
             device_total_bytes: self.device_total,
@@ -98,7 +101,7 @@ pub fn progress_bar(ops: u64) -> impl FnMut(u64) {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = allocsim_trace::read_trace(&args.trace)?;
+    let trace = crate::validate::load_trace(&args.trace)?;
     let opts = args.options();
     let mut log = match &args.event_log {
         Some(path) => Some(EventLog::new(BufWriter::new(
@@ -110,8 +113,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(l) = log.as_mut() {
         extra.push(l);
     }
-    let report = run_trace(&trace, &opts, &mut extra, progress_bar(trace.ops.len() as u64))
-        .with_context(|| format!("setting up the {} policy", opts.policy))?;
+    let progress = progress_bar(trace.ops.len() as u64);
+    let mut cuda_lines = Vec::new();
+    let report = if args.device == DeviceArg::Cuda {
+        let (report, wall, gpu) =
+            crate::validate::replay_on_cuda(&trace, &opts, &mut extra, progress)?;
+        cuda_lines = crate::validate::cuda_timing_lines(&report, wall, &gpu);
+        report
+    } else {
+        run_trace(&trace, &opts, &mut extra, progress)
+            .with_context(|| format!("setting up the {} policy", opts.policy))?
+    };
     drop(extra);
     if let (Some(l), Some(path)) = (log, &args.event_log) {
         l.finish().with_context(|| format!("writing {}", path.display()))?;
@@ -123,6 +135,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&json_report(&args, &report, &differences))?);
     } else {
         print_report(&args, &trace.warnings, &report, &differences);
+    }
+    for line in cuda_lines {
+        if args.json {
+            eprintln!("{line}")
+        } else {
+            println!("{line}")
+        }
     }
     Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

@@ -1,0 +1,586 @@
+//! The real-GPU mode: `allocsim validate`, `allocsim workload`, the GPU side of
+//! `allocsim replay --device cuda`, and `workload:SPEC` wherever a TRACE is expected.
+//!
+//! `validate` replays one op stream twice with the same policy: on the GPU (a `CudaDevice`,
+//! with pattern kernels filling and verifying every block) and on the simulated device sized
+//! with the GPU's real free and total memory. The GPU run's events become a recording, and the
+//! simulated run is compared with it event for event by the same `Fidelity` observer that
+//! compares a simulation with a PyTorch recording: action, size, offset within the segment
+//! (addresses differ), OOMs; then the final `memory_stats`. When the modelled device parts from
+//! the GPU, the comparison is repeated on a device that follows the GPU's addresses, which tells
+//! a difference caused by address tie-breaks from one in a decision.
+
+use crate::output::bytes;
+use allocsim_core::{CallKind, Event, RecordedEvent, RecordedKind, StreamId, Trace};
+use allocsim_cuda::{CudaDevice, PatternReport, Patterns};
+use allocsim_replay::{
+    run_trace, run_trace_on, DeviceChoice, Divergence, Observer, RunOptions, RunReport,
+};
+use allocsim_sim::{SimConfig, SimDevice};
+use anyhow::Context;
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// The prefix that names a live workload where a trace path is expected.
+pub const WORKLOAD_PREFIX: &str = "workload:";
+
+/// Read a trace file, or build the workload a `workload:NAME?key=value&...` argument names.
+pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
+    let text = input.to_string_lossy();
+    match text.strip_prefix(WORKLOAD_PREFIX) {
+        Some(spec) => allocsim_workloads::trace(spec)
+            .with_context(|| format!("building {text} (`allocsim workload` lists workloads)")),
+        None => Ok(allocsim_trace::read_trace(input)?),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HardwareArg {
+    /// A real GPU through the CUDA driver (loaded at run time).
+    Cuda,
+    /// A second simulated device in the GPU's place: checks the comparison itself, anywhere.
+    Sim,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The op stream: a trace file (.pickle[.gz], .csv, .allocsim, .allocsim.json) or a live
+    /// workload, `workload:NAME?key=value&...`, e.g.
+    /// `workload:transformer-train?layers=12&hidden=768&batch=8&seq=512` (`allocsim workload`
+    /// lists names and parameters).
+    pub input: PathBuf,
+    /// The allocation policy, run identically on both devices.
+    #[arg(long, default_value = "pytorch")]
+    pub policy: String,
+    /// The hardware side of the comparison.
+    #[arg(long, value_enum, default_value_t = HardwareArg::Cuda)]
+    pub device: HardwareArg,
+    /// Which GPU (CUDA device ordinal).
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Allocator settings in the policy's syntax. Default: the trace's own (pytorch only).
+    #[arg(long)]
+    pub alloc_conf: Option<String>,
+    /// Cap reserved memory at this fraction of the device total. Default: the trace's.
+    #[arg(long)]
+    pub memory_fraction: Option<f64>,
+    /// Skip the pattern kernels (fill on alloc, verify on free and at the end).
+    #[arg(long)]
+    pub no_patterns: bool,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Turns the hardware run's events into a recording the simulated run is compared with.
+#[derive(Debug, Default)]
+struct Recorder {
+    events: Vec<RecordedEvent>,
+}
+
+impl Observer for Recorder {
+    fn on_event(&mut self, _event_index: u64, op: u64, event: &Event) -> bool {
+        let (kind, addr, size, stream) = match *event {
+            Event::SegmentAlloc { addr, size, stream, .. } => {
+                (RecordedKind::SegmentAlloc, addr, size, stream)
+            }
+            Event::SegmentFree { addr, size, stream, .. } => {
+                (RecordedKind::SegmentFree, addr, size, stream)
+            }
+            Event::SegmentMap { addr, size, stream, .. } => {
+                (RecordedKind::SegmentMap, addr, size, stream)
+            }
+            Event::SegmentUnmap { addr, size, stream, .. } => {
+                (RecordedKind::SegmentUnmap, addr, size, stream)
+            }
+            // Recordings carry the requested size for blocks, as PyTorch's do.
+            Event::Alloc { addr, requested, stream, .. } => {
+                (RecordedKind::Alloc, addr, requested, stream)
+            }
+            Event::FreeRequested { addr, requested, .. } => {
+                (RecordedKind::FreeRequested, addr, requested, StreamId(0))
+            }
+            Event::FreeCompleted { addr, requested, .. } => {
+                (RecordedKind::FreeCompleted, addr, requested, StreamId(0))
+            }
+            Event::Oom { size, stream, info, .. } => {
+                (RecordedKind::Oom, info.device_free_bytes, size, stream)
+            }
+        };
+        self.events.push(RecordedEvent { op, kind, addr, size, stream });
+        true
+    }
+}
+
+/// Drives the pattern kernels from the events: fill on alloc, verify on free.
+struct PatternObserver {
+    patterns: Rc<RefCell<Patterns>>,
+}
+
+impl Observer for PatternObserver {
+    fn on_event(&mut self, _event_index: u64, _op: u64, event: &Event) -> bool {
+        let mut p = self.patterns.borrow_mut();
+        match *event {
+            Event::Alloc { id, addr, size, .. } => p.on_alloc(id, addr, size),
+            Event::FreeRequested { id, .. } => p.on_free(id),
+            _ => {}
+        }
+        // A failed launch leaves the context unusable: stop the run, `finish` reports it.
+        p.error().is_none()
+    }
+}
+
+/// What the run on the hardware side produced.
+struct HardwareRun {
+    description: String,
+    report: RunReport,
+    recorded: Vec<RecordedEvent>,
+    patterns: Option<PatternReport>,
+    wall: Duration,
+}
+
+fn options(args: &Args) -> RunOptions {
+    RunOptions {
+        policy: args.policy.clone(),
+        alloc_conf: args.alloc_conf.clone(),
+        memory_fraction: args.memory_fraction,
+        check: true,
+        ..RunOptions::default()
+    }
+}
+
+fn run_hardware(args: &Args, trace: &Trace) -> anyhow::Result<HardwareRun> {
+    let opts = options(args);
+    let mut recorder = Recorder::default();
+    let progress = crate::replay::progress_bar(trace.ops.len() as u64);
+    let setup = || format!("setting up the {} policy", args.policy);
+    let (description, report, patterns, wall) = match args.device {
+        HardwareArg::Cuda => {
+            let mut gpu = CudaDevice::open(args.gpu).context("opening the GPU")?;
+            let patterns = if args.no_patterns {
+                None
+            } else {
+                Some(gpu.enable_patterns().context("loading the pattern kernels")?)
+            };
+            let description = gpu.description();
+            let mut observer = patterns.clone().map(|patterns| PatternObserver { patterns });
+            let mut extra: Vec<&mut dyn Observer> = vec![&mut recorder];
+            if let Some(o) = observer.as_mut() {
+                extra.push(o);
+            }
+            let start = Instant::now();
+            let report = run_trace_on(trace, &opts, &mut gpu, "cuda", &mut extra, progress)
+                .with_context(setup)?;
+            drop(extra);
+            let patterns = match patterns {
+                Some(p) => Some(p.borrow_mut().finish().context("running the pattern checks")?),
+                None => None,
+            };
+            gpu.synchronize()?;
+            (description, report, patterns, start.elapsed())
+        }
+        HardwareArg::Sim => {
+            let (total, free) = sim_capacity(trace);
+            let mut sim = SimDevice::new(SimConfig {
+                total_bytes: total,
+                free_bytes: free,
+                ..SimConfig::default()
+            });
+            let start = Instant::now();
+            let report =
+                run_trace_on(trace, &opts, &mut sim, "sim", &mut [&mut recorder], progress)
+                    .with_context(setup)?;
+            ("simulated device standing in for the GPU".to_string(), report, None, start.elapsed())
+        }
+    };
+    Ok(HardwareRun { description, report, recorded: recorder.events, patterns, wall })
+}
+
+fn sim_capacity(trace: &Trace) -> (u64, u64) {
+    let total = trace.meta.device_total_bytes.unwrap_or(allocsim_replay::H100_TOTAL_BYTES);
+    let free = trace.meta.device_free_bytes.unwrap_or(allocsim_replay::H100_FREE_BYTES).min(total);
+    (total, free)
+}
+
+/// The simulated run of the same ops, compared event for event with the hardware's.
+fn run_simulated(
+    args: &Args,
+    trace: &Trace,
+    hw: &HardwareRun,
+    device: DeviceChoice,
+) -> anyhow::Result<RunReport> {
+    let as_recorded = Trace {
+        meta: trace.meta.clone(),
+        ops: trace.ops.clone(),
+        recorded: hw.recorded.clone(),
+        ..Trace::default()
+    };
+    let opts = RunOptions {
+        device,
+        device_total_bytes: Some(hw.report.device_total_bytes),
+        device_free_bytes: Some(hw.report.device_free_bytes),
+        fidelity: true,
+        ..options(args)
+    };
+    Ok(run_trace(&as_recorded, &opts, &mut [], |_| {})?)
+}
+
+/// One side-by-side comparison's outcome.
+struct Comparison {
+    /// `Ok(events)` when every event matched.
+    events: Result<u64, Divergence>,
+    /// `(key, hardware, simulated)` for every `memory_stats` key that differs.
+    stats: Vec<(String, i64, i64)>,
+    ooms_simulated: Vec<u64>,
+}
+
+impl Comparison {
+    fn of(hw: &RunReport, sim: &RunReport) -> Comparison {
+        let theirs: std::collections::BTreeMap<String, i64> =
+            sim.stats.flat().into_iter().collect();
+        let stats = hw
+            .stats
+            .flat()
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let s = theirs.get(&k).copied().unwrap_or(i64::MIN);
+                (s != v).then_some((k, v, s))
+            })
+            .collect();
+        Comparison {
+            events: sim.fidelity.clone().unwrap_or(Ok(0)),
+            stats,
+            ooms_simulated: sim.metrics.ooms.iter().map(|o| o.op_index).collect(),
+        }
+    }
+
+    fn exact(&self) -> bool {
+        self.events.is_ok() && self.stats.is_empty()
+    }
+
+    fn summary(&self) -> String {
+        match (&self.events, self.stats.first()) {
+            (Ok(n), None) => format!("exact: all {n} events and every memory_stats key equal"),
+            (Ok(n), Some((k, h, s))) => format!(
+                "all {n} events equal, but {} memory_stats keys differ, first {k}: hardware {h}, simulated {s}",
+                self.stats.len()
+            ),
+            (Err(d), _) => format!(
+                "first difference at event {} (op {}): hardware {}, simulated {}",
+                d.event_index,
+                d.op_index,
+                d.expected.as_deref().unwrap_or("nothing"),
+                d.simulated.as_deref().unwrap_or("nothing")
+            ),
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let trace = load_trace(&args.input)?;
+    let hw = run_hardware(&args, &trace)?;
+    let model = Comparison::of(&hw.report, &run_simulated(&args, &trace, &hw, DeviceChoice::Sim)?);
+    let following = if model.exact() {
+        None
+    } else {
+        Some(Comparison::of(
+            &hw.report,
+            &run_simulated(&args, &trace, &hw, DeviceChoice::Recorded)?,
+        ))
+    };
+    let corrupted = hw
+        .patterns
+        .as_ref()
+        .is_some_and(|p| p.mismatched_words > 0 || p.overlapping_allocs > 0 || p.unknown_frees > 0);
+    let violations = hw.report.check.as_ref().map_or(0, |c| c.total_violations());
+    let clean = !corrupted && violations == 0;
+    let verdict = match (&following, clean) {
+        (_, false) => "DIFFER",
+        (None, true) => "AGREE",
+        (Some(f), true) if f.exact() => "AGREE given the GPU's addresses",
+        (Some(_), true) => "DIFFER",
+    };
+    if args.json {
+        let value = json(&args, &trace, &hw, &model, following.as_ref(), violations, verdict);
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print(&args, &trace, &hw, &model, following.as_ref(), violations, verdict);
+    }
+    Ok(if verdict == "DIFFER" { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+fn per_op_us(wall: Duration, ops: u64) -> f64 {
+    wall.as_secs_f64() * 1e6 / ops.max(1) as f64
+}
+
+fn calls_line(r: &RunReport) -> String {
+    let calls: Vec<String> = CallKind::ALL
+        .iter()
+        .filter(|&&k| r.device_calls.get(k).calls > 0)
+        .map(|&k| {
+            let c = r.device_calls.get(k);
+            let refused =
+                if c.failed > 0 { format!(", {} refused", c.failed) } else { String::new() };
+            format!("{} {} ({:.3} ms{refused})", c.calls, k.name(), c.time_ns as f64 / 1e6)
+        })
+        .collect();
+    format!("{} [{}]", r.device_calls.total_calls(), calls.join(", "))
+}
+
+fn print(
+    args: &Args,
+    trace: &Trace,
+    hw: &HardwareRun,
+    model: &Comparison,
+    following: Option<&Comparison>,
+    violations: u64,
+    verdict: &str,
+) {
+    let r = &hw.report;
+    println!("allocsim validate {} --policy {}", args.input.display(), args.policy);
+    println!("  hardware: {}", hw.description);
+    println!(
+        "    {} total, {} free at start; policy settings {:?}{}",
+        bytes(r.device_total_bytes),
+        bytes(r.device_free_bytes),
+        r.alloc_conf,
+        r.memory_fraction.map(|f| format!(", memory fraction {f}")).unwrap_or_default()
+    );
+    println!(
+        "    ops: {} of {}  events: {}  wall time: {:.3} s ({:.2} us/op)",
+        r.ops_run,
+        trace.ops.len(),
+        r.metrics.events,
+        hw.wall.as_secs_f64(),
+        per_op_us(hw.wall, r.ops_run)
+    );
+    println!("    device calls: {}", calls_line(r));
+    println!(
+        "    peak reserved {}, peak allocated {}",
+        bytes(r.metrics.peak_reserved_bytes),
+        bytes(r.metrics.peak_allocated_bytes)
+    );
+    let ooms: Vec<u64> = r.metrics.ooms.iter().map(|o| o.op_index).collect();
+    println!(
+        "    OOMs: {} (simulated: {}){}",
+        ooms.len(),
+        model.ooms_simulated.len(),
+        if ooms == model.ooms_simulated { ", at the same ops" } else { ", at DIFFERENT ops" }
+    );
+    for note in &r.device_notes {
+        println!("    device note: {note}");
+    }
+    println!("    checker: {violations} violations");
+    match &hw.patterns {
+        Some(p) => println!(
+            "    patterns: {} blocks filled ({}), {} verified ({} at release), {} read-modify-write touches; {} corrupted words, {} overlapping allocations{}",
+            p.blocks_filled,
+            bytes(p.bytes_filled),
+            p.blocks_verified,
+            p.verified_at_release,
+            p.touches,
+            p.mismatched_words,
+            p.overlapping_allocs,
+            p.first_mismatch
+                .map(|m| format!("; first: allocation {} word {} expected {:#x} found {:#x}", m.id.0, m.word, m.expected, m.found))
+                .unwrap_or_default()
+        ),
+        None => println!("    patterns: not run"),
+    }
+    println!("  simulated, modelled device sized from the hardware: {}", model.summary());
+    if let Some(f) = following {
+        println!("  simulated, following the hardware's addresses: {}", f.summary());
+    }
+    println!("  verdict: {verdict}");
+}
+
+fn comparison_json(c: &Comparison) -> serde_json::Value {
+    serde_json::json!({
+        "exact": c.exact(),
+        "events_compared": c.events.as_ref().ok(),
+        "first_difference": c.events.as_ref().err().map(|d| serde_json::json!({
+            "event": d.event_index, "op": d.op_index, "hardware": d.expected, "simulated": d.simulated,
+        })),
+        "stats_differences": c.stats.iter().map(|(k, h, s)| serde_json::json!({"key": k, "hardware": h, "simulated": s})).collect::<Vec<_>>(),
+        "ooms": c.ooms_simulated.len(),
+        "summary": c.summary(),
+    })
+}
+
+fn json(
+    args: &Args,
+    trace: &Trace,
+    hw: &HardwareRun,
+    model: &Comparison,
+    following: Option<&Comparison>,
+    violations: u64,
+    verdict: &str,
+) -> serde_json::Value {
+    let r = &hw.report;
+    let calls: serde_json::Map<String, serde_json::Value> = CallKind::ALL
+        .iter()
+        .map(|&k| {
+            let c = r.device_calls.get(k);
+            (
+                k.name().to_string(),
+                serde_json::json!({"calls": c.calls, "failed": c.failed, "time_ns": c.time_ns}),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "input": args.input.display().to_string(),
+        "policy": args.policy,
+        "hardware": hw.description,
+        "alloc_conf": r.alloc_conf,
+        "memory_fraction": r.memory_fraction,
+        "device_total_bytes": r.device_total_bytes,
+        "device_free_bytes": r.device_free_bytes,
+        "ops": trace.ops.len(),
+        "ops_run": r.ops_run,
+        "events": r.metrics.events,
+        "wall_s": hw.wall.as_secs_f64(),
+        "us_per_op": per_op_us(hw.wall, r.ops_run),
+        "device_calls": calls,
+        "device_call_time_ns": r.device_calls.total_time_ns(),
+        "device_notes": r.device_notes,
+        "peak_reserved_bytes": r.metrics.peak_reserved_bytes,
+        "peak_allocated_bytes": r.metrics.peak_allocated_bytes,
+        "ooms": r.metrics.ooms.len(),
+        "checker_violations": violations,
+        "patterns": hw.patterns.as_ref().map(|p| serde_json::json!({
+            "blocks_filled": p.blocks_filled,
+            "bytes_filled": p.bytes_filled,
+            "blocks_verified": p.blocks_verified,
+            "verified_at_release": p.verified_at_release,
+            "touches": p.touches,
+            "mismatched_words": p.mismatched_words,
+            "overlapping_allocs": p.overlapping_allocs,
+            "unknown_frees": p.unknown_frees,
+        })),
+        "model": comparison_json(model),
+        "following_addresses": following.map(comparison_json),
+        "verdict": verdict,
+    })
+}
+
+/// `allocsim replay --device cuda`: the run on GPU `0` without pattern checks, and its wall
+/// time (the policy's own work plus the driver calls).
+pub fn replay_on_cuda(
+    trace: &Trace,
+    opts: &RunOptions,
+    extra: &mut [&mut dyn Observer],
+    progress: impl FnMut(u64),
+) -> anyhow::Result<(RunReport, Duration, String)> {
+    let mut gpu = CudaDevice::open(0).context("opening the GPU")?;
+    let start = Instant::now();
+    let report = run_trace_on(trace, opts, &mut gpu, "cuda", extra, progress)
+        .with_context(|| format!("setting up the {} policy", opts.policy))?;
+    let wall = start.elapsed();
+    Ok((report, wall, gpu.description()))
+}
+
+/// The lines `replay --device cuda` adds to its summary.
+pub fn cuda_timing_lines(report: &RunReport, wall: Duration, description: &str) -> Vec<String> {
+    vec![
+        format!("  GPU: {description}"),
+        format!(
+            "  wall time on the GPU: {:.3} s for {} ops ({:.2} us/op); device calls {:.3} ms measured",
+            wall.as_secs_f64(),
+            report.ops_run,
+            per_op_us(wall, report.ops_run),
+            report.device_calls.total_time_ns() as f64 / 1e6
+        ),
+    ]
+}
+
+#[derive(Debug, clap::Args)]
+pub struct WorkloadArgs {
+    /// A workload spec, `NAME?key=value&...`; without one, list the workloads and their
+    /// parameters with defaults.
+    pub spec: Option<String>,
+    /// Write the workload as a trace to this file (the extension picks the format, as for
+    /// `convert`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
+    let Some(spec) = args.spec else {
+        println!("Live workloads; name one as `workload:NAME?key=value&...` wherever a TRACE is expected.");
+        for (name, what) in allocsim_workloads::names() {
+            println!("\n{name}: {what}");
+            let params = allocsim_workloads::parameters(name).unwrap_or_default();
+            let line: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!("  parameters (defaults): {}", line.join(" "));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let spec = spec.strip_prefix(WORKLOAD_PREFIX).unwrap_or(&spec);
+    let trace = allocsim_workloads::trace(spec)?;
+    let (mut live, mut peak, mut sizes) = (0u64, 0u64, std::collections::HashMap::new());
+    for op in &trace.ops {
+        match *op {
+            allocsim_core::Op::Alloc { id, size, .. } => {
+                sizes.insert(id, size);
+                live += size;
+                peak = peak.max(live);
+            }
+            allocsim_core::Op::FreeRequested { id } => live -= sizes.remove(&id).unwrap_or(0),
+            _ => {}
+        }
+    }
+    println!("workload {spec}: {} ops, peak live {}", trace.ops.len(), bytes(peak));
+    if let Some(out) = &args.out {
+        allocsim_trace::write_trace(&trace, out)
+            .with_context(|| format!("writing {}", out.display()))?;
+        println!("wrote {}", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(input: &str, policy: &str) -> Args {
+        Args {
+            input: PathBuf::from(input),
+            policy: policy.into(),
+            device: HardwareArg::Sim,
+            gpu: 0,
+            alloc_conf: None,
+            memory_fraction: None,
+            no_patterns: true,
+            json: false,
+        }
+    }
+
+    /// With a simulated device in the GPU's place, the comparison machinery must find the two
+    /// runs identical for every policy: anything else is a bug in the comparison, not a
+    /// finding about hardware.
+    #[test]
+    fn sim_against_sim_agrees_for_every_policy_on_a_workload() {
+        let input =
+            "workload:transformer-train?layers=2&hidden=256&batch=2&seq=128&vocab=4096&steps=2";
+        let trace = load_trace(Path::new(input)).unwrap();
+        for policy in allocsim_policies::names() {
+            let a = args(input, policy);
+            let hw = run_hardware(&a, &trace).unwrap();
+            assert!(!hw.recorded.is_empty());
+            let model = Comparison::of(
+                &hw.report,
+                &run_simulated(&a, &trace, &hw, DeviceChoice::Sim).unwrap(),
+            );
+            assert!(model.exact(), "{policy}: {}", model.summary());
+        }
+    }
+
+    #[test]
+    fn a_wrong_workload_is_an_error_naming_the_choices() {
+        let err = load_trace(Path::new("workload:nope")).unwrap_err();
+        assert!(format!("{err:#}").contains("transformer-train"), "{err:#}");
+    }
+}
