@@ -24,3 +24,4 @@ pub mod swarm;
 pub use entropy::{ByteEntropy, Entropy, SeededEntropy};
 pub use program::{DeviceSpec, Program, Step};
 pub use swarm::{from_bytes, from_seed, Limits, Shape};
+pub use oracles::{check_trace, check_trace_catching, Failure, Oracle};

@@ -1,6 +1,21 @@
-//! The oracles: what must hold for every policy on every program. Each returns the first
-//! failure it finds as a [`Failure`] that names the oracle, the policy and the op.
+//! The oracles: what must hold for every policy on every program, shared by the property
+//! tests, the fuzz targets and `allocsim fuzz`. Each returns the first failure it finds as a
+//! [`Failure`] naming the oracle, the policy and the op.
+//!
+//! - [`checked_run`]: `allocsim-check` over every event, plus the op contract (`contract`):
+//!   events fit their ops, `_check_memory_stat_consistency` after every op, nothing counted
+//!   once nothing is live.
+//! - [`determinism`]: the same trace, policy and seed give a byte-identical event log.
+//! - [`compare_with_reference`]: the PyTorch policy against the reference model, event for
+//!   event.
+//! - `roundtrip`: the trace formats give back what they were given.
 
 mod consistency;
+mod contract;
+mod differential;
+mod run;
 
-pub use consistency::{implied_free_space, stat_consistency};
+pub use consistency::{implied_free_space, stat_consistency, PYTORCH_ACCOUNTING};
+pub use contract::Contract;
+pub use differential::{compare_with_reference, reference_applies};
+pub use run::{check_trace, check_trace_catching, checked_run, determinism, run_options, Failure, Oracle};

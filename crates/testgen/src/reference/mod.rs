@@ -426,6 +426,10 @@ impl Allocator for Reference {
     }
 
     fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, orig: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+        if orig == 0 {
+            // `NativeCachingAllocator::allocate(0)`: a null pointer, no stats, no trace.
+            return Ok(Granted { addr: 0, size: 0 });
+        }
         let size = round_size(&self.settings, orig);
         let pool = Pool::for_size(size);
         let alloc_size = allocation_size(size);

@@ -61,7 +61,7 @@ impl Rig {
         self.events.drain(..).map(|e| e.action()).collect()
     }
     fn check(&self) {
-        let problems = crate::oracles::stat_consistency(&self.model.snapshot(), &self.model.stats());
+        let problems = crate::oracles::stat_consistency(&self.model.snapshot(), &self.model.stats(), true);
         assert!(problems.is_empty(), "{problems:?}");
     }
 }

@@ -1,0 +1,157 @@
+//! Running a trace under the oracles: the checker and the op contract in one run, the same run
+//! again for determinism, and for `pytorch` the reference model in lockstep.
+
+use super::contract::Contract;
+use super::differential::compare_with_reference;
+use allocsim_core::Trace;
+use allocsim_replay::{run_trace, DeviceChoice, EventLog, RunOptions};
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Which promise a failure broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Oracle {
+    /// The policy refused the trace's own settings or memory fraction.
+    Setup,
+    /// Something panicked.
+    Panic,
+    /// `allocsim-check` reported violations.
+    Checker,
+    /// Events did not fit the ops, or snapshot and stats disagreed (`contract`).
+    Contract,
+    /// The same run twice gave different event logs.
+    Determinism,
+    /// The policy and the reference model parted.
+    Reference,
+    /// A format did not give back what was written.
+    RoundTrip,
+}
+
+impl Oracle {
+    pub fn name(self) -> &'static str {
+        match self {
+            Oracle::Setup => "setup",
+            Oracle::Panic => "panic",
+            Oracle::Checker => "checker",
+            Oracle::Contract => "contract",
+            Oracle::Determinism => "determinism",
+            Oracle::Reference => "reference",
+            Oracle::RoundTrip => "round-trip",
+        }
+    }
+
+    /// Whether `allocsim replay FILE --policy P --check` shows this failure by itself;
+    /// the others need `allocsim fuzz --trace FILE --policy P`, which runs every oracle.
+    pub fn replay_shows_it(self) -> bool {
+        matches!(self, Oracle::Setup | Oracle::Checker | Oracle::Panic)
+    }
+}
+
+/// One failed oracle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub oracle: Oracle,
+    pub policy: String,
+    pub op_index: Option<u64>,
+    pub message: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} oracle, policy {}", self.oracle.name(), self.policy)?;
+        if let Some(op) = self.op_index {
+            write!(f, ", op {op}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl Failure {
+    pub fn new(oracle: Oracle, policy: &str, op_index: Option<u64>, message: impl Into<String>) -> Self {
+        Failure { oracle, policy: policy.to_string(), op_index, message: message.into() }
+    }
+}
+
+/// The options every oracle run uses: the modelled device (generated traces have no
+/// recording), the checker on, seed 0. The same as `allocsim replay FILE --policy P --check`.
+pub fn run_options(policy: &str) -> RunOptions {
+    RunOptions { policy: policy.to_string(), device: DeviceChoice::Sim, check: true, ..RunOptions::default() }
+}
+
+/// Run `trace` under `policy` with the checker and the op contract; the event log on success.
+pub fn checked_run(policy: &str, trace: &Trace) -> Result<Vec<u8>, Failure> {
+    let mut contract = Contract::new(policy);
+    let mut log = EventLog::new(Vec::new());
+    let report = run_trace(trace, &run_options(policy), &mut [&mut contract, &mut log], |_| {})
+        .map_err(|e| Failure::new(Oracle::Setup, policy, None, e.to_string()))?;
+    if let Some(check) = report.check.as_ref().filter(|c| !c.is_ok()) {
+        let first = &check.violations[0];
+        let more = check.total_violations - 1;
+        return Err(Failure::new(
+            Oracle::Checker,
+            policy,
+            Some(first.op_index),
+            format!("{first}{}", if more > 0 { format!(" (and {more} more)") } else { String::new() }),
+        ));
+    }
+    if let Some((op, message)) = contract.finish() {
+        return Err(Failure::new(Oracle::Contract, policy, Some(op), message));
+    }
+    log.finish().map_err(|e| Failure::new(Oracle::Determinism, policy, None, e.to_string()))
+}
+
+/// Run `trace` again and compare its event log with `first`, byte for byte.
+pub fn determinism(policy: &str, trace: &Trace, first: &[u8]) -> Result<(), Failure> {
+    let mut log = EventLog::new(Vec::new());
+    let opts = RunOptions { check: false, ..run_options(policy) };
+    run_trace(trace, &opts, &mut [&mut log], |_| {})
+        .map_err(|e| Failure::new(Oracle::Setup, policy, None, e.to_string()))?;
+    let second = log.finish().map_err(|e| Failure::new(Oracle::Determinism, policy, None, e.to_string()))?;
+    if second == first {
+        return Ok(());
+    }
+    let a = String::from_utf8_lossy(first);
+    let b = String::from_utf8_lossy(&second);
+    let (line, (x, y)) = a
+        .lines()
+        .chain(std::iter::repeat("<end>"))
+        .zip(b.lines().chain(std::iter::repeat("<end>")))
+        .enumerate()
+        .find(|(_, (x, y))| x != y)
+        .unwrap_or((0, ("", "")));
+    Err(Failure::new(
+        Oracle::Determinism,
+        policy,
+        None,
+        format!("event logs differ at line {line}: first run {x:?}, second run {y:?}"),
+    ))
+}
+
+/// Every oracle that applies to `policy`: checker and contract, determinism, and for
+/// `pytorch` the reference model. Panics propagate (proptest and fuzzers want them).
+pub fn check_trace(policy: &str, trace: &Trace) -> Result<(), Failure> {
+    let log = checked_run(policy, trace)?;
+    determinism(policy, trace, &log)?;
+    if policy == "pytorch" {
+        compare_with_reference(policy, trace)?;
+    }
+    Ok(())
+}
+
+/// [`check_trace`] with a panic turned into a [`Failure`] (for `allocsim fuzz`, which goes
+/// on to print the reproducing command).
+pub fn check_trace_catching(policy: &str, trace: &Trace) -> Result<(), Failure> {
+    match catch_unwind(AssertUnwindSafe(|| check_trace(policy, trace))) {
+        Ok(result) => result,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(Failure::new(Oracle::Panic, policy, None, message))
+        }
+    }
+}
