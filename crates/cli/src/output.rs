@@ -56,7 +56,8 @@ pub fn memory_summary(stats: &MemoryStats) -> String {
         ),
         THIN.to_string(),
     ];
-    let rows: [(&str, &StatArray, fn(i64) -> String); 9] = [
+    type Row<'a> = (&'a str, &'a StatArray, fn(i64) -> String);
+    let rows: [Row; 9] = [
         ("Allocated memory", &stats.allocated_bytes, short_bytes),
         ("Active memory", &stats.active_bytes, short_bytes),
         ("Requested memory", &stats.requested_bytes, short_bytes),

@@ -134,7 +134,7 @@ impl Allocator for Uncached {
             return Err(ConfigError(format!("memory fraction {fraction} is not in [0, 1]")));
         }
         let total = env.device.mem_info().total_bytes;
-        self.allowed_bytes = (fraction < 1.0).then(|| (fraction * total as f64) as u64);
+        self.allowed_bytes = (fraction < 1.0).then_some((fraction * total as f64) as u64);
         Ok(())
     }
 

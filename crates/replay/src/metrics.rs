@@ -156,7 +156,7 @@ impl Observer for Metrics {
         if let OpOutcome::OutOfMemory(info) = outcome {
             self.report.ooms.push(OomRecord { op_index, info: *info });
         }
-        if op_index % self.stride == 0 {
+        if op_index.is_multiple_of(self.stride) {
             self.sample(op_index, allocator);
         } else {
             self.last_point = Some(TimelinePoint {
