@@ -7,6 +7,7 @@
 //! block keeps its slot, and with it its stale `requested_size`, exactly as long as PyTorch
 //! keeps the `Block` object alive.
 
+use super::freeset::FreeSet;
 use allocsim_core::{AllocId, Pool, StreamId};
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -97,21 +98,14 @@ impl Block {
     }
 }
 
-/// `BlockComparatorSize`: (stream, size, address). `index` never decides (addresses are
-/// unique within a pool); it is the payload.
+/// A free block as `BlockComparatorSize` orders it: (stream, size, address). `index` never
+/// decides (addresses are unique within a pool); it is the payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SizeKey {
     pub stream: u64,
     pub size: u64,
     pub addr: u64,
     pub index: u32,
-}
-
-impl SizeKey {
-    /// The `search_key` of `AllocParams`: the first block of `stream` with at least `size`.
-    pub fn search(stream: StreamId, size: u64) -> SizeKey {
-        SizeKey { stream: stream.0, size, addr: 0, index: 0 }
-    }
 }
 
 /// `BlockComparatorAddress`: (stream, address).
@@ -169,7 +163,7 @@ impl IndexMut<u32> for Arena {
 /// by address, and the GC clock.
 #[derive(Debug)]
 pub struct BlockPool {
-    pub blocks: BTreeSet<SizeKey>,
+    pub blocks: FreeSet,
     pub unmapped: BTreeSet<AddrKey>,
     pub get_free_blocks_call_count: u64,
 }
@@ -177,22 +171,15 @@ pub struct BlockPool {
 impl BlockPool {
     pub fn new() -> BlockPool {
         BlockPool {
-            blocks: BTreeSet::new(),
+            blocks: FreeSet::default(),
             unmapped: BTreeSet::new(),
             get_free_blocks_call_count: 0,
         }
     }
 
-    /// The largest free block over all streams: the last key of each stream's run.
+    /// The largest free block over all streams.
     pub fn largest_free(&self) -> u64 {
-        let mut largest = 0;
-        let mut upper = self.blocks.iter().next_back().copied();
-        while let Some(key) = upper {
-            largest = largest.max(key.size);
-            upper =
-                self.blocks.range(..SizeKey::search(StreamId(key.stream), 0)).next_back().copied();
-        }
-        largest
+        self.blocks.largest()
     }
 }
 
@@ -269,7 +256,6 @@ mod tests {
         let b = SizeKey { stream: 0, size: 20, addr: 100, index: 1 };
         let c = SizeKey { stream: 1, size: 1, addr: 0, index: 2 };
         assert!(a < b && b < c);
-        assert!(SizeKey::search(StreamId(0), 10) < a);
     }
 
     #[test]

@@ -87,11 +87,7 @@ impl PyTorchAllocator {
             pool.get_free_blocks_call_count += 1;
         }
         let stream = p.stream.0;
-        let mut it = pool.blocks.range(SizeKey::search(p.stream, p.size)..);
-        let Some(mut key) = it.next().copied() else { return false };
-        if key.stream != stream {
-            return false;
-        }
+        let Some(mut key) = pool.blocks.lower_bound(stream, p.size) else { return false };
         if arena[key.index].is_expandable() {
             if expandable_on {
                 // Best fit by the size a block can grow to: prefer a bigger block with less
@@ -102,28 +98,19 @@ impl PyTorchAllocator {
                     b.size + if unmapped_next { arena[b.next].size } else { 0 }
                 };
                 while arena[key.index].is_expandable() {
-                    match it.next() {
-                        Some(next) if next.stream == stream && growable(next) < growable(&key) => {
-                            key = *next
-                        }
+                    match pool.blocks.next_in_stream(&key) {
+                        Some(next) if growable(&next) < growable(&key) => key = next,
                         _ => break,
                     }
                 }
             } else {
                 // Expandable segments were turned off after use: skip their blocks.
                 loop {
-                    match it.next() {
-                        None => return false,
-                        Some(next) => {
-                            key = *next;
-                            if !(arena[key.index].is_expandable() && key.stream == stream) {
-                                break;
-                            }
-                        }
+                    let Some(next) = pool.blocks.next_in_stream(&key) else { return false };
+                    key = next;
+                    if !arena[key.index].is_expandable() {
+                        break;
                     }
-                }
-                if key.stream != stream {
-                    return false;
                 }
             }
         }

@@ -7,7 +7,8 @@
 //! each stat moves exactly where PyTorch moves it; the module split follows PyTorch's concerns:
 //! - [`config`]: `PYTORCH_CUDA_ALLOC_CONF` parsing;
 //! - `rounding`: request → block size → segment size;
-//! - `block`: blocks (slab + index links) and pools (ordered free sets);
+//! - `block`: blocks (slab + index links) and pools;
+//! - `freeset`: the (stream, size, address)-ordered free sets, as a size-class index;
 //! - `malloc`: the allocation path with its retry chain and OOM;
 //! - `release`: giving memory back (`release_*`, garbage collection, `empty_cache`);
 //! - `free`: frees, stream uses, merging;
@@ -20,6 +21,7 @@ mod block;
 pub mod config;
 mod expandable;
 mod free;
+mod freeset;
 mod malloc;
 mod release;
 mod rounding;
@@ -137,7 +139,7 @@ impl PyTorchAllocator {
     /// `setMemoryFraction`: NEWEST semantics, a cap only below 1.0, of `totalGlobalMem`.
     fn apply_fraction(&mut self, env: &Env<'_>, fraction: f64) {
         let total = env.device.mem_info().total_bytes;
-        self.allowed_memory_maximum = (fraction < 1.0).then(|| (fraction * total as f64) as u64);
+        self.allowed_memory_maximum = (fraction < 1.0).then_some((fraction * total as f64) as u64);
     }
 
     /// The config's `per_process_memory_fraction`, applied on first sight of the device.

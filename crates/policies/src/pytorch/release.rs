@@ -8,7 +8,6 @@
 //! whole segment removes only that block, and the decisions do not depend on earlier releases
 //! in the same walk except through the counters we carry along.
 
-use super::block::SizeKey;
 use super::malloc::{pool_of, Params};
 use super::PyTorchAllocator;
 use allocsim_core::{Env, Event};
@@ -27,12 +26,12 @@ impl PyTorchAllocator {
             return false;
         }
         let key_size = p.size.max(max_split);
-        let key = SizeKey::search(p.stream, key_size);
-        if let Some(first) = self.pool(p.small).blocks.range(key..).next().copied() {
+        let stream = p.stream.0;
+        if let Some(first) = self.pool(p.small).blocks.lower_bound(stream, key_size) {
             let b = &self.arena[first.index];
             // PyTorch would hand a split block to cudaFree here (impossible unless
             // max_split_size changed at run time); we never release part of a segment.
-            if first.stream == p.stream.0 && !b.is_expandable() && !b.is_split() {
+            if !b.is_expandable() && !b.is_split() {
                 let index = first.index;
                 self.release_block(env, index);
                 return true;
@@ -41,8 +40,10 @@ impl PyTorchAllocator {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         let mut released = 0u64;
-        for k in self.pool(p.small).blocks.range(..key).rev() {
-            if released >= key_size || k.size < max_split || k.stream != p.stream.0 {
+        let blocks = &self.pool(p.small).blocks;
+        let mut cursor = blocks.prev_in_stream(stream, key_size, 0);
+        while let Some(k) = cursor {
+            if released >= key_size || k.size < max_split {
                 break;
             }
             let b = &self.arena[k.index];
@@ -50,6 +51,7 @@ impl PyTorchAllocator {
                 released += k.size;
                 scratch.push(k.index);
             }
+            cursor = blocks.prev_in_stream(stream, k.size, k.addr);
         }
         for &index in &scratch {
             self.release_block(env, index);
@@ -84,7 +86,7 @@ impl PyTorchAllocator {
     fn release_blocks(&mut self, env: &mut Env<'_>, small: bool) {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        scratch.extend(self.pool(small).blocks.iter().map(|k| k.index));
+        self.pool(small).blocks.collect_indices(&mut scratch);
         let mut to_unmap = 0;
         for i in 0..scratch.len() {
             let index = scratch[i];
@@ -133,37 +135,28 @@ impl PyTorchAllocator {
         }
         let target = self.total_allocated_memory - gc_threshold;
         let clock = self.large_pool.get_free_blocks_call_count;
-        let (mut total_age, mut count) = (0u64, 0u64);
-        for k in &self.large_pool.blocks {
-            let b = &self.arena[k.index];
-            if !b.is_split() && !b.is_expandable() {
-                total_age += clock - b.gc_count_base;
-                count += 1;
-            }
-        }
+        // The freeable blocks in comparator order; releasing one changes no other.
+        let mut candidates = std::mem::take(&mut self.scratch);
+        candidates.clear();
+        self.large_pool.blocks.collect_indices(&mut candidates);
+        candidates.retain(|&i| !self.arena[i].is_split() && !self.arena[i].is_expandable());
+        let age = |b: &super::block::Block| clock - b.gc_count_base;
+        let mut total_age: u64 = candidates.iter().map(|&i| age(&self.arena[i])).sum();
         let (mut reclaimed, mut freed) = (0u64, true);
-        let mut scratch = std::mem::take(&mut self.scratch);
-        while reclaimed < target && freed && count > 0 {
-            let age_threshold = total_age as f64 / count as f64;
-            scratch.clear();
-            for k in &self.large_pool.blocks {
-                let b = &self.arena[k.index];
-                if !b.is_split()
-                    && !b.is_expandable()
-                    && (clock - b.gc_count_base) as f64 >= age_threshold
-                {
-                    scratch.push(k.index);
+        while reclaimed < target && freed && !candidates.is_empty() {
+            let age_threshold = total_age as f64 / candidates.len() as f64;
+            freed = false;
+            for &index in &candidates {
+                let b = self.arena[index];
+                if age(&b) as f64 >= age_threshold {
+                    freed = true;
+                    reclaimed += b.size;
+                    total_age -= age(&b);
+                    self.release_block(env, index);
                 }
             }
-            freed = !scratch.is_empty();
-            for &index in &scratch {
-                let b = &self.arena[index];
-                reclaimed += b.size;
-                total_age -= clock - b.gc_count_base;
-                count -= 1;
-                self.release_block(env, index);
-            }
+            candidates.retain(|&i| self.arena[i].live);
         }
-        self.scratch = scratch;
+        self.scratch = candidates;
     }
 }
