@@ -11,8 +11,10 @@
 //! tools (`torch.cuda._memory_viz`) open.
 
 mod input;
+mod memo;
 mod opcodes;
 mod read;
+mod strings;
 mod value;
 mod write;
 
@@ -89,8 +91,8 @@ pub enum PickleErrorKind {
     MemoLimit(usize),
     #[error("nesting deeper than {0} levels")]
     TooDeep(u32),
-    #[error("an object contains itself (memo cycle)")]
-    Cycle,
+    #[error("a container changed after it was shared (recursive structures are not supported)")]
+    SharedMutation,
     #[error("the values would take more than {0} bytes of memory")]
     MemoryLimit(u64),
     #[error("read error: {0}")]

@@ -30,7 +30,8 @@ const fn e(
     ops_with_stack: usize,
     conf: &'static str,
 ) -> Expected {
-    let [entries, alloc, oom, free_requested, free_completed, segment_grow, segment_shrink] = counts;
+    let [entries, alloc, oom, free_requested, free_completed, segment_grow, segment_shrink] =
+        counts;
     Expected {
         name,
         entries,
@@ -129,7 +130,10 @@ fn check_consistency(t: &Trace) {
         }
     }
     assert!(t.op_stacks.windows(2).all(|w| w[0].0 < w[1].0), "op_stacks sorted");
-    assert!(t.op_stacks.iter().all(|&(op, s)| (op as usize) < t.ops.len() && (s as usize) < t.stacks.len()));
+    assert!(t
+        .op_stacks
+        .iter()
+        .all(|&(op, s)| (op as usize) < t.ops.len() && (s as usize) < t.stacks.len()));
 }
 
 #[test]

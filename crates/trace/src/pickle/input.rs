@@ -63,7 +63,16 @@ impl<R: Read> Input<R> {
     }
 
     /// Make `n` (at most the buffer size) bytes available at `pos`.
+    #[inline]
     fn ensure(&mut self, n: usize) -> InResult<()> {
+        if self.end - self.pos >= n {
+            return Ok(());
+        }
+        self.ensure_slow(n)
+    }
+
+    #[cold]
+    fn ensure_slow(&mut self, n: usize) -> InResult<()> {
         debug_assert!(n <= BUF_BYTES);
         while self.end - self.pos < n {
             if self.refill()? == 0 {
@@ -76,6 +85,15 @@ impl<R: Read> Input<R> {
     /// The next byte, or `None` at the end of the input.
     #[inline]
     pub fn next_byte(&mut self) -> InResult<Option<u8>> {
+        if let Some(&b) = self.buf.get(self.pos).filter(|_| self.pos < self.end) {
+            self.pos += 1;
+            return Ok(Some(b));
+        }
+        self.next_byte_slow()
+    }
+
+    #[cold]
+    fn next_byte_slow(&mut self) -> InResult<Option<u8>> {
         if self.pos == self.end && self.refill()? == 0 {
             return Ok(None);
         }
@@ -95,6 +113,16 @@ impl<R: Read> Input<R> {
         let mut out = [0u8; N];
         out.copy_from_slice(&self.buf[self.pos..self.pos + N]);
         self.pos += N;
+        Ok(out)
+    }
+
+    /// The next `n` bytes (at most 8), copied out.
+    #[inline]
+    pub fn up_to_8(&mut self, n: usize) -> InResult<[u8; 8]> {
+        self.ensure(n)?;
+        let mut out = [0u8; 8];
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
         Ok(out)
     }
 

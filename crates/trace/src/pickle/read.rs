@@ -4,84 +4,65 @@
 //! - Opcodes that import or call anything (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`,
 //!   `OBJ`, `NEWOBJ`, `NEWOBJ_EX`, `EXT*`, `PERSID`) are refused where they stand, with their
 //!   byte offset: there is no object model behind this VM, so nothing can be executed.
-//! - Python mutates memoized containers after memoizing them (`EMPTY_DICT MEMOIZE MARK ...
-//!   SETITEMS`) and shares them by reference. So a memoized container moves into an arena and
-//!   the stack keeps a `Ref` to it; mutations go to the arena, and references are resolved
-//!   once at `STOP` into shared `Rc`s. A reference cycle is found there and refused.
-//! - Every container's nesting depth is tracked as it is built, so neither building, resolving
-//!   nor dropping a value can recurse deeper than [`Limits::max_depth`].
-//! - Memory is charged as values are made (an estimate per node plus payload bytes) against
-//!   [`Limits::max_value_bytes`], so a small compressed file cannot expand into unbounded memory.
+//! - Lists and dicts are built in place on the stack and frozen into shared `Rc` values when
+//!   they leave it (into a parent, or at `STOP`), or earlier when a `GET` shares them. CPython
+//!   never changes a container after sharing it, except to build a recursive structure; here
+//!   that is refused, so values are plain trees (DAGs) that need no second pass.
+//! - Every value's nesting depth is known when it is made, so neither building nor dropping
+//!   a value can recurse deeper than [`Limits::max_depth`].
+//! - Memory is charged as values are made (an estimate per value plus payload bytes) against
+//!   [`Limits::max_value_bytes`], so a small compressed file cannot expand into unbounded
+//!   memory, and no length field is trusted for an allocation.
 
 use super::input::{Input, InputError};
+use super::memo::{Memo, MemoTable};
 use super::opcodes::{self as op, name};
+use super::strings::StrCache;
 use super::{Limits, PickleError, PickleErrorKind as K, Value};
-use std::collections::HashMap;
 use std::io::Read;
 use std::rc::Rc;
 
-/// A value under construction. Containers hold nodes so they can contain `Ref`s.
-enum Node {
-    V(Value),
-    List(Vec<Node>),
-    Tuple(Vec<Node>),
-    Dict(Vec<(Node, Node)>),
-    /// An arena entry: a memoized container.
-    Ref(u32),
-}
-
-impl Node {
-    fn is_container(&self) -> bool {
-        matches!(self, Node::List(_) | Node::Tuple(_) | Node::Dict(_))
-    }
-
-    fn type_name(&self) -> &'static str {
-        match self {
-            Node::V(v) => v.type_name(),
-            Node::List(_) => "list",
-            Node::Tuple(_) => "tuple",
-            Node::Dict(_) => "dict",
-            Node::Ref(_) => "memoized object",
-        }
-    }
-
-    /// A copy for `GET`/`DUP`: scalars share their payload, references stay references.
-    fn share(&self) -> Option<Node> {
-        match self {
-            Node::V(v) => Some(Node::V(v.clone())),
-            Node::Ref(id) => Some(Node::Ref(*id)),
-            _ => None,
-        }
-    }
-}
-
+/// A stack item. A list or dict whose `Rc` is unique is still open to APPEND/SETITEM; once
+/// shared (by `GET`, `DUP` or the memo after it left the stack) it is finished.
 struct Slot {
-    node: Node,
+    value: Value,
+    /// Nesting depth: 0 for scalars, 1 + the deepest child for containers.
     depth: u32,
+    /// The memo key of an open container, so the memo can take it when it leaves the stack.
+    memo: u32,
 }
 
-/// A memoized container: being built (the build depth lives in its stack slot or in
-/// `arena_depth`), being resolved (seeing it again means a cycle), or resolved with its height.
-enum Arena {
-    Building(Node),
-    Busy,
-    Done(Value, u32),
+const NO_MEMO: u32 = u32::MAX;
+/// Estimated bytes of one value, charged against the memory limit.
+const VALUE_COST: u64 = 48;
+
+impl Slot {
+    fn new(value: Value, depth: u32) -> Slot {
+        Slot { value, depth, memo: NO_MEMO }
+    }
 }
 
-/// Estimated bytes of one node, charged against the memory limit.
-const NODE_COST: u64 = 48;
+/// Take a value off the stack, handing it to the memo if it was memoized while open.
+#[inline(always)]
+fn release(slot: Slot, memo: &mut MemoTable) -> Value {
+    if slot.memo != NO_MEMO {
+        memoize_released(&slot, memo);
+    }
+    slot.value
+}
+
+#[cold]
+fn memoize_released(slot: &Slot, memo: &mut MemoTable) {
+    memo.set(u64::from(slot.memo), Memo::Value(slot.value.clone(), slot.depth));
+}
 
 struct Vm<'l, R> {
     input: Input<R>,
     limits: &'l Limits,
     stack: Vec<Slot>,
     marks: Vec<usize>,
-    memo: Vec<Option<Node>>,
-    sparse_memo: HashMap<u64, Node>,
-    memo_len: usize,
-    arena: Vec<Arena>,
-    /// Nesting depth of each arena container as built so far.
-    arena_depth: Vec<u32>,
+    memo: MemoTable,
+    strings: StrCache,
     charged: u64,
     scratch: Vec<u8>,
     /// Offset and opcode being executed, for errors.
@@ -98,11 +79,8 @@ pub fn read<R: Read>(reader: R, limits: &Limits) -> Result<Value, PickleError> {
         limits,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: Vec::new(),
-        sparse_memo: HashMap::new(),
-        memo_len: 0,
-        arena: Vec::new(),
-        arena_depth: Vec::new(),
+        memo: MemoTable::default(),
+        strings: StrCache::default(),
         charged: 0,
         scratch: Vec::new(),
         at: 0,
@@ -118,12 +96,11 @@ pub fn read<R: Read>(reader: R, limits: &Limits) -> Result<Value, PickleError> {
         };
         if vm.opcode == op::STOP {
             let top = vm.pop()?;
-            let (value, _) = vm.finish(top.node, 0)?;
+            let value = release(top, &mut vm.memo);
             vm.at = vm.input.offset();
             return match vm.input.drain() {
-                Ok(_) => Ok(value),
+                Ok(_) | Err(InputError::Eof) => Ok(value),
                 Err(InputError::Io(e)) => Err(vm.err(K::AfterStop(e))),
-                Err(InputError::Eof) => Ok(value),
             };
         }
         match vm.step() {
@@ -166,6 +143,10 @@ impl<R: Read> Vm<'_, R> {
         }
     }
 
+    fn underflow(&self) -> PickleError {
+        self.err(K::StackUnderflow(name(self.opcode)))
+    }
+
     /// The first opcode must be `PROTO` 2..=5: anything else is not a file we read.
     fn start(&mut self) -> Result<(), PickleError> {
         let first = self.input.next_byte().map_err(|e| self.input_err(e))?;
@@ -184,36 +165,18 @@ impl<R: Read> Vm<'_, R> {
         }
     }
 
+    #[inline]
     fn charge(&mut self, bytes: u64) -> Result<(), PickleError> {
         self.charged = self.charged.saturating_add(bytes);
         if self.charged > self.limits.max_value_bytes {
-            return Err(self.err(K::MemoryLimit(self.limits.max_value_bytes)));
+            return Err(self.over_limit());
         }
         Ok(())
     }
 
-    fn push_value(&mut self, v: Value) -> Step {
-        self.charge(NODE_COST)?;
-        self.stack.push(Slot { node: Node::V(v), depth: 0 });
-        Ok(())
-    }
-
-    fn pop(&mut self) -> Result<Slot, PickleError> {
-        match self.stack.pop() {
-            Some(s) if self.marks.last().is_none_or(|&m| m <= self.stack.len()) => Ok(s),
-            Some(s) => {
-                // Python refuses to pop through a MARK too (it is not on its stack).
-                self.stack.push(s);
-                Err(self.err(K::StackUnderflow(name(self.opcode))))
-            }
-            None => Err(self.err(K::StackUnderflow(name(self.opcode)))),
-        }
-    }
-
-    /// Items pushed since the last MARK, with the mark removed.
-    fn pop_mark(&mut self) -> Result<Vec<Slot>, PickleError> {
-        let m = self.marks.pop().ok_or_else(|| self.err(K::NoMark(name(self.opcode))))?;
-        Ok(self.stack.split_off(m))
+    #[cold]
+    fn over_limit(&self) -> PickleError {
+        self.err(K::MemoryLimit(self.limits.max_value_bytes))
     }
 
     fn check_depth(&self, depth: u32) -> Result<u32, PickleError> {
@@ -224,25 +187,167 @@ impl<R: Read> Vm<'_, R> {
         }
     }
 
-    fn push_container(&mut self, node: Node, children: &[u32]) -> Step {
-        let depth = self.check_depth(1 + children.iter().copied().max().unwrap_or(0))?;
-        self.charge(NODE_COST)?;
-        self.stack.push(Slot { node, depth });
+    #[inline]
+    fn push(&mut self, slot: Slot) -> Step {
+        self.charge(VALUE_COST)?;
+        self.stack.push(slot);
         Ok(())
     }
 
-    fn make_tuple(&mut self, slots: Vec<Slot>) -> Step {
-        let depths: Vec<u32> = slots.iter().map(|s| s.depth).collect();
-        let items = slots.into_iter().map(|s| s.node).collect();
-        self.push_container(Node::Tuple(items), &depths)
+    fn push_value(&mut self, v: Value) -> Step {
+        self.push(Slot::new(v, 0))
+    }
+
+    /// The lowest stack index the current opcode may take items from.
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    /// Pop the top item, which must lie above the last MARK (Python's stack starts anew there).
+    fn pop(&mut self) -> Result<Slot, PickleError> {
+        if self.stack.len() <= self.floor() {
+            return Err(self.underflow());
+        }
+        self.stack.pop().ok_or_else(|| self.underflow())
+    }
+
+    /// Stack index where the items above the last MARK start, removing the mark.
+    fn take_mark(&mut self) -> Result<usize, PickleError> {
+        let m = self.marks.pop().ok_or_else(|| self.err(K::NoMark(name(self.opcode))))?;
+        if m > self.stack.len() {
+            return Err(self.underflow());
+        }
+        Ok(m)
+    }
+
+    /// Freeze and remove the items from `from` up, returning them with their deepest depth.
+    fn drain_values(&mut self, from: usize) -> (Vec<Value>, u32) {
+        let memo = &mut self.memo;
+        let mut deepest = 0;
+        let items = self
+            .stack
+            .drain(from..)
+            .map(|s| {
+                deepest = deepest.max(s.depth);
+                release(s, memo)
+            })
+            .collect();
+        (items, deepest)
+    }
+
+    /// The value at stack index `i`, shared: an open container is finished from now on, and
+    /// the memo holds it instead of its stack position.
+    fn share_at(&mut self, i: usize) -> (Value, u32) {
+        let slot = &mut self.stack[i];
+        if slot.memo != NO_MEMO {
+            let memo = Memo::Value(slot.value.clone(), slot.depth);
+            self.memo.set(u64::from(std::mem::replace(&mut slot.memo, NO_MEMO)), memo);
+        }
+        (slot.value.clone(), slot.depth)
+    }
+
+    fn make_tuple(&mut self, from: usize) -> Step {
+        let (items, deepest) = self.drain_values(from);
+        let depth = self.check_depth(deepest + 1)?;
+        self.push(Slot::new(Value::Tuple(Rc::new(items)), depth))
     }
 
     fn small_tuple(&mut self, n: usize) -> Step {
-        if self.stack.len() < n + self.marks.last().copied().unwrap_or(0) {
-            return Err(self.err(K::StackUnderflow(name(self.opcode))).into());
+        let from = self.stack.len().checked_sub(n).filter(|&f| f >= self.floor());
+        let from = from.ok_or_else(|| self.underflow())?;
+        self.make_tuple(from)
+    }
+
+    /// APPEND(S)/SETITEM(S): move the items from `from` up into the open container just below.
+    fn extend(&mut self, from: usize, dict: bool) -> Step {
+        let Some(t) = from.checked_sub(1) else {
+            return Err(self.underflow().into());
+        };
+        let n = self.stack.len() - from;
+        if dict && n & 1 != 0 {
+            return Err(self.err(K::OddItems).into());
         }
-        let slots = self.stack.split_off(self.stack.len() - n);
-        self.make_tuple(slots)
+        // Take the container out of its slot so the items can be drained into it.
+        let mut target = std::mem::replace(&mut self.stack[t].value, Value::None);
+        let mut deepest = 0;
+        let outcome = match &mut target {
+            Value::List(rc) if !dict => Rc::get_mut(rc).map(|list| {
+                list.reserve(n);
+                for s in self.stack.drain(from..) {
+                    deepest = deepest.max(s.depth);
+                    list.push(release(s, &mut self.memo));
+                }
+            }),
+            Value::Dict(rc) if dict => Rc::get_mut(rc).map(|pairs| {
+                pairs.reserve(n / 2);
+                let mut items = self.stack.drain(from..);
+                while let (Some(k), Some(v)) = (items.next(), items.next()) {
+                    deepest = deepest.max(k.depth.max(v.depth));
+                    pairs.push((release(k, &mut self.memo), release(v, &mut self.memo)));
+                }
+            }),
+            _ => None,
+        };
+        if outcome.is_none() {
+            let kind = match &target {
+                Value::List(_) | Value::Dict(_) if dict == matches!(target, Value::Dict(_)) => {
+                    K::SharedMutation
+                }
+                v => K::BadTarget {
+                    op: name(self.opcode),
+                    target: v.type_name(),
+                    expected: if dict { "dict" } else { "list" },
+                },
+            };
+            return Err(self.err(kind).into());
+        }
+        let slot = &mut self.stack[t];
+        slot.value = target;
+        slot.depth = slot.depth.max(deepest + 1);
+        let depth = slot.depth;
+        self.check_depth(depth)?;
+        Ok(())
+    }
+
+    fn memo_put(&mut self, key: u64) -> Step {
+        let Some(i) = self.stack.len().checked_sub(1).filter(|&i| i >= self.floor()) else {
+            return Err(self.underflow().into());
+        };
+        let slot = &mut self.stack[i];
+        let open = match &mut slot.value {
+            Value::List(rc) => Rc::get_mut(rc).is_some(),
+            Value::Dict(rc) => Rc::get_mut(rc).is_some(),
+            _ => false,
+        };
+        match u32::try_from(key) {
+            Ok(k) if open && k != NO_MEMO && slot.memo == NO_MEMO => {
+                slot.memo = k;
+                self.memo.set(key, Memo::OnStack(i));
+            }
+            _ => {
+                let (v, depth) = self.share_at(i);
+                self.memo.set(key, Memo::Value(v, depth));
+            }
+        }
+        if self.memo.len() > self.limits.max_memo {
+            return Err(self.err(K::MemoLimit(self.limits.max_memo)).into());
+        }
+        self.charge(VALUE_COST)?;
+        Ok(())
+    }
+
+    #[inline]
+    fn memo_get(&mut self, key: u64) -> Step {
+        let slot = match self.memo.get(key) {
+            Some(Memo::Value(v, depth)) => Slot::new(v.clone(), *depth),
+            Some(&Memo::OnStack(i)) if i < self.stack.len() => {
+                let (v, depth) = self.share_at(i);
+                Slot::new(v, depth)
+            }
+            Some(Memo::OnStack(_)) => return Err(self.err(K::MemoMissing(key)).into()),
+            None => return Err(self.err(K::MemoMissing(key)).into()),
+        };
+        self.push(slot)
     }
 
     fn text_arg(&mut self) -> Result<String, Failure> {
@@ -270,15 +375,16 @@ impl<R: Read> Vm<'_, R> {
     fn string(&mut self, n: u64, as_str: bool) -> Step {
         self.charge(n)?;
         let mut scratch = std::mem::take(&mut self.scratch);
+        let strings = &mut self.strings;
         let v = self.input.with_bytes(n, &mut scratch, |b| {
             if !as_str {
-                return Value::Bytes(Rc::from(b));
+                return Value::bytes(b);
             }
             // Python writes lone surrogates with `surrogatepass`; they become U+FFFD here
             // rather than failing a whole trace over one odd file name.
             match std::str::from_utf8(b) {
-                Ok(s) => Value::Str(Rc::from(s)),
-                Err(_) => Value::Str(Rc::from(String::from_utf8_lossy(b).as_ref())),
+                Ok(s) => Value::Str(strings.get(s)),
+                Err(_) => Value::Str(Rc::new(String::from_utf8_lossy(b).into_owned())),
             }
         });
         self.scratch = scratch;
@@ -289,131 +395,12 @@ impl<R: Read> Vm<'_, R> {
         if n > 8 {
             return Err(self.err(K::IntTooWide(n)).into());
         }
-        let mut bytes = [0u8; 8];
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let got = self.input.with_bytes(n, &mut scratch, |b| bytes[..b.len()].copy_from_slice(b));
-        self.scratch = scratch;
-        got?;
         let n = n as usize;
+        let mut bytes = self.input.up_to_8(n)?;
         if n > 0 && bytes[n - 1] & 0x80 != 0 {
             bytes[n..].fill(0xff);
         }
         self.push_value(Value::Int(i64::from_le_bytes(bytes)))
-    }
-
-    fn memo_get(&mut self, idx: u64) -> Step {
-        let found = match usize::try_from(idx).ok().and_then(|i| self.memo.get(i)) {
-            Some(Some(n)) => n.share(),
-            _ => self.sparse_memo.get(&idx).and_then(Node::share),
-        };
-        let node = found.ok_or_else(|| self.err(K::MemoMissing(idx)))?;
-        self.charge(NODE_COST)?;
-        self.stack.push(Slot { node, depth: 0 });
-        Ok(())
-    }
-
-    /// Store the top of the stack under `idx`; a container moves to the arena first.
-    fn memo_put(&mut self, idx: u64) -> Step {
-        let top = self.stack.last_mut().ok_or_else(|| PickleError {
-            offset: self.at,
-            kind: K::StackUnderflow(name(self.opcode)),
-        })?;
-        if top.node.is_container() {
-            let id = u32::try_from(self.arena.len()).unwrap_or(u32::MAX);
-            let node = std::mem::replace(&mut top.node, Node::Ref(id));
-            self.arena.push(Arena::Building(node));
-            self.arena_depth.push(top.depth);
-            top.depth = 0;
-        }
-        let shared = top.node.share().expect("containers were moved to the arena");
-        let is_new = match usize::try_from(idx) {
-            Ok(i) if i < self.memo.len() => self.memo[i].replace(shared).is_none(),
-            Ok(i) if i == self.memo.len() => {
-                self.memo.push(Some(shared));
-                true
-            }
-            _ => self.sparse_memo.insert(idx, shared).is_none(),
-        };
-        self.memo_len += usize::from(is_new);
-        if self.memo_len.max(self.arena.len()) > self.limits.max_memo {
-            return Err(self.err(K::MemoLimit(self.limits.max_memo)).into());
-        }
-        self.charge(NODE_COST)?;
-        Ok(())
-    }
-
-    /// The container that APPEND(S)/SETITEM(S) adds to: the slot at `index`, or the arena
-    /// entry it refers to. Returns the container and its depth.
-    fn target(&mut self, index: usize) -> Result<(&mut Node, &mut u32), PickleError> {
-        let at = self.at;
-        let opname = name(self.opcode);
-        let Some(slot) = self.stack.get_mut(index) else {
-            return Err(PickleError { offset: at, kind: K::StackUnderflow(opname) });
-        };
-        match slot.node {
-            Node::Ref(id) => {
-                match (self.arena.get_mut(id as usize), self.arena_depth.get_mut(id as usize)) {
-                    (Some(Arena::Building(node)), Some(depth)) => Ok((node, depth)),
-                    _ => Err(PickleError { offset: at, kind: K::Cycle }),
-                }
-            }
-            _ => Ok((&mut slot.node, &mut slot.depth)),
-        }
-    }
-
-    fn extend_list(&mut self, items: Vec<Slot>) -> Step {
-        let below = self.stack.len().checked_sub(1).ok_or_else(|| PickleError {
-            offset: self.at,
-            kind: K::StackUnderflow(name(self.opcode)),
-        })?;
-        let child_depth = items.iter().map(|s| s.depth + 1).max().unwrap_or(0);
-        let (at, opname, max_depth) = (self.at, name(self.opcode), self.limits.max_depth);
-        let (node, depth) = self.target(below)?;
-        let Node::List(list) = node else {
-            let kind = K::BadTarget { op: opname, target: node.type_name(), expected: "list" };
-            return Err(PickleError { offset: at, kind }.into());
-        };
-        list.extend(items.into_iter().map(|s| s.node));
-        *depth = (*depth).max(child_depth);
-        if *depth > max_depth {
-            return Err(PickleError { offset: at, kind: K::TooDeep(max_depth) }.into());
-        }
-        Ok(())
-    }
-
-    fn extend_dict(&mut self, items: Vec<Slot>) -> Step {
-        if items.len() & 1 != 0 {
-            return Err(self.err(K::OddItems).into());
-        }
-        let below = self.stack.len().checked_sub(1).ok_or_else(|| PickleError {
-            offset: self.at,
-            kind: K::StackUnderflow(name(self.opcode)),
-        })?;
-        let child_depth = items.iter().map(|s| s.depth + 1).max().unwrap_or(0);
-        let (at, opname, max_depth) = (self.at, name(self.opcode), self.limits.max_depth);
-        let (node, depth) = self.target(below)?;
-        let Node::Dict(pairs) = node else {
-            let kind = K::BadTarget { op: opname, target: node.type_name(), expected: "dict" };
-            return Err(PickleError { offset: at, kind }.into());
-        };
-        let mut it = items.into_iter();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            pairs.push((k.node, v.node));
-        }
-        *depth = (*depth).max(child_depth);
-        if *depth > max_depth {
-            return Err(PickleError { offset: at, kind: K::TooDeep(max_depth) }.into());
-        }
-        Ok(())
-    }
-
-    /// Pop the `n` topmost items (above the last MARK) for APPEND/SETITEM.
-    fn pop_n(&mut self, n: usize) -> Result<Vec<Slot>, PickleError> {
-        let floor = self.marks.last().copied().unwrap_or(0);
-        if self.stack.len() < floor + n {
-            return Err(self.err(K::StackUnderflow(name(self.opcode))));
-        }
-        Ok(self.stack.split_off(self.stack.len() - n))
     }
 
     fn step(&mut self) -> Step {
@@ -431,22 +418,24 @@ impl<R: Read> Vm<'_, R> {
             }
             op::MARK => self.marks.push(self.stack.len()),
             op::POP => {
+                // Python 3 pops a MARK when nothing was pushed after it.
                 if self.marks.last() == Some(&self.stack.len()) {
                     self.marks.pop();
                 } else {
-                    self.pop()?;
+                    let slot = self.pop()?;
+                    release(slot, &mut self.memo);
                 }
             }
             op::POP_MARK => {
-                self.pop_mark()?;
+                let from = self.take_mark()?;
+                self.drain_values(from);
             }
             op::DUP => {
-                let top = self.stack.last().ok_or_else(|| self.err(K::StackUnderflow("DUP")))?;
-                let unsupported = K::Unsupported("DUP of a container");
-                let node =
-                    top.node.share().ok_or(PickleError { offset: self.at, kind: unsupported })?;
-                self.charge(NODE_COST)?;
-                self.stack.push(Slot { node, depth: 0 });
+                let Some(i) = self.stack.len().checked_sub(1).filter(|&i| i >= self.floor()) else {
+                    return Err(self.underflow().into());
+                };
+                let (v, depth) = self.share_at(i);
+                self.push(Slot::new(v, depth))?
             }
             op::NONE => self.push_value(Value::None)?,
             op::NEWTRUE => self.push_value(Value::Bool(true))?,
@@ -529,67 +518,68 @@ impl<R: Read> Vm<'_, R> {
                 let n = u64::from_le_bytes(self.input.array::<8>()?);
                 self.string(n, false)?
             }
-            op::EMPTY_LIST => self.push_container(Node::List(Vec::new()), &[])?,
-            op::EMPTY_DICT => self.push_container(Node::Dict(Vec::new()), &[])?,
-            op::EMPTY_TUPLE => self.push_container(Node::Tuple(Vec::new()), &[])?,
+            op::EMPTY_LIST => self.push(Slot::new(Value::list(Vec::new()), 1))?,
+            op::EMPTY_DICT => self.push(Slot::new(Value::dict(Vec::new()), 1))?,
+            op::EMPTY_TUPLE => self.push(Slot::new(Value::tuple(Vec::new()), 1))?,
             op::TUPLE1 => self.small_tuple(1)?,
             op::TUPLE2 => self.small_tuple(2)?,
             op::TUPLE3 => self.small_tuple(3)?,
             op::TUPLE => {
-                let slots = self.pop_mark()?;
-                self.make_tuple(slots)?
+                let from = self.take_mark()?;
+                self.make_tuple(from)?
             }
             op::LIST => {
-                let slots = self.pop_mark()?;
-                let depths: Vec<u32> = slots.iter().map(|s| s.depth).collect();
-                let items = slots.into_iter().map(|s| s.node).collect();
-                self.push_container(Node::List(items), &depths)?
+                let from = self.take_mark()?;
+                let (items, deepest) = self.drain_values(from);
+                let depth = self.check_depth(deepest + 1)?;
+                self.push(Slot::new(Value::list(items), depth))?
             }
             op::DICT => {
-                let slots = self.pop_mark()?;
-                self.push_container(Node::Dict(Vec::new()), &[])?;
-                self.extend_dict(slots)?
+                let from = self.take_mark()?;
+                let empty = Slot::new(Value::dict(Vec::new()), 1);
+                self.stack.insert(from, empty);
+                self.extend(from + 1, true)?
             }
             op::APPEND => {
-                let items = self.pop_n(1)?;
-                self.extend_list(items)?
+                let from = self.stack.len().checked_sub(1).filter(|&f| f > self.floor());
+                self.extend(from.ok_or_else(|| self.underflow())?, false)?
             }
             op::APPENDS => {
-                let items = self.pop_mark()?;
-                self.extend_list(items)?
+                let from = self.take_mark()?;
+                self.extend(from, false)?
             }
             op::SETITEM => {
-                let items = self.pop_n(2)?;
-                self.extend_dict(items)?
+                let from = self.stack.len().checked_sub(2).filter(|&f| f > self.floor());
+                self.extend(from.ok_or_else(|| self.underflow())?, true)?
             }
             op::SETITEMS => {
-                let items = self.pop_mark()?;
-                self.extend_dict(items)?
+                let from = self.take_mark()?;
+                self.extend(from, true)?
             }
-            op::MEMOIZE => self.memo_put(self.memo_len as u64)?,
+            op::MEMOIZE => self.memo_put(self.memo.len() as u64)?,
             op::PUT => {
-                let idx = self.text_index()?;
-                self.memo_put(idx)?
+                let key = self.text_index()?;
+                self.memo_put(key)?
             }
             op::BINPUT => {
-                let idx = self.input.byte()?;
-                self.memo_put(u64::from(idx))?
+                let key = self.input.byte()?;
+                self.memo_put(u64::from(key))?
             }
             op::LONG_BINPUT => {
-                let idx = u32::from_le_bytes(self.input.array::<4>()?);
-                self.memo_put(u64::from(idx))?
+                let key = u32::from_le_bytes(self.input.array::<4>()?);
+                self.memo_put(u64::from(key))?
             }
             op::GET => {
-                let idx = self.text_index()?;
-                self.memo_get(idx)?
+                let key = self.text_index()?;
+                self.memo_get(key)?
             }
             op::BINGET => {
-                let idx = self.input.byte()?;
-                self.memo_get(u64::from(idx))?
+                let key = self.input.byte()?;
+                self.memo_get(u64::from(key))?
             }
             op::LONG_BINGET => {
-                let idx = u32::from_le_bytes(self.input.array::<4>()?);
-                self.memo_get(u64::from(idx))?
+                let key = u32::from_le_bytes(self.input.array::<4>()?);
+                self.memo_get(u64::from(key))?
             }
             op::GLOBAL
             | op::STACK_GLOBAL
@@ -618,69 +608,5 @@ impl<R: Read> Vm<'_, R> {
             other => return Err(self.err(K::UnknownOpcode(other)).into()),
         }
         Ok(())
-    }
-
-    /// Turn the final node into a `Value`, resolving arena references. `depth` is where the
-    /// node sits; the result comes with its own height, so a shared value reused deeper down
-    /// is still held to the depth limit.
-    fn finish(&mut self, node: Node, depth: u32) -> Result<(Value, u32), PickleError> {
-        self.check_depth(depth)?;
-        Ok(match node {
-            Node::V(v) => (v, 0),
-            Node::List(items) => {
-                let (items, height) = self.finish_all(items, depth)?;
-                (Value::List(Rc::new(items)), height)
-            }
-            Node::Tuple(items) => {
-                let (items, height) = self.finish_all(items, depth)?;
-                (Value::Tuple(Rc::new(items)), height)
-            }
-            Node::Dict(pairs) => {
-                let mut out = Vec::with_capacity(pairs.len());
-                let mut height = 1;
-                for (k, v) in pairs {
-                    let (k, hk) = self.finish(k, depth + 1)?;
-                    let (v, hv) = self.finish(v, depth + 1)?;
-                    height = height.max(1 + hk.max(hv));
-                    out.push((k, v));
-                }
-                (Value::Dict(Rc::new(out)), height)
-            }
-            Node::Ref(id) => self.resolve(id, depth)?,
-        })
-    }
-
-    fn finish_all(
-        &mut self,
-        items: Vec<Node>,
-        depth: u32,
-    ) -> Result<(Vec<Value>, u32), PickleError> {
-        let mut out = Vec::with_capacity(items.len());
-        let mut height = 1;
-        for item in items {
-            let (v, h) = self.finish(item, depth + 1)?;
-            height = height.max(1 + h);
-            out.push(v);
-        }
-        Ok((out, height))
-    }
-
-    fn resolve(&mut self, id: u32, depth: u32) -> Result<(Value, u32), PickleError> {
-        let Some(slot) = self.arena.get_mut(id as usize) else {
-            return Err(self.err(K::Cycle));
-        };
-        match std::mem::replace(slot, Arena::Busy) {
-            Arena::Building(node) => {
-                let (v, height) = self.finish(node, depth)?;
-                self.arena[id as usize] = Arena::Done(v.clone(), height);
-                Ok((v, height))
-            }
-            Arena::Done(v, height) => {
-                self.arena[id as usize] = Arena::Done(v.clone(), height);
-                self.check_depth(depth + height)?;
-                Ok((v, height))
-            }
-            Arena::Busy => Err(self.err(K::Cycle)),
-        }
     }
 }

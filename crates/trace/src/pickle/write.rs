@@ -20,7 +20,7 @@ const BATCH: usize = 1000;
 struct Writer<W> {
     out: W,
     written: u64,
-    strs: HashMap<Rc<str>, u32>,
+    strs: HashMap<Rc<String>, u32>,
     shared: HashMap<usize, u32>,
     next_memo: u32,
 }
@@ -108,7 +108,7 @@ impl<W: Write> Writer<W> {
         self.put(payload)
     }
 
-    fn string(&mut self, s: &Rc<str>) -> Result<(), PickleError> {
+    fn string(&mut self, s: &Rc<String>) -> Result<(), PickleError> {
         if let Some(&idx) = self.strs.get(s) {
             return self.get(idx);
         }

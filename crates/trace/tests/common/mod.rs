@@ -20,7 +20,8 @@ pub fn data_dir() -> PathBuf {
 pub fn scratch(name: &str) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("allocsim-trace-{}-{n}-{name}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("allocsim-trace-{}-{n}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
