@@ -4,10 +4,11 @@
 //! - Opcodes that import or call anything (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`,
 //!   `OBJ`, `NEWOBJ`, `NEWOBJ_EX`, `EXT*`, `PERSID`) are refused where they stand, with their
 //!   byte offset: there is no object model behind this VM, so nothing can be executed.
-//! - Lists and dicts are built in place on the stack and frozen into shared `Rc` values when
-//!   they leave it (into a parent, or at `STOP`), or earlier when a `GET` shares them. CPython
-//!   never changes a container after sharing it, except to build a recursive structure; here
-//!   that is refused, so values are plain trees (DAGs) that need no second pass.
+//! - A list or dict is open (APPEND/SETITEM may fill it) while its `Rc` is unique, which is
+//!   while it sits on the stack unshared; the memo records only its stack position until it
+//!   leaves the stack (into a parent, or at `STOP`), or until a `GET` shares it. CPython
+//!   never changes a container after sharing it, except to build a recursive structure;
+//!   here that is refused, so values are plain trees (DAGs) that need no second pass.
 //! - Every value's nesting depth is known when it is made, so neither building nor dropping
 //!   a value can recurse deeper than [`Limits::max_depth`].
 //! - Memory is charged as values are made (an estimate per value plus payload bytes) against

@@ -1,0 +1,440 @@
+//! PyTorch snapshot conversion on hand-built snapshots: the op/recorded mapping rules one by
+//! one, the mid-run and multi-device tolerances, the sidecar, and every kind of bad input.
+
+mod common;
+
+use allocsim_core::{AllocId, Op, RecordedEvent, RecordedKind as K, StreamId, Trace};
+use allocsim_trace::pickle::{self, Value};
+use allocsim_trace::{pytorch, read_trace, read_trace_with, ReadOptions, TraceError};
+use common::{entry, snapshot, write_pickle};
+
+const MAX: StreamId = StreamId(u64::MAX);
+
+fn read(entries: Vec<Value>, segments: Vec<Value>) -> Trace {
+    let dir = common::scratch("pt");
+    let path = write_pickle(&dir, "t.pickle", &snapshot(entries, segments, "conf"));
+    read_trace(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn read_err(root: &Value) -> String {
+    let dir = common::scratch("pt-err");
+    let path = write_pickle(&dir, "bad.pickle", root);
+    let e = read_trace(&path).expect_err("must fail");
+    let msg = e.to_string();
+    assert!(msg.contains("bad.pickle"), "names the file: {msg}");
+    msg
+}
+
+fn alloc(id: u64, size: u64, stream: u64) -> Op {
+    Op::Alloc { id: AllocId(id), size, stream: StreamId(stream) }
+}
+
+fn rec(op: u64, kind: K, addr: u64, size: u64) -> RecordedEvent {
+    RecordedEvent { op, kind, addr, size, stream: StreamId(0) }
+}
+
+#[test]
+fn alloc_and_direct_free_share_one_op() {
+    let t = read(
+        vec![
+            entry("segment_alloc", 0x1000, 2 << 20, 0),
+            entry("alloc", 0x1000, 100, 0),
+            entry("free_requested", 0x1000, 100, 0),
+            entry("free_completed", 0x1000, 100, 0),
+        ],
+        vec![],
+    );
+    assert_eq!(t.ops, vec![alloc(0, 100, 0), Op::FreeRequested { id: AllocId(0) }]);
+    assert_eq!(
+        t.recorded,
+        vec![
+            rec(0, K::SegmentAlloc, 0x1000, 2 << 20),
+            rec(0, K::Alloc, 0x1000, 100),
+            rec(1, K::FreeRequested, 0x1000, 100),
+            rec(1, K::FreeCompleted, 0x1000, 100),
+        ]
+    );
+    assert_eq!(t.meta.source_format, "pytorch-snapshot");
+    assert_eq!(t.meta.alloc_conf.as_deref(), Some("conf"));
+    assert!(t.warnings.is_empty());
+}
+
+#[test]
+fn deferred_free_gets_record_stream_and_free_completed() {
+    let t = read(
+        vec![
+            entry("alloc", 0xa00, 10, 0),
+            entry("alloc", 0xb00, 20, 0),
+            entry("free_requested", 0xa00, 10, 0),
+            entry("alloc", 0xc00, 30, 0),
+            entry("free_completed", 0xa00, 10, 0),
+        ],
+        vec![],
+    );
+    let a = AllocId(0);
+    assert_eq!(
+        t.ops,
+        vec![
+            alloc(0, 10, 0),
+            alloc(1, 20, 0),
+            Op::RecordStream { id: a, stream: MAX },
+            Op::FreeRequested { id: a },
+            alloc(2, 30, 0),
+            Op::FreeCompleted { id: a },
+        ]
+    );
+    let kinds: Vec<(u64, K)> = t.recorded.iter().map(|r| (r.op, r.kind)).collect();
+    assert_eq!(
+        kinds,
+        vec![(0, K::Alloc), (1, K::Alloc), (3, K::FreeRequested), (4, K::Alloc), (5, K::FreeCompleted)]
+    );
+    assert_eq!(pytorch::UNKNOWN_STREAM, MAX);
+}
+
+#[test]
+fn a_free_never_completed_still_gets_record_stream() {
+    let t = read(
+        vec![
+            entry("alloc", 0xb00, 10, 0),
+            entry("free_requested", 0xb00, 10, 0),
+            entry("free_completed", 0xb00, 10, 0),
+            entry("alloc", 0xa00, 10, 0),
+            entry("free_requested", 0xa00, 10, 0),
+        ],
+        vec![],
+    );
+    assert_eq!(
+        t.ops[2..],
+        [
+            alloc(1, 10, 0),
+            Op::RecordStream { id: AllocId(1), stream: MAX },
+            Op::FreeRequested { id: AllocId(1) }
+        ]
+    );
+}
+
+#[test]
+fn oom_is_a_failed_alloc_with_the_device_frees_before_it() {
+    let t = read(
+        vec![
+            entry("segment_free", 0x5000, 4 << 20, 0),
+            entry("segment_free", 0x9000, 2 << 20, 0),
+            entry("oom", 123_456, 8 << 20, 7),
+            // The failed id never becomes live: a later block at any address is a new id.
+            entry("alloc", 0x5000, 64, 0),
+        ],
+        vec![],
+    );
+    assert_eq!(t.ops, vec![alloc(0, 8 << 20, 7), alloc(1, 64, 0)]);
+    assert_eq!(t.recorded[0], rec(0, K::SegmentFree, 0x5000, 4 << 20));
+    assert_eq!(t.recorded[1].op, 0);
+    let oom = t.recorded[2];
+    assert_eq!((oom.op, oom.kind, oom.addr, oom.size, oom.stream), (0, K::Oom, 123_456, 8 << 20, StreamId(7)));
+    assert_eq!(t.recorded[3].op, 1);
+}
+
+#[test]
+fn retry_path_device_events_belong_to_the_allocation() {
+    let t = read(
+        vec![
+            entry("segment_free", 0x5000, 4 << 20, 0),
+            entry("segment_alloc", 0x7000, 8 << 20, 0),
+            entry("alloc", 0x7000, 8 << 20, 0),
+        ],
+        vec![],
+    );
+    assert_eq!(t.ops.len(), 1);
+    assert!(t.recorded.iter().all(|r| r.op == 0));
+    assert!(t.warnings.is_empty());
+}
+
+#[test]
+fn unexplained_device_frees_become_empty_cache() {
+    let t = read(
+        vec![
+            entry("alloc", 0xa00, 10, 0),
+            entry("alloc", 0xb00, 20, 0),
+            entry("free_requested", 0xa00, 10, 0),
+            entry("free_completed", 0xa00, 10, 0),
+            entry("segment_free", 0xa00, 2 << 20, 0),
+            entry("segment_free", 0xc00, 2 << 20, 0),
+            entry("free_requested", 0xb00, 20, 0),
+            entry("free_completed", 0xb00, 20, 0),
+            entry("segment_unmap", 0xb00, 2 << 20, 0),
+        ],
+        vec![],
+    );
+    assert_eq!(
+        t.ops,
+        vec![
+            alloc(0, 10, 0),
+            alloc(1, 20, 0),
+            Op::FreeRequested { id: AllocId(0) },
+            Op::EmptyCache,
+            Op::FreeRequested { id: AllocId(1) },
+            Op::EmptyCache,
+        ]
+    );
+    let tags: Vec<u64> = t.recorded.iter().map(|r| r.op).collect();
+    assert_eq!(tags, vec![0, 1, 2, 2, 3, 3, 4, 4, 5]);
+    assert!(t.warnings.iter().any(|w| w.contains("2 empty_cache ops were inferred")), "{:?}", t.warnings);
+}
+
+#[test]
+fn snapshot_entries_are_skipped() {
+    let t = read(
+        vec![entry("alloc", 0xa00, 10, 0), entry("snapshot", 0, 10, 0), entry("free_requested", 0xa00, 10, 0), entry("free_completed", 0xa00, 10, 0)],
+        vec![],
+    );
+    // The snapshot entry does not separate a free from its completion.
+    assert_eq!(t.ops, vec![alloc(0, 10, 0), Op::FreeRequested { id: AllocId(0) }]);
+    assert_eq!(t.recorded.len(), 3);
+}
+
+#[test]
+fn history_started_mid_run_gets_synthetic_allocs() {
+    let t = read(
+        vec![
+            // Freed without being allocated in the history.
+            entry("free_requested", 0xf00, 64, 7),
+            entry("free_completed", 0xf00, 64, 7),
+            // Its free was requested before the history: only the completion is here.
+            entry("free_completed", 0xe00, 32, 0),
+            entry("alloc", 0xa00, 10, 0),
+        ],
+        vec![common::segment(
+            0x10000,
+            5,
+            vec![
+                common::block(0x10000, 512, 500, "active_allocated"),
+                common::block(0x10200, 512, 0, "inactive"),
+            ],
+        )],
+    );
+    assert_eq!(
+        t.ops,
+        vec![
+            // Synthetic, before the history's first op, sized by the requested size.
+            alloc(0, 64, 7),
+            alloc(1, 32, 0),
+            Op::RecordStream { id: AllocId(1), stream: MAX },
+            Op::FreeRequested { id: AllocId(1) },
+            alloc(2, 500, 5),
+            // The history.
+            Op::FreeRequested { id: AllocId(0) },
+            Op::FreeCompleted { id: AllocId(1) },
+            alloc(3, 10, 0),
+        ]
+    );
+    let tags: Vec<u64> = t.recorded.iter().map(|r| r.op).collect();
+    assert_eq!(tags, vec![5, 5, 6, 7]);
+    assert!(t.warnings.iter().any(|w| w.contains("3 allocations alive")), "{:?}", t.warnings);
+}
+
+#[test]
+fn blocks_alive_at_the_end_and_allocated_in_the_history_need_nothing() {
+    let t = read(
+        vec![entry("alloc", 0x10000, 500, 0)],
+        vec![common::segment(0x10000, 0, vec![common::block(0x10000, 512, 500, "active_allocated")])],
+    );
+    assert_eq!(t.ops, vec![alloc(0, 500, 0)]);
+    assert!(t.warnings.is_empty());
+}
+
+#[test]
+fn other_devices_are_warned_about() {
+    let mut root = snapshot(vec![entry("alloc", 0xa00, 10, 0)], vec![], "");
+    let Value::Dict(pairs) = &mut root else { panic!() };
+    let pairs = std::rc::Rc::get_mut(pairs).unwrap();
+    pairs[1].1 = Value::list(vec![
+        Value::list(vec![entry("alloc", 0xa00, 10, 0)]),
+        Value::list(vec![]),
+        Value::list(vec![entry("alloc", 0xb00, 10, 0)]),
+    ]);
+    let dir = common::scratch("devices");
+    let t = read_trace(write_pickle(&dir, "t.pickle", &root)).unwrap();
+    assert_eq!(t.ops.len(), 1);
+    assert!(t.warnings[0].contains("devices [2]"), "{:?}", t.warnings);
+}
+
+#[test]
+fn stacks_are_deduplicated() {
+    let frames = |line: i64| {
+        Value::list(vec![Value::str_dict([
+            ("name", Value::str("f")),
+            ("filename", Value::str("a.py")),
+            ("line", Value::Int(line)),
+        ])])
+    };
+    let with = |e: Value, f: Value| {
+        let Value::Dict(p) = e else { panic!() };
+        let mut p = (*p).clone();
+        p.push((Value::str("frames"), f));
+        Value::dict(p)
+    };
+    let shared = frames(3);
+    let t = read(
+        vec![
+            with(entry("alloc", 0xa00, 10, 0), shared.clone()),
+            with(entry("alloc", 0xb00, 10, 0), shared),
+            // Equal content, another object: still one stack.
+            with(entry("alloc", 0xc00, 10, 0), frames(3)),
+            with(entry("alloc", 0xd00, 10, 0), frames(4)),
+            with(entry("alloc", 0xe00, 10, 0), Value::list(vec![])),
+        ],
+        vec![],
+    );
+    assert_eq!(t.stacks.len(), 2);
+    assert_eq!(t.op_stacks, vec![(0, 0), (1, 0), (2, 0), (3, 1)]);
+    assert_eq!(t.stacks[1].frames[0].line, 4);
+    let dir = common::scratch("nostacks");
+    let path = write_pickle(&dir, "t.pickle", &snapshot(vec![with(entry("alloc", 1, 1, 0), frames(1))], vec![], ""));
+    let t = read_trace_with(&path, &ReadOptions { stacks: false, ..ReadOptions::default() }).unwrap();
+    assert!(t.stacks.is_empty() && t.op_stacks.is_empty());
+}
+
+#[test]
+fn sidecar_fills_meta_and_wins_on_alloc_conf() {
+    let dir = common::scratch("sidecar");
+    let path = write_pickle(&dir, "run.pickle", &snapshot(vec![], vec![], "from-pickle"));
+    std::fs::write(
+        dir.join("run.json"),
+        r#"{"meta": {"alloc_conf": "from-sidecar", "memory_fraction": 0.5, "total_memory": 1000,
+            "free_at_start": 900, "gpu": "x"}, "memory_stats": {"b.x": 2, "a.y": -1}}"#,
+    )
+    .unwrap();
+    let t = read_trace(&path).unwrap();
+    assert_eq!(t.meta.alloc_conf.as_deref(), Some("from-sidecar"));
+    assert_eq!(t.meta.memory_fraction, Some(0.5));
+    assert_eq!(t.meta.device_total_bytes, Some(1000));
+    assert_eq!(t.meta.device_free_bytes, Some(900));
+    assert_eq!(t.meta.expected_stats, Some(vec![("a.y".into(), -1), ("b.x".into(), 2)]));
+    let t = read_trace_with(&path, &ReadOptions::without_sidecar()).unwrap();
+    assert_eq!(t.meta.alloc_conf.as_deref(), Some("from-pickle"));
+    assert_eq!(t.meta.expected_stats, None);
+
+    std::fs::write(dir.join("run.json"), r#"{"meta": {"total_memory": "lots"}}"#).unwrap();
+    let e = read_trace(&path).unwrap_err();
+    assert!(matches!(e, TraceError::Sidecar { .. }));
+    assert!(e.to_string().contains("run.json") && e.to_string().contains("meta.total_memory"), "{e}");
+    assert_eq!(pytorch::sidecar_path(&dir.join("x.pickle.gz")), Some(dir.join("x.json")));
+}
+
+#[test]
+fn gzip_is_told_by_content_not_name() {
+    let dir = common::scratch("gz");
+    let bytes = pickle::to_vec(&snapshot(vec![entry("alloc", 1, 1, 0)], vec![], "")).unwrap();
+    let path = dir.join("really-gzipped.pickle");
+    std::fs::write(&path, common::gzip(&bytes)).unwrap();
+    assert_eq!(read_trace(&path).unwrap().ops.len(), 1);
+    let path = dir.join("no-extension");
+    std::fs::write(&path, common::gzip(&bytes)).unwrap();
+    assert_eq!(read_trace(&path).unwrap().ops.len(), 1);
+}
+
+#[test]
+fn truncated_gzip_is_an_error() {
+    let dir = common::scratch("gz-trunc");
+    let bytes = pickle::to_vec(&snapshot(vec![entry("alloc", 1, 1, 0); 200], vec![], "")).unwrap();
+    let gz = common::gzip(&bytes);
+    // Cut in the middle of the data, and cut only the trailer (the pickle itself is whole).
+    for cut in [gz.len() / 2, gz.len() - 4] {
+        let path = dir.join("t.pickle.gz");
+        std::fs::write(&path, &gz[..cut]).unwrap();
+        let e = read_trace(&path).expect_err("truncated gzip");
+        assert!(matches!(e, TraceError::Pickle { .. }), "{e}");
+        assert!(e.to_string().contains("t.pickle.gz"), "{e}");
+    }
+}
+
+#[test]
+fn empty_file_and_not_a_pickle() {
+    let dir = common::scratch("empty");
+    let path = dir.join("e.pickle");
+    std::fs::write(&path, b"").unwrap();
+    assert!(matches!(read_trace(&path), Err(TraceError::Empty { .. })));
+    std::fs::write(&path, b"hello, world").unwrap();
+    let e = read_trace(&path).unwrap_err();
+    assert!(e.to_string().contains("not a pickle"), "{e}");
+    std::fs::write(&path, common::gzip(b"")).unwrap();
+    let e = read_trace(&path).unwrap_err();
+    assert!(e.to_string().contains("empty"), "{e}");
+}
+
+#[test]
+fn malicious_pickle_file_is_refused() {
+    let dir = common::scratch("evil");
+    let path = dir.join("evil.pickle.gz");
+    let evil = b"\x80\x04\x95\x22\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94\x8c\x06system\x94\
+                 \x93\x94\x8c\x07echo hi\x94\x85\x94R\x94.";
+    std::fs::write(&path, common::gzip(evil)).unwrap();
+    let msg = read_trace(&path).unwrap_err().to_string();
+    assert!(msg.contains("evil.pickle.gz") && msg.contains("byte 28") && msg.contains("STACK_GLOBAL"), "{msg}");
+}
+
+#[test]
+fn unknown_action_names_the_entry() {
+    let msg = read_err(&snapshot(vec![entry("alloc", 1, 1, 0), entry("bogus", 1, 1, 0)], vec![], ""));
+    assert!(msg.contains("device_traces[0][1].action") && msg.contains("bogus"), "{msg}");
+}
+
+#[test]
+fn wrong_types_name_the_entry_and_field() {
+    let bad_size = Value::str_dict([
+        ("action", Value::str("alloc")),
+        ("addr", Value::Int(1)),
+        ("size", Value::str("big")),
+        ("stream", Value::Int(0)),
+    ]);
+    let msg = read_err(&snapshot(vec![entry("alloc", 2, 1, 0), bad_size], vec![], ""));
+    assert!(msg.contains("device_traces[0][1].size") && msg.contains("expected an int"), "{msg}");
+
+    let msg = read_err(&snapshot(vec![Value::list(vec![])], vec![], ""));
+    assert!(msg.contains("device_traces[0][0]") && msg.contains("expected a dict"), "{msg}");
+
+    let msg = read_err(&Value::str_dict([("device_traces", Value::Int(3))]));
+    assert!(msg.contains("device_traces") && msg.contains("expected a list"), "{msg}");
+
+    let msg = read_err(&Value::list(vec![]));
+    assert!(msg.contains("top level"), "{msg}");
+
+    let msg = read_err(&Value::str_dict([("segments", Value::list(vec![]))]));
+    assert!(msg.contains("device_traces") && msg.contains("missing"), "{msg}");
+
+    let no_addr = Value::str_dict([("action", Value::str("alloc")), ("size", Value::Int(1))]);
+    let msg = read_err(&snapshot(vec![no_addr], vec![], ""));
+    assert!(msg.contains("device_traces[0][0].addr: missing"), "{msg}");
+
+    let seg = Value::str_dict([("blocks", Value::list(vec![Value::Int(1)]))]);
+    let msg = read_err(&snapshot(vec![], vec![seg], ""));
+    assert!(msg.contains("segments[0].blocks[0]"), "{msg}");
+}
+
+#[test]
+fn negative_and_absurd_sizes_are_errors() {
+    let msg = read_err(&snapshot(vec![entry("alloc", 1, -1, 0)], vec![], ""));
+    assert!(msg.contains("device_traces[0][0].size") && msg.contains("negative size -1"), "{msg}");
+    let msg = read_err(&snapshot(vec![entry("alloc", 1, (1 << 62) + 1, 0)], vec![], ""));
+    assert!(msg.contains("larger than 2^62"), "{msg}");
+    let msg = read_err(&snapshot(vec![entry("oom", -5, 1, 0)], vec![], ""));
+    assert!(msg.contains("device_traces[0][0].device_free"), "{msg}");
+}
+
+#[test]
+fn inconsistent_histories_are_errors() {
+    let msg = read_err(&snapshot(vec![entry("alloc", 1, 1, 0), entry("alloc", 1, 1, 0)], vec![], ""));
+    assert!(msg.contains("device_traces[0][1]") && msg.contains("still live"), "{msg}");
+    let msg = read_err(&snapshot(vec![entry("alloc", 1, 1, 0), entry("free_completed", 1, 1, 0)], vec![], ""));
+    assert!(msg.contains("without free_requested"), "{msg}");
+}
+
+#[test]
+fn frees_without_completions_complete_at_once() {
+    // `skip_actions=["free_completed"]` leaves no completions at all.
+    let t = read(
+        vec![entry("alloc", 1, 1, 0), entry("free_requested", 1, 1, 0), entry("alloc", 1, 1, 0)],
+        vec![],
+    );
+    assert_eq!(t.ops, vec![alloc(0, 1, 0), Op::FreeRequested { id: AllocId(0) }, alloc(1, 1, 0)]);
+    assert!(t.warnings[0].contains("no free_completed"));
+}
