@@ -86,7 +86,13 @@ fn deferred_free_gets_record_stream_and_free_completed() {
     let kinds: Vec<(u64, K)> = t.recorded.iter().map(|r| (r.op, r.kind)).collect();
     assert_eq!(
         kinds,
-        vec![(0, K::Alloc), (1, K::Alloc), (3, K::FreeRequested), (4, K::Alloc), (5, K::FreeCompleted)]
+        vec![
+            (0, K::Alloc),
+            (1, K::Alloc),
+            (3, K::FreeRequested),
+            (4, K::Alloc),
+            (5, K::FreeCompleted)
+        ]
     );
     assert_eq!(pytorch::UNKNOWN_STREAM, MAX);
 }
@@ -129,7 +135,10 @@ fn oom_is_a_failed_alloc_with_the_device_frees_before_it() {
     assert_eq!(t.recorded[0], rec(0, K::SegmentFree, 0x5000, 4 << 20));
     assert_eq!(t.recorded[1].op, 0);
     let oom = t.recorded[2];
-    assert_eq!((oom.op, oom.kind, oom.addr, oom.size, oom.stream), (0, K::Oom, 123_456, 8 << 20, StreamId(7)));
+    assert_eq!(
+        (oom.op, oom.kind, oom.addr, oom.size, oom.stream),
+        (0, K::Oom, 123_456, 8 << 20, StreamId(7))
+    );
     assert_eq!(t.recorded[3].op, 1);
 }
 
@@ -177,13 +186,22 @@ fn unexplained_device_frees_become_empty_cache() {
     );
     let tags: Vec<u64> = t.recorded.iter().map(|r| r.op).collect();
     assert_eq!(tags, vec![0, 1, 2, 2, 3, 3, 4, 4, 5]);
-    assert!(t.warnings.iter().any(|w| w.contains("2 empty_cache ops were inferred")), "{:?}", t.warnings);
+    assert!(
+        t.warnings.iter().any(|w| w.contains("2 empty_cache ops were inferred")),
+        "{:?}",
+        t.warnings
+    );
 }
 
 #[test]
 fn snapshot_entries_are_skipped() {
     let t = read(
-        vec![entry("alloc", 0xa00, 10, 0), entry("snapshot", 0, 10, 0), entry("free_requested", 0xa00, 10, 0), entry("free_completed", 0xa00, 10, 0)],
+        vec![
+            entry("alloc", 0xa00, 10, 0),
+            entry("snapshot", 0, 10, 0),
+            entry("free_requested", 0xa00, 10, 0),
+            entry("free_completed", 0xa00, 10, 0),
+        ],
         vec![],
     );
     // The snapshot entry does not separate a free from its completion.
@@ -235,7 +253,11 @@ fn history_started_mid_run_gets_synthetic_allocs() {
 fn blocks_alive_at_the_end_and_allocated_in_the_history_need_nothing() {
     let t = read(
         vec![entry("alloc", 0x10000, 500, 0)],
-        vec![common::segment(0x10000, 0, vec![common::block(0x10000, 512, 500, "active_allocated")])],
+        vec![common::segment(
+            0x10000,
+            0,
+            vec![common::block(0x10000, 512, 500, "active_allocated")],
+        )],
     );
     assert_eq!(t.ops, vec![alloc(0, 500, 0)]);
     assert!(t.warnings.is_empty());
@@ -288,8 +310,13 @@ fn stacks_are_deduplicated() {
     assert_eq!(t.op_stacks, vec![(0, 0), (1, 0), (2, 0), (3, 1)]);
     assert_eq!(t.stacks[1].frames[0].line, 4);
     let dir = common::scratch("nostacks");
-    let path = write_pickle(&dir, "t.pickle", &snapshot(vec![with(entry("alloc", 1, 1, 0), frames(1))], vec![], ""));
-    let t = read_trace_with(&path, &ReadOptions { stacks: false, ..ReadOptions::default() }).unwrap();
+    let path = write_pickle(
+        &dir,
+        "t.pickle",
+        &snapshot(vec![with(entry("alloc", 1, 1, 0), frames(1))], vec![], ""),
+    );
+    let t =
+        read_trace_with(&path, &ReadOptions { stacks: false, ..ReadOptions::default() }).unwrap();
     assert!(t.stacks.is_empty() && t.op_stacks.is_empty());
 }
 
@@ -316,7 +343,10 @@ fn sidecar_fills_meta_and_wins_on_alloc_conf() {
     std::fs::write(dir.join("run.json"), r#"{"meta": {"total_memory": "lots"}}"#).unwrap();
     let e = read_trace(&path).unwrap_err();
     assert!(matches!(e, TraceError::Sidecar { .. }));
-    assert!(e.to_string().contains("run.json") && e.to_string().contains("meta.total_memory"), "{e}");
+    assert!(
+        e.to_string().contains("run.json") && e.to_string().contains("meta.total_memory"),
+        "{e}"
+    );
     assert_eq!(pytorch::sidecar_path(&dir.join("x.pickle.gz")), Some(dir.join("x.json")));
 }
 
@@ -369,12 +399,16 @@ fn malicious_pickle_file_is_refused() {
                  \x93\x94\x8c\x07echo hi\x94\x85\x94R\x94.";
     std::fs::write(&path, common::gzip(evil)).unwrap();
     let msg = read_trace(&path).unwrap_err().to_string();
-    assert!(msg.contains("evil.pickle.gz") && msg.contains("byte 28") && msg.contains("STACK_GLOBAL"), "{msg}");
+    assert!(
+        msg.contains("evil.pickle.gz") && msg.contains("byte 28") && msg.contains("STACK_GLOBAL"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn unknown_action_names_the_entry() {
-    let msg = read_err(&snapshot(vec![entry("alloc", 1, 1, 0), entry("bogus", 1, 1, 0)], vec![], ""));
+    let msg =
+        read_err(&snapshot(vec![entry("alloc", 1, 1, 0), entry("bogus", 1, 1, 0)], vec![], ""));
     assert!(msg.contains("device_traces[0][1].action") && msg.contains("bogus"), "{msg}");
 }
 
@@ -422,9 +456,14 @@ fn negative_and_absurd_sizes_are_errors() {
 
 #[test]
 fn inconsistent_histories_are_errors() {
-    let msg = read_err(&snapshot(vec![entry("alloc", 1, 1, 0), entry("alloc", 1, 1, 0)], vec![], ""));
+    let msg =
+        read_err(&snapshot(vec![entry("alloc", 1, 1, 0), entry("alloc", 1, 1, 0)], vec![], ""));
     assert!(msg.contains("device_traces[0][1]") && msg.contains("still live"), "{msg}");
-    let msg = read_err(&snapshot(vec![entry("alloc", 1, 1, 0), entry("free_completed", 1, 1, 0)], vec![], ""));
+    let msg = read_err(&snapshot(
+        vec![entry("alloc", 1, 1, 0), entry("free_completed", 1, 1, 0)],
+        vec![],
+        "",
+    ));
     assert!(msg.contains("without free_requested"), "{msg}");
 }
 
