@@ -27,7 +27,8 @@ pub struct CudaDevice {
     // pattern checker, and the context last.
     mappings: BTreeMap<u64, Mapping>,
     segments: BTreeMap<u64, DeviceAllocation>,
-    ranges: BTreeMap<u64, AddressRange>,
+    /// Usable start -> (usable size, the reservation holding it).
+    ranges: BTreeMap<u64, (u64, AddressRange)>,
     patterns: Option<Rc<RefCell<Patterns>>>,
     calls: DeviceCalls,
     notes: Vec<String>,
@@ -156,7 +157,7 @@ impl CudaDevice {
         self.ranges
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&start, r)| addr >= start && addr + size <= start + r.size)
+            .is_some_and(|(&start, (usable, _))| addr >= start && addr + size <= start + usable)
     }
 }
 
@@ -183,26 +184,36 @@ impl Device for CudaDevice {
         }
     }
 
+    /// The driver takes power-of-two alignments only; PyTorch asks for its page size (20 MiB
+    /// for the large pool) and passes 0 itself. Any other alignment is honoured by reserving
+    /// `alignment` more and starting at the first aligned address inside.
     fn reserve_address(&mut self, size: u64, alignment: u64) -> Result<u64, DeviceError> {
         let g = self.gpu.granularity;
         let size = size.div_ceil(g) * g;
-        let alignment = if alignment <= g { 0 } else { alignment.div_ceil(g) * g };
-        match self.timed(CallKind::ReserveAddress, |_| AddressRange::reserve(size, alignment)) {
+        let (driver_alignment, extra) = match alignment {
+            a if a <= g => (0, 0),
+            a if a.is_power_of_two() => (a, 0),
+            a => (0, a.div_ceil(g) * g),
+        };
+        let reserved = self.timed(CallKind::ReserveAddress, |_| {
+            AddressRange::reserve(size + extra, driver_alignment)
+        });
+        match reserved {
             Ok(r) => {
-                let ptr = r.ptr;
-                self.ranges.insert(ptr, r);
-                Ok(ptr)
+                let start = if extra == 0 { r.ptr } else { r.ptr.div_ceil(alignment) * alignment };
+                self.ranges.insert(start, (size, r));
+                Ok(start)
             }
             Err(e) => Err(self.refused(size, &e)),
         }
     }
 
     fn release_address(&mut self, addr: u64, size: u64) {
-        let Some(range) = self.ranges.remove(&addr) else {
+        let Some((usable, range)) = self.ranges.remove(&addr) else {
             self.note(format!("release_address of {addr:#x}: not a reserved range"));
             return;
         };
-        let end = addr + range.size.max(size);
+        let end = addr + usable.max(size);
         let still_mapped: Vec<u64> = self.mappings.range(addr..end).map(|(&a, _)| a).collect();
         if !still_mapped.is_empty() {
             self.note(format!(

@@ -95,6 +95,25 @@ fn expandable_ranges_map_and_unmap_in_pieces() {
 }
 
 #[test]
+fn reservations_honour_pytorchs_20_mib_alignment() {
+    let mut dev = gpu_or_skip!();
+    let page = 20 * MIB;
+    let total = dev.mem_info().total_bytes;
+    let size = (total + total / 8).div_ceil(page) * page;
+    let large = dev.reserve_address(size, page).unwrap();
+    assert_eq!(large % page, 0);
+    let small = dev.reserve_address(size, 2 * MIB).unwrap();
+    dev.map(large, page).unwrap();
+    dev.map(large + size - page, page).unwrap();
+    dev.unmap(large, page);
+    dev.unmap(large + size - page, page);
+    dev.release_address(large, size);
+    dev.release_address(small, size);
+    assert_eq!(dev.held(), (0, 0, 0));
+    assert!(dev.notes().is_empty(), "{:?}", dev.notes());
+}
+
+#[test]
 fn dropping_the_device_gives_everything_back() {
     let baseline = {
         let dev = gpu_or_skip!();

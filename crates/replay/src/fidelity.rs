@@ -23,22 +23,26 @@ pub struct Divergence {
     pub simulated: Option<String>,
 }
 
-/// Address ranges of one side's segments, to turn addresses into segment offsets.
+/// Address ranges of one side's segments, to turn addresses into segment offsets: start ->
+/// (end, made by mapping).
 #[derive(Debug, Default)]
-struct Regions(BTreeMap<u64, u64>);
+struct Regions(BTreeMap<u64, (u64, bool)>);
 
 impl Regions {
-    fn add(&mut self, addr: u64, size: u64) {
+    /// A segment (`mapped` false) is a region of its own, even when the driver placed it right
+    /// after another one; mapped pages (`mapped` true) extend the mapped region they touch,
+    /// since expandable segments grow by mapping pages next to mapped ones.
+    fn add(&mut self, addr: u64, size: u64, mapped: bool) {
         let end = addr + size;
-        // Expandable segments grow by mapping pages next to mapped ones: extend that region.
-        if let Some((&start, region_end)) = self.0.range_mut(..=addr).next_back() {
-            if *region_end >= addr {
-                *region_end = (*region_end).max(end);
-                let _ = start;
-                return;
+        if mapped {
+            if let Some((_, (region_end, true))) = self.0.range_mut(..=addr).next_back() {
+                if *region_end >= addr {
+                    *region_end = (*region_end).max(end);
+                    return;
+                }
             }
         }
-        self.0.insert(addr, end);
+        self.0.insert(addr, (end, mapped));
     }
 
     fn remove(&mut self, addr: u64) {
@@ -47,7 +51,7 @@ impl Regions {
 
     fn offset(&self, addr: u64) -> u64 {
         match self.0.range(..=addr).next_back() {
-            Some((&start, &end)) if addr < end => addr - start,
+            Some((&start, &(end, _))) if addr < end => addr - start,
             _ => addr,
         }
     }
@@ -114,7 +118,7 @@ fn recorded_comparable(e: &RecordedEvent, regions: &mut Regions) -> Comparable {
     let block = |regions: &Regions| Some(regions.offset(e.addr));
     let offset = match e.kind {
         RecordedKind::SegmentAlloc | RecordedKind::SegmentMap => {
-            regions.add(e.addr, e.size);
+            regions.add(e.addr, e.size, e.kind == RecordedKind::SegmentMap);
             None
         }
         RecordedKind::SegmentFree => {
@@ -131,8 +135,12 @@ fn recorded_comparable(e: &RecordedEvent, regions: &mut Regions) -> Comparable {
 
 fn simulated_comparable(e: &Event, regions: &mut Regions) -> Comparable {
     let (size, offset) = match *e {
-        Event::SegmentAlloc { addr, size, .. } | Event::SegmentMap { addr, size, .. } => {
-            regions.add(addr, size);
+        Event::SegmentAlloc { addr, size, .. } => {
+            regions.add(addr, size, false);
+            (size, None)
+        }
+        Event::SegmentMap { addr, size, .. } => {
+            regions.add(addr, size, true);
             (size, None)
         }
         Event::SegmentFree { addr, size, .. } => {
