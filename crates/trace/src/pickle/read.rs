@@ -271,24 +271,29 @@ impl<R: Read> Vm<'_, R> {
         // Take the container out of its slot so the items can be drained into it.
         let mut target = std::mem::replace(&mut self.stack[t].value, Value::None);
         let mut deepest = 0;
+        // Items are moved out in place (leaving `None`) and the stack truncated after: exact-size
+        // iterators let `extend` skip a capacity check per item.
+        let (memo, items) = (&mut self.memo, &mut self.stack[from..]);
+        let mut take = |s: &mut Slot| {
+            deepest = deepest.max(s.depth);
+            if s.memo != NO_MEMO {
+                memoize_released(s, memo);
+            }
+            std::mem::take(&mut s.value)
+        };
         let outcome = match &mut target {
-            Value::List(rc) if !dict => Rc::get_mut(rc).map(|list| {
-                list.reserve(n);
-                for s in self.stack.drain(from..) {
-                    deepest = deepest.max(s.depth);
-                    list.push(release(s, &mut self.memo));
-                }
-            }),
+            Value::List(rc) if !dict => {
+                Rc::get_mut(rc).map(|list| list.extend(items.iter_mut().map(&mut take)))
+            }
             Value::Dict(rc) if dict => Rc::get_mut(rc).map(|pairs| {
-                pairs.reserve(n / 2);
-                let mut items = self.stack.drain(from..);
-                while let (Some(k), Some(v)) = (items.next(), items.next()) {
-                    deepest = deepest.max(k.depth.max(v.depth));
-                    pairs.push((release(k, &mut self.memo), release(v, &mut self.memo)));
-                }
+                pairs.extend(items.chunks_exact_mut(2).map(|kv| {
+                    let k = take(&mut kv[0]);
+                    (k, take(&mut kv[1]))
+                }))
             }),
             _ => None,
         };
+        self.stack.truncate(from);
         if outcome.is_none() {
             let kind = match &target {
                 Value::List(_) | Value::Dict(_) if dict == matches!(target, Value::Dict(_)) => {

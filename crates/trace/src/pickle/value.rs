@@ -10,8 +10,9 @@ use std::fmt;
 use std::rc::Rc;
 
 /// A Python value built from a pickle (or to be written as one).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub enum Value {
+    #[default]
     None,
     Bool(bool),
     /// Python ints that fit in 64 bits; wider ones are refused by the reader.
