@@ -4,6 +4,7 @@
 mod compare;
 mod convert;
 mod explain_oom;
+mod export;
 mod fidelity;
 mod html;
 mod info;

@@ -1,8 +1,11 @@
 //! `allocsim replay TRACE --policy NAME ...`.
 
 use crate::output::{bytes, memory_summary, stat_differences};
+use crate::output::{emit, outln};
 use allocsim_core::CallKind;
-use allocsim_replay::{run_trace, DeviceChoice, EventLog, Observer, RunOptions, RunReport};
+use allocsim_replay::{
+    run_trace, DeviceChoice, EventLog, Observer, Recorder, RunOptions, RunReport,
+};
 use anyhow::Context;
 use std::fs::File;
 use std::io::BufWriter;
@@ -55,6 +58,10 @@ pub struct Args {
     /// Write every event, one line each, to this file.
     #[arg(long)]
     pub event_log: Option<PathBuf>,
+    /// Write the simulated run as a PyTorch memory snapshot (.pickle or .pickle.gz) that
+    /// `torch.cuda._memory_viz` and pytorch.org/memory_viz open.
+    #[arg(long)]
+    pub export_snapshot: Option<PathBuf>,
     /// Seed for the simulated device's random choices.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -109,9 +116,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ))),
         None => None,
     };
+    let mut recorder = args.export_snapshot.as_ref().map(|_| Recorder::default());
     let mut extra: Vec<&mut dyn Observer> = Vec::new();
     if let Some(l) = log.as_mut() {
         extra.push(l);
+    }
+    if let Some(r) = recorder.as_mut() {
+        extra.push(r);
     }
     let progress = progress_bar(trace.ops.len() as u64);
     let mut cuda_lines = Vec::new();
@@ -128,21 +139,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let (Some(l), Some(path)) = (log, &args.event_log) {
         l.finish().with_context(|| format!("writing {}", path.display()))?;
     }
+    if let (Some(r), Some(path)) = (recorder, &args.export_snapshot) {
+        crate::export::write_snapshot(
+            path,
+            &trace,
+            r.events,
+            &report.snapshot,
+            &report.policy,
+            &report.alloc_conf,
+        )?;
+        eprintln!("wrote {}", path.display());
+    }
     let differences =
         trace.meta.expected_stats.as_ref().map(|e| stat_differences(&report.stats, e));
     let violations = report.check.as_ref().map_or(0, |c| c.total_violations());
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&json_report(&args, &report, &differences))?);
+    let mut out = if args.json {
+        serde_json::to_string_pretty(&json_report(&args, &report, &differences))? + "\n"
     } else {
-        print_report(&args, &trace.warnings, &report, &differences);
-    }
+        print_report(&args, &trace.warnings, &report, &differences)
+    };
     for line in cuda_lines {
         if args.json {
             eprintln!("{line}")
         } else {
-            println!("{line}")
+            outln!(out, "{line}")
         }
     }
+    emit(&out)?;
     Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
@@ -206,32 +229,41 @@ pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> ser
     })
 }
 
-fn print_report(args: &Args, warnings: &[String], r: &RunReport, differences: &Differences) {
+fn print_report(
+    args: &Args,
+    warnings: &[String],
+    r: &RunReport,
+    differences: &Differences,
+) -> String {
+    let mut out = String::new();
     let m = &r.metrics;
-    println!("allocsim replay {}", args.trace.display());
-    println!("  policy: {} (settings {:?})", r.policy, r.alloc_conf);
+    outln!(out, "allocsim replay {}", args.trace.display());
+    outln!(out, "  policy: {} (settings {:?})", r.policy, r.alloc_conf);
     if let Some(f) = r.memory_fraction {
-        println!("  memory fraction: {f}");
+        outln!(out, "  memory fraction: {f}");
     }
-    println!(
+    outln!(
+        out,
         "  device: {} ({} total, {} free at start)",
         r.device,
         bytes(r.device_total_bytes),
         bytes(r.device_free_bytes)
     );
     for note in &r.device_notes {
-        println!("    {note}");
+        outln!(out, "    {note}");
     }
-    println!("  ops: {}  events: {}", r.ops_run, m.events);
-    println!("  peak allocated: {}", bytes(m.peak_allocated_bytes));
-    println!("  peak reserved:  {}", bytes(m.peak_reserved_bytes));
-    println!("  peak active:    {}", bytes(m.peak_active_bytes));
-    println!("  peak requested: {}", bytes(m.peak_requested_bytes));
-    println!(
+    outln!(out, "  ops: {}  events: {}", r.ops_run, m.events);
+    outln!(out, "  peak allocated: {}", bytes(m.peak_allocated_bytes));
+    outln!(out, "  peak reserved:  {}", bytes(m.peak_reserved_bytes));
+    outln!(out, "  peak active:    {}", bytes(m.peak_active_bytes));
+    outln!(out, "  peak requested: {}", bytes(m.peak_requested_bytes));
+    outln!(
+        out,
         "  fragmentation at peak (1 - peak allocated / peak reserved): {:.2}%",
         100.0 * m.fragmentation_at_peak
     );
-    println!(
+    outln!(
+        out,
         "  cache fragmentation ((free - largest free block) / free): max {:.2}%, mean {:.2}%",
         100.0 * m.external_fragmentation_max,
         100.0 * m.external_fragmentation_mean
@@ -249,15 +281,17 @@ fn print_report(args: &Args, warnings: &[String], r: &RunReport, differences: &D
             )
         })
         .collect();
-    println!(
+    outln!(
+        out,
         "  device calls: {} [{}], {:.3} ms simulated",
         r.device_calls.total_calls(),
         calls.join(", "),
         r.device_calls.total_time_ns() as f64 / 1e6
     );
-    println!("  OOMs: {}", m.ooms.len());
+    outln!(out, "  OOMs: {}", m.ooms.len());
     for o in m.ooms.iter().take(5) {
-        println!(
+        outln!(
+            out,
             "    op {}: {} requested; device free {}; reserved but unallocated {}; largest free block small {} / large {}",
             o.op_index,
             bytes(o.info.rounded_bytes),
@@ -268,35 +302,41 @@ fn print_report(args: &Args, warnings: &[String], r: &RunReport, differences: &D
         );
     }
     if m.ooms.len() > 5 {
-        println!("    ... and {} more (--json lists all)", m.ooms.len() - 5);
+        outln!(out, "    ... and {} more (--json lists all)", m.ooms.len() - 5);
     }
     let s = &r.skipped;
     if s.of_failed_allocs + s.of_unknown_ids + s.duplicate_allocs + s.refused_settings > 0 {
-        println!(
+        outln!(
+            out,
             "  skipped ops: {} frees of failed allocations, {} naming unknown ids, {} duplicate allocs, {} refused settings",
             s.of_failed_allocs, s.of_unknown_ids, s.duplicate_allocs, s.refused_settings
         );
     }
     match differences {
         Some(d) if d.is_empty() => {
-            println!("  memory_stats: all {} keys equal the recorded run's", r.stats.flat().len())
+            outln!(
+                out,
+                "  memory_stats: all {} keys equal the recorded run's",
+                r.stats.flat().len()
+            )
         }
         Some(d) => {
-            println!("  memory_stats: {} keys differ from the recorded run's:", d.len());
+            outln!(out, "  memory_stats: {} keys differ from the recorded run's:", d.len());
             for (k, a, b) in d.iter().take(12) {
-                println!("    {k}: recorded {a:?}, simulated {b:?}");
+                outln!(out, "    {k}: recorded {a:?}, simulated {b:?}");
             }
         }
         None => {}
     }
     if let Some(c) = &r.check {
-        println!("  checker: {} violations", c.total_violations());
+        outln!(out, "  checker: {} violations", c.total_violations());
         for v in c.violations().iter().take(10) {
-            println!("    {v}");
+            outln!(out, "    {v}");
         }
     }
     for w in warnings {
-        println!("  trace warning: {w}");
+        outln!(out, "  trace warning: {w}");
     }
-    println!("{}", memory_summary(&r.stats));
+    outln!(out, "{}", memory_summary(&r.stats));
+    out
 }
