@@ -13,6 +13,7 @@
 //!
 //! A file whose name fits none of these is recognized by its first bytes when it can be.
 
+mod addr_map;
 pub mod error;
 pub mod native;
 pub mod pickle;

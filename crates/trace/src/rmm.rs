@@ -13,9 +13,9 @@
 //! A free of a pointer the log never allocated (logging attached late) gets a synthetic
 //! `Op::Alloc` at the beginning, with a warning, as for PyTorch snapshots.
 
+use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use allocsim_core::{AllocId, Op, RecordedEvent, RecordedKind, StreamId, Trace, TraceMeta};
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::Path;
@@ -137,7 +137,7 @@ fn parse_size(s: &str) -> Option<u64> {
 
 fn convert(rows: Vec<Row>) -> Trace {
     // First pass: frees of pointers never allocated in the log need an alloc at the start.
-    let mut live: HashMap<u64, ()> = HashMap::new();
+    let mut live: AddrMap<u64, ()> = AddrMap::default();
     let mut synthetic: Vec<&Row> = Vec::new();
     for r in &rows {
         match r.action {
@@ -154,8 +154,8 @@ fn convert(rows: Vec<Row>) -> Trace {
     }
     let mut ops = Vec::with_capacity(rows.len() + synthetic.len());
     let mut recorded = Vec::with_capacity(rows.len() * 3 / 2);
-    let mut ids: HashMap<u64, AllocId> = HashMap::new();
-    let mut synthetic_ids: HashMap<u64, AllocId> = HashMap::new();
+    let mut ids: AddrMap<u64, AllocId> = AddrMap::default();
+    let mut synthetic_ids: AddrMap<u64, AllocId> = AddrMap::default();
     let mut next = 0u64;
     let mut fresh = || {
         next += 1;
@@ -219,8 +219,8 @@ fn convert(rows: Vec<Row>) -> Trace {
 /// recorded as `Oom` becomes `allocate failure`. Ops RMM's log cannot express are left out:
 /// `RecordStream`/`FreeCompleted` (RMM frees complete at once), `EmptyCache` and settings.
 pub fn write_rmm<W: Write>(trace: &Trace, out: W, path: &Path) -> Result<(), TraceError> {
-    let mut alloc_addr: HashMap<u64, u64> = HashMap::new();
-    let mut failed: HashMap<u64, ()> = HashMap::new();
+    let mut alloc_addr: AddrMap<u64, u64> = AddrMap::default();
+    let mut failed: AddrMap<u64, ()> = AddrMap::default();
     for r in &trace.recorded {
         match r.kind {
             RecordedKind::Alloc => {
@@ -237,7 +237,7 @@ pub fn write_rmm<W: Write>(trace: &Trace, out: W, path: &Path) -> Result<(), Tra
     let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(out);
     let io = |e: csv::Error| TraceError::io(path, std::io::Error::other(e.to_string()));
     w.write_record(HEADER.split(',')).map_err(io)?;
-    let mut blocks: HashMap<AllocId, (u64, u64, StreamId)> = HashMap::new();
+    let mut blocks: AddrMap<AllocId, (u64, u64, StreamId)> = AddrMap::default();
     for (i, op) in trace.ops.iter().enumerate() {
         let i = i as u64;
         let row = |action: &str, ptr: &str, size: u64, stream: StreamId| {

@@ -21,7 +21,7 @@ struct Writer<W> {
     out: W,
     written: u64,
     strs: HashMap<Rc<String>, u32>,
-    shared: HashMap<usize, u32>,
+    shared: crate::addr_map::AddrMap<usize, u32>,
     next_memo: u32,
 }
 
@@ -29,7 +29,7 @@ struct Writer<W> {
 pub fn write<W: Write>(value: &Value, out: W) -> Result<(), PickleError> {
     let out = std::io::BufWriter::with_capacity(64 * 1024, out);
     let mut w =
-        Writer { out, written: 0, strs: HashMap::new(), shared: HashMap::new(), next_memo: 0 };
+        Writer { out, written: 0, strs: HashMap::new(), shared: Default::default(), next_memo: 0 };
     w.put(&[op::PROTO, 4])?;
     w.value(value, 0)?;
     w.put(&[op::STOP])?;

@@ -28,9 +28,9 @@
 
 use super::entries::{Action, AliveBlock, Ctx, Entry};
 use super::stacks::Stacks;
+use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use allocsim_core::{AllocId, Op, RecordedEvent, RecordedKind, StreamId};
-use std::collections::HashMap;
 
 /// The stream of the `RecordStream` inferred for a deferred free: the recording does not say
 /// which stream used the block, only that one did.
@@ -70,7 +70,7 @@ fn find_synthetic(
     alive: &[AliveBlock],
     frees_complete_at_once: bool,
 ) -> Result<Vec<Synthetic>, TraceError> {
-    let mut state: HashMap<u64, Life> = HashMap::new();
+    let mut state: AddrMap<u64, Life> = AddrMap::default();
     let mut out = Vec::new();
     for (i, e) in entries.iter().enumerate() {
         let place = || format!("device_traces[0][{i}]");
@@ -134,9 +134,9 @@ struct Builder<'a> {
     stacks: Option<Stacks>,
     next_id: u64,
     /// Addresses of live and pending-free blocks.
-    ids: HashMap<u64, AllocId>,
+    ids: AddrMap<u64, AllocId>,
     /// Ids of synthetic blocks, by the entry that frees them.
-    synthetic_ids: HashMap<usize, AllocId>,
+    synthetic_ids: AddrMap<usize, AllocId>,
     /// Indices into `recorded` of device events waiting for their op.
     run: Vec<usize>,
     run_has_alloc_side: bool,
@@ -172,8 +172,8 @@ pub fn convert<'v>(
         op_stacks: Vec::new(),
         stacks: with_stacks.then(Stacks::default),
         next_id: 0,
-        ids: HashMap::new(),
-        synthetic_ids: HashMap::new(),
+        ids: AddrMap::default(),
+        synthetic_ids: AddrMap::default(),
         run: Vec::new(),
         run_has_alloc_side: false,
         run_frames: None,

@@ -5,6 +5,7 @@
 //! hash of a pointer, and only new lists are read frame by frame and hashed by content.
 
 use super::entries::Ctx;
+use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use crate::pickle::Value;
 use allocsim_core::{Stack, StackFrame};
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 
 #[derive(Default)]
 pub struct Stacks {
-    by_ptr: HashMap<usize, u32>,
+    by_ptr: AddrMap<usize, u32>,
     by_content: HashMap<Stack, u32>,
     pub stacks: Vec<Stack>,
 }

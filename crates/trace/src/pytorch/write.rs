@@ -9,6 +9,7 @@
 //! `segments` is written empty: the memory map at the end is a simulation's business, not
 //! the trace's.
 
+use crate::addr_map::AddrMap;
 use crate::pickle::Value;
 use allocsim_core::{AllocId, Op, StreamId, Trace};
 use std::collections::{HashMap, HashSet};
@@ -53,7 +54,7 @@ fn int(v: u64, what: &str) -> Result<Value, String> {
 pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
     let mut keys = Keys::new();
     let frames = stack_values(trace);
-    let op_stack: HashMap<u64, usize> =
+    let op_stack: AddrMap<u64, usize> =
         trace.op_stacks.iter().map(|&(op, s)| (op, s as usize)).collect();
     let empty_frames = Value::list(Vec::new());
     let mut entries = Vec::new();
@@ -79,7 +80,7 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
         Ok::<(), String>(())
     };
     if trace.recorded.is_empty() {
-        let mut blocks: HashMap<AllocId, (u64, StreamId)> = HashMap::new();
+        let mut blocks: AddrMap<AllocId, (u64, StreamId)> = AddrMap::default();
         let mut deferred: HashSet<AllocId> = HashSet::new();
         for (i, op) in trace.ops.iter().enumerate() {
             let o = Some(i as u64);
