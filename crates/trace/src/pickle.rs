@@ -14,6 +14,7 @@ mod input;
 mod memo;
 mod opcodes;
 mod read;
+mod step;
 mod strings;
 mod value;
 mod write;
