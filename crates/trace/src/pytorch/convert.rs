@@ -305,55 +305,17 @@ impl<'a> Builder<'a> {
                 Action::SegmentAlloc
                 | Action::SegmentMap
                 | Action::SegmentFree
-                | Action::SegmentUnmap => {
-                    let kind = match e.action {
-                        Action::SegmentAlloc => RecordedKind::SegmentAlloc,
-                        Action::SegmentMap => RecordedKind::SegmentMap,
-                        Action::SegmentFree => RecordedKind::SegmentFree,
-                        _ => RecordedKind::SegmentUnmap,
-                    };
-                    if self.run.is_empty() {
-                        self.run_frames = e.frames.map(|f| (f, i));
-                    }
-                    self.run_has_alloc_side |=
-                        matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
-                    self.run.push(self.recorded.len());
-                    self.record(UNTAGGED, kind, e);
-                }
-                Action::Alloc | Action::Oom => {
-                    let id = self.fresh_id();
-                    let k = self.push_op(
-                        Op::Alloc { id, size: e.size, stream: e.stream },
-                        e.frames,
-                        i,
-                    )?;
-                    self.tag_run(k);
-                    if e.action == Action::Alloc {
-                        self.ids.insert(e.addr, id);
-                        self.record(k, RecordedKind::Alloc, e);
-                    } else {
-                        self.record(k, RecordedKind::Oom, e);
-                    }
-                }
+                | Action::SegmentUnmap => self.device_event(i, e),
+                Action::Alloc | Action::Oom => self.alloc(i, e)?,
                 Action::FreeRequested => {
-                    self.close_run(Some(i))?;
-                    let id = self.id_at(i, e)?;
                     let completes_next = frees_complete_at_once
                         || entries[i + 1..]
                             .iter()
                             .find(|n| n.action != Action::Snapshot)
                             .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
-                    if !completes_next {
-                        self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, i)?;
-                    }
-                    let k = self.push_op(Op::FreeRequested { id }, e.frames, i)?;
-                    self.record(k, RecordedKind::FreeRequested, e);
-                    if frees_complete_at_once {
-                        self.ids.remove(&e.addr);
-                    } else if completes_next {
+                    let k = self.free_requested(i, e, completes_next, frees_complete_at_once)?;
+                    if completes_next && !frees_complete_at_once {
                         direct = Some((e.addr, k));
-                    } else {
-                        self.ids.insert(e.addr, id);
                     }
                 }
                 Action::FreeCompleted => match expecting {
@@ -371,5 +333,60 @@ impl<'a> Builder<'a> {
             }
         }
         Ok(())
+    }
+
+    /// A device call joins the pending run; its op is known when the run ends.
+    fn device_event(&mut self, i: usize, e: &Entry<'a>) {
+        let kind = match e.action {
+            Action::SegmentAlloc => RecordedKind::SegmentAlloc,
+            Action::SegmentMap => RecordedKind::SegmentMap,
+            Action::SegmentFree => RecordedKind::SegmentFree,
+            _ => RecordedKind::SegmentUnmap,
+        };
+        if self.run.is_empty() {
+            self.run_frames = e.frames.map(|f| (f, i));
+        }
+        self.run_has_alloc_side |= matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
+        self.run.push(self.recorded.len());
+        self.record(UNTAGGED, kind, e);
+    }
+
+    /// `alloc` or `oom`: an allocation attempt, which the pending device calls belong to.
+    fn alloc(&mut self, i: usize, e: &Entry<'a>) -> Result<(), TraceError> {
+        let id = self.fresh_id();
+        let k = self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, e.frames, i)?;
+        self.tag_run(k);
+        if e.action == Action::Alloc {
+            self.ids.insert(e.addr, id);
+            self.record(k, RecordedKind::Alloc, e);
+        } else {
+            self.record(k, RecordedKind::Oom, e);
+        }
+        Ok(())
+    }
+
+    /// `free_requested`; returns its op. A free that does not complete next was used on
+    /// another stream: a `RecordStream` goes before it and the block stays known until its
+    /// `free_completed`.
+    fn free_requested(
+        &mut self,
+        i: usize,
+        e: &Entry<'a>,
+        completes_next: bool,
+        frees_complete_at_once: bool,
+    ) -> Result<u64, TraceError> {
+        self.close_run(Some(i))?;
+        let id = self.id_at(i, e)?;
+        if !completes_next {
+            self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, i)?;
+        }
+        let k = self.push_op(Op::FreeRequested { id }, e.frames, i)?;
+        self.record(k, RecordedKind::FreeRequested, e);
+        if frees_complete_at_once {
+            self.ids.remove(&e.addr);
+        } else if !completes_next {
+            self.ids.insert(e.addr, id);
+        }
+        Ok(k)
     }
 }
