@@ -477,3 +477,49 @@ fn frees_without_completions_complete_at_once() {
     assert_eq!(t.ops, vec![alloc(0, 1, 0), Op::FreeRequested { id: AllocId(0) }, alloc(1, 1, 0)]);
     assert!(t.warnings[0].contains("no free_completed"));
 }
+
+#[test]
+fn mutated_snapshots_never_panic() {
+    // Whatever a corrupted file still unpickles to, conversion gives a trace or an error.
+    let frames = Value::list(vec![Value::str_dict([
+        ("name", Value::str("f")),
+        ("filename", Value::str("a.py")),
+        ("line", Value::Int(3)),
+    ])]);
+    let mut with_frames = entry("alloc", 0xa00, 10, 0);
+    if let Value::Dict(p) = &mut with_frames {
+        std::rc::Rc::get_mut(p).unwrap().push((Value::str("frames"), frames));
+    }
+    let root = snapshot(
+        vec![
+            entry("segment_alloc", 0xa00, 4096, 0),
+            with_frames,
+            entry("alloc", 0xb00, 20, 1),
+            entry("free_requested", 0xa00, 10, 0),
+            entry("segment_free", 0x5000, 4096, 0),
+            entry("oom", 5, 4096, 0),
+            entry("free_completed", 0xa00, 10, 0),
+            entry("snapshot", 0, 0, 0),
+        ],
+        vec![common::segment(0xb00, 1, vec![common::block(0xb00, 512, 20, "active_allocated")])],
+        "conf",
+    );
+    let good = pickle::to_vec(&root).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut converted = 0;
+    for _ in 0..3000 {
+        let mut bytes = good.clone();
+        for _ in 0..3 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let i = (state % bytes.len() as u64) as usize;
+            bytes[i] = (state >> 40) as u8;
+        }
+        if let Ok(v) = pickle::from_slice(&bytes) {
+            let _ = pytorch::snapshot_to_trace(&v, std::path::Path::new("m.pickle"), true);
+            converted += 1;
+        }
+    }
+    assert!(converted > 100, "the mutations left enough parseable pickles ({converted})");
+}
