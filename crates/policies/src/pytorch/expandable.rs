@@ -10,6 +10,7 @@
 use super::block::{AddrKey, Block, NIL};
 use super::malloc::pool_of;
 use super::rounding::{K_LARGE_BUFFER, K_SMALL_BUFFER};
+use super::stats::StatArrayExt;
 use super::PyTorchAllocator;
 use allocsim_core::{Env, Event, StreamId};
 
@@ -154,7 +155,7 @@ impl PyTorchAllocator {
         self.insert_into_blocks(to_map);
         let pool = pool_of(b.small);
         self.total_allocated_memory += mapped;
-        self.stats.reserved_bytes.increase(pool, mapped);
+        self.stats.reserved_bytes.inc(pool, mapped);
         self.stats.num_device_alloc += 1;
         env.events.push(Event::SegmentMap { addr, size: mapped, stream: b.stream, pool });
         true
@@ -207,7 +208,7 @@ impl PyTorchAllocator {
         self.pool_mut(b.small).unmapped.insert(key);
         let pool = pool_of(b.small);
         self.total_allocated_memory -= unmapped;
-        self.stats.reserved_bytes.decrease(pool, unmapped);
+        self.stats.reserved_bytes.dec(pool, unmapped);
         self.stats.num_device_free += 1;
         env.events.push(Event::SegmentUnmap { addr, size: unmapped, stream: b.stream, pool });
     }

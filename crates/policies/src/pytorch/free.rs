@@ -4,6 +4,7 @@
 //! `synchronize_and_free_events` in PyTorch).
 
 use super::block::NIL;
+use super::stats::{StatArrayExt, StatExt};
 use super::PyTorchAllocator;
 use allocsim_core::{AllocId, Env, Event, StreamId};
 
@@ -18,8 +19,8 @@ impl PyTorchAllocator {
         b.allocated = false;
         let b = *b;
         let pool = b.pool();
-        self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, b.size);
+        self.stats.allocation.dec(pool, 1);
+        self.stats.allocated_bytes.dec(pool, b.size);
         env.events.push(Event::FreeRequested {
             id,
             addr: b.addr,
@@ -27,7 +28,7 @@ impl PyTorchAllocator {
             requested: b.requested,
         });
         if b.size >= self.config.max_split_size {
-            self.stats.oversize_allocations.decrease(1);
+            self.stats.oversize_allocations.dec(1);
         }
         if b.stream_uses > 0 {
             // insert_events: one CUDA event per recorded stream; the free waits for them.
@@ -93,12 +94,12 @@ impl PyTorchAllocator {
         let pool = b.pool();
         let s = &mut self.stats;
         if !b.is_expandable() {
-            s.inactive_split.apply(pool, net_blocks);
-            s.inactive_split_bytes.apply(pool, net_bytes);
+            s.inactive_split.add(pool, net_blocks);
+            s.inactive_split_bytes.add(pool, net_bytes);
         }
-        s.active.decrease(pool, 1);
-        s.active_bytes.decrease(pool, b.size);
-        s.requested_bytes.decrease(pool, b.requested);
+        s.active.dec(pool, 1);
+        s.active_bytes.dec(pool, b.size);
+        s.requested_bytes.dec(pool, b.requested);
     }
 
     /// `try_merge_blocks`: `dst` absorbs `src` if `src` is free with nothing outstanding and in

@@ -5,6 +5,7 @@
 
 use super::block::{Block, SizeKey, NIL};
 use super::rounding::{get_allocation_size, is_small, round_size, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
+use super::stats::{StatArrayExt, StatExt};
 use super::PyTorchAllocator;
 use allocsim_core::{AllocId, Env, Event, Granted, OomInfo, Pool, StreamId};
 
@@ -156,10 +157,10 @@ impl PyTorchAllocator {
         self.total_allocated_memory += p.alloc_size;
         p.block = self.arena.insert(Block::new(addr, p.alloc_size, p.stream, p.small));
         let pool = pool_of(p.small);
-        self.stats.segment.increase(pool, 1);
-        self.stats.reserved_bytes.increase(pool, p.alloc_size);
+        self.stats.segment.inc(pool, 1);
+        self.stats.reserved_bytes.inc(pool, p.alloc_size);
         if p.alloc_size >= self.config.max_split_size {
-            self.stats.oversize_segments.increase(1);
+            self.stats.oversize_segments.inc(1);
         }
         self.stats.num_device_alloc += 1;
         env.events.push(Event::SegmentAlloc { addr, size: p.alloc_size, stream: p.stream, pool });
@@ -211,15 +212,15 @@ impl PyTorchAllocator {
             self.insert_into_blocks(remaining);
             if !expandable {
                 if already_split {
-                    self.stats.inactive_split_bytes.decrease(pool, p.size);
+                    self.stats.inactive_split_bytes.dec(pool, p.size);
                 } else {
-                    self.stats.inactive_split_bytes.increase(pool, remaining_size);
-                    self.stats.inactive_split.increase(pool, 1);
+                    self.stats.inactive_split_bytes.inc(pool, remaining_size);
+                    self.stats.inactive_split.inc(pool, 1);
                 }
             }
         } else if already_split && !expandable {
-            self.stats.inactive_split_bytes.decrease(pool, found.size);
-            self.stats.inactive_split.decrease(pool, 1);
+            self.stats.inactive_split_bytes.dec(pool, found.size);
+            self.stats.inactive_split.dec(pool, 1);
         }
         let b = &mut self.arena[block];
         b.allocated = true;
@@ -236,13 +237,13 @@ impl PyTorchAllocator {
         });
         self.ids.insert(id, block);
         let s = &mut self.stats;
-        s.allocation.increase(pool, 1);
-        s.allocated_bytes.increase(pool, size);
-        s.active.increase(pool, 1);
-        s.active_bytes.increase(pool, size);
-        s.requested_bytes.increase(pool, orig_size);
+        s.allocation.inc(pool, 1);
+        s.allocated_bytes.inc(pool, size);
+        s.active.inc(pool, 1);
+        s.active_bytes.inc(pool, size);
+        s.requested_bytes.inc(pool, orig_size);
         if size >= self.config.max_split_size {
-            s.oversize_allocations.increase(1);
+            s.oversize_allocations.inc(1);
         }
         Granted { addr, size }
     }

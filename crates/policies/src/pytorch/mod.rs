@@ -26,6 +26,7 @@ mod malloc;
 mod release;
 mod rounding;
 mod snapshot;
+mod stats;
 
 pub use config::Config;
 pub use rounding::{get_allocation_size, round_size};

@@ -9,6 +9,7 @@
 //! in the same walk except through the counters we carry along.
 
 use super::malloc::{pool_of, Params};
+use super::stats::{StatArrayExt, StatExt};
 use super::PyTorchAllocator;
 use allocsim_core::{Env, Event};
 
@@ -115,10 +116,10 @@ impl PyTorchAllocator {
         env.events.push(Event::SegmentFree { addr: b.addr, size: b.size, stream: b.stream, pool });
         env.device.free(b.addr, b.size);
         self.total_allocated_memory -= b.size;
-        self.stats.segment.decrease(pool, 1);
-        self.stats.reserved_bytes.decrease(pool, b.size);
+        self.stats.segment.dec(pool, 1);
+        self.stats.reserved_bytes.dec(pool, b.size);
         if b.size >= self.config.max_split_size {
-            self.stats.oversize_segments.decrease(1);
+            self.stats.oversize_segments.dec(1);
         }
         self.erase_from_blocks(index);
         self.arena.remove(index);
