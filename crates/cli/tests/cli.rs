@@ -1,0 +1,152 @@
+//! The `allocsim` binary end to end: bad input is refused with a message naming the file and
+//! a non-zero exit, never a panic; the main commands work on a bundled trace.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn allocsim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_allocsim")).args(args).output().expect("running allocsim")
+}
+
+fn bundled(name: &str) -> String {
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/pytorch-2.11-h100").join(name);
+    p.to_string_lossy().into_owned()
+}
+
+fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("allocsim-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
+    path
+}
+
+/// Every command that reads a trace refuses `path` cleanly, naming it.
+fn assert_refused(path: &Path, what: &str, expect: &str) {
+    let p = path.to_string_lossy();
+    for cmd in [
+        &["info", &p][..],
+        &["replay", &p, "--check"],
+        &["convert", &p, "/tmp/allocsim-never-written.allocsim"],
+    ] {
+        let out = allocsim(cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: `allocsim {}` succeeded", cmd.join(" "));
+        assert_eq!(out.status.code(), Some(1), "{what}: exit code (a panic exits 101)\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: panicked\n{stderr}");
+        let name = path.file_name().unwrap().to_string_lossy();
+        assert!(stderr.contains(&*name), "{what}: the error does not name the file:\n{stderr}");
+        assert!(stderr.contains(expect), "{what}: expected {expect:?} in the error:\n{stderr}");
+    }
+}
+
+/// A protocol-4 pickle of `{"device_traces": [[{"action": "alloc", "addr": 0, "size": SIZE,
+/// "stream": 0}]], "segments": []}` with SIZE written as an 8-byte LONG1.
+fn snapshot_with_size(size: i64) -> Vec<u8> {
+    let mut p = vec![0x80, 4, b'}', b'('];
+    let s = |p: &mut Vec<u8>, text: &str| {
+        p.push(0x8c);
+        p.push(text.len() as u8);
+        p.extend_from_slice(text.as_bytes());
+    };
+    s(&mut p, "segments");
+    p.push(b']');
+    s(&mut p, "device_traces");
+    p.extend_from_slice(b"]]}(");
+    for (k, v) in [("action", None), ("addr", Some(0)), ("size", Some(size)), ("stream", Some(0))] {
+        s(&mut p, k);
+        match v {
+            None => s(&mut p, "alloc"),
+            Some(n) => {
+                p.extend_from_slice(&[0x8a, 8]);
+                p.extend_from_slice(&n.to_le_bytes());
+            }
+        }
+    }
+    p.extend_from_slice(b"uaau.");
+    p
+}
+
+#[test]
+fn bad_inputs_are_refused_cleanly() {
+    let real = std::fs::read(bundled("resnet50_train.pickle.gz")).unwrap();
+    let mut pickle = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&real[..]), &mut pickle).unwrap();
+    // os.system("echo hi") through GLOBAL + REDUCE, as pickle.dumps writes it at protocol 2.
+    let evil = b"\x80\x02cposix\nsystem\nq\x00X\x07\x00\x00\x00echo hiq\x01\x85q\x02Rq\x03.";
+    // (what, file name, bytes, words the error must contain)
+    let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
+        ("empty file", "empty.pickle", Vec::new(), "empty"),
+        ("truncated gzip", "truncated.pickle.gz", real[..real.len() / 2].to_vec(), "deflate"),
+        ("truncated pickle", "truncated.pickle", pickle[..pickle.len() / 3].to_vec(), "ends inside"),
+        ("not a pickle", "text.pickle", b"hello, this is not a pickle\n".to_vec(), "not a pickle"),
+        ("pickle calling os.system", "evil.pickle", evil.to_vec(), "GLOBAL"),
+        ("list where an int belongs", "types.pickle", {
+            let mut p = snapshot_with_size(1);
+            // Replace the size's LONG1 (opcode, length, 8 bytes) by an empty list.
+            let at = p.windows(4).position(|w| w == b"size").unwrap() + 4;
+            p.splice(at..at + 10, [b']']);
+            p
+        }, "size"),
+        ("negative size", "negative.pickle", snapshot_with_size(-4096), "size"),
+        ("absurd size", "absurd.pickle", snapshot_with_size((1 << 62) + 1), "size"),
+        ("unknown action", "action.pickle", {
+            let mut p = snapshot_with_size(512);
+            let at = p.windows(5).position(|w| w == b"alloc").unwrap();
+            p[at..at + 5].copy_from_slice(b"alxoc");
+            p
+        }, "alxoc"),
+        (
+            "malformed RMM CSV",
+            "bad.csv",
+            b"Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000001,allocate,0x7f00,notanumber,0\n"
+                .to_vec(),
+            "line 2",
+        ),
+    ];
+    for (what, name, bytes, expect) in cases {
+        assert_refused(&scratch(name, &bytes), what, expect);
+    }
+    let missing = std::env::temp_dir().join("allocsim-no-such-trace.pickle.gz");
+    assert_refused(&missing, "missing file", "allocsim-no-such-trace");
+}
+
+#[test]
+fn replay_reproduces_a_bundled_recording() {
+    let out = allocsim(&["replay", &bundled("resnet50_train.pickle.gz"), "--check", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["recorded_stats_match"], true, "{json:#}");
+    assert_eq!(json["checker_violations"], 0);
+    assert_eq!(json["device"], "recorded");
+    let stats = json["memory_stats"].as_object().unwrap();
+    assert!(stats.contains_key("inactive_split_bytes.large_pool.peak"));
+    assert!(stats.contains_key("num_device_alloc"));
+}
+
+#[test]
+fn fidelity_says_exact_and_convert_round_trips() {
+    let trace = bundled("synthetic_roundup.pickle.gz");
+    let out = allocsim(&["fidelity", &trace]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.trim_end().ends_with("\nexact"), "{stdout}");
+
+    let dir = scratch("x", b"").parent().unwrap().to_path_buf();
+    let native = dir.join("roundup.allocsim");
+    let json = dir.join("roundup.allocsim.json");
+    for (from, to) in [(trace.as_str(), &native), (&native.to_string_lossy(), &json)] {
+        let out = allocsim(&["convert", from, &to.to_string_lossy()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let stats = |path: &str| {
+        let out = allocsim(&["replay", path, "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["memory_stats"].clone()
+    };
+    let original = stats(&trace);
+    assert_eq!(original, stats(&native.to_string_lossy()), "native replays differently");
+    assert_eq!(original, stats(&json.to_string_lossy()), "JSON replays differently");
+}
