@@ -1,39 +1,46 @@
 //! `allocsim`: our own policy, built to need less memory than the others on real traces
-//! without more device calls.
+//! without many more device calls.
 //!
 //! The idea: place blocks in virtual address space, pay for physical pages only where live
-//! blocks are, and keep freed pages mapped only while that costs no new peak.
+//! blocks are, and keep freed pages mapped only within a small, bounded slack.
 //!
 //! - **Address space is free, pages are not.** Each lane (a stream, and small (<= 1 MiB) or
 //!   large blocks, as PyTorch separates them) has its own address reservations
-//!   (`cuMemAddressReserve`, sized like the device). Blocks are placed by best fit (smallest
-//!   hole, then lowest address) at the start of a hole, with immediate coalescing, so a block
-//!   shares its first page with the live block before it. Fragmentation of the address space
-//!   costs nothing; what counts is the 2 MiB pages that live blocks touch.
+//!   (`cuMemAddressReserve`, sized like the device). A block goes at the start of a hole (a
+//!   maximal free address range), so it shares its first page with the live block before it;
+//!   holes coalesce at once. Fragmentation of the address space costs nothing: what counts is
+//!   the 2 MiB pages that live blocks touch, the *need*.
 //! - **Map on demand** (`cuMemMap`, as PyTorch's expandable segments do), only the pages of the
-//!   block's range that are not mapped yet, one call per missing run.
-//! - **Cache below the high-water mark, never above it.** Pages wholly inside holes stay mapped
-//!   after a free, so a repeating workload (a training step) reuses them with no device call.
-//!   But when a request needs new pages and mapping them would raise reserved memory above its
-//!   high-water mark, cached pages are unmapped first (largest holes first, after a device
-//!   synchronize, counted in `num_sync_all_streams`). So peak reserved is the peak of pages
-//!   touched by live blocks, which no placement-based policy without moving blocks can beat by
-//!   more than its partial pages, and device calls happen only while the footprint grows.
-//! - Before OOM every cached page is unmapped and mapping retried. `empty_cache` unmaps every
+//!   block that are not mapped yet. Among the best-fitting holes (`candidates`, and always the
+//!   lane's frontier) the one needing the fewest new pages wins, then the smallest.
+//! - **Cache within a bounded slack.** Pages wholly inside holes stay mapped after a free
+//!   (*cached*), so a repeating workload reuses them without device calls. But reserved memory
+//!   may exceed the peak need by at most `headroom`: when a request's new pages would pass
+//!   that line, cached pages are unmapped first (largest holes first, from their high end,
+//!   at least `reclaim_min` at a time, after a device synchronize, counted in
+//!   `num_sync_all_streams`). So peak reserved stays within `headroom` (plus one `grow_step`
+//!   per lane) of the peak of pages touched by live blocks, the least any policy that does not
+//!   move blocks can reach with this placement.
+//! - At a lane's frontier growth maps ahead to `grow_step` boundaries, when the slack allows,
+//!   so a growing workload maps in few, larger calls; those pages are kept when reclaiming.
+//! - Before OOM every cached page is unmapped and mapping retried; `empty_cache` unmaps every
 //!   cached page. Blocks freed with uses on other streams come back only at `FreeCompleted`,
 //!   and a lane's holes are reused only by its stream, as in PyTorch.
 //!
-//! Compared with PyTorch's expandable segments, which also map on demand: those grow one
-//! range per pool and stream at its end and keep every freed page until `empty_cache` or OOM;
-//! here holes anywhere give their pages back when the alternative is a new peak.
+//! Compared with PyTorch's expandable segments, which also map on demand: those grow one range
+//! per pool and stream at its end and keep every freed page until `empty_cache` or OOM; here
+//! holes anywhere give their pages back when the alternative is a new peak.
 //!
 //! Settings (`key:value,...`):
-//! - `small_max` (bytes, default 1 MiB): the largest block of the small lanes; 0 puts all
-//!   blocks of a stream in one lane;
+//! - `headroom` (bytes or `max`, default 64 MiB): how far reserved may exceed the peak need
+//!   (`max`: cache until OOM, as expandable segments do; 0: the least memory, more calls);
+//! - `grow_step` (bytes, default 20 MiB): map-ahead granularity at a lane's frontier;
+//! - `reclaim_min` (bytes, default 256 MiB): the least to unmap once unmapping;
+//! - `candidates` (default 8): best-fit holes weighed by the pages they would need;
+//! - `small_max` (bytes, default 1 MiB): the largest block of the small lanes (0: one lane per
+//!   stream);
 //! - `reserve_size` (bytes, default: the device's total memory): address space per
-//!   reservation, rounded up to 2 MiB;
-//! - `headroom` (bytes or `max`, default 0): how far reserved may exceed its high-water mark
-//!   before cached pages are unmapped (`max`: cache until OOM, as expandable segments do).
+//!   reservation, rounded up to 2 MiB.
 
 use super::common::{
     parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, PAGE_2MIB,
@@ -46,7 +53,8 @@ use allocsim_core::{
 use std::collections::{BTreeMap, BTreeSet};
 
 const NAME: &str = "allocsim";
-const KEYS: &[&str] = &["small_max", "reserve_size", "headroom"];
+const KEYS: &[&str] =
+    &["headroom", "grow_step", "reclaim_min", "candidates", "small_max", "reserve_size"];
 const PAGE: u64 = PAGE_2MIB;
 /// Block granularity and alignment, as PyTorch's.
 const ALIGN: u64 = 512;
@@ -68,59 +76,47 @@ impl LaneKey {
     }
 }
 
+/// A free address range: its end and the mapped bytes wholly inside it (its cached pages).
+#[derive(Debug, Clone, Copy)]
+struct Hole {
+    end: u64,
+    cached: u64,
+}
+
 /// The address space of one lane.
 #[derive(Debug, Default)]
 struct Lane {
     /// Address reservations: base -> size.
     ranges: BTreeMap<u64, u64>,
-    /// Free address ranges, mapped or not, maximal within a reservation: start -> end.
-    holes: BTreeMap<u64, u64>,
+    /// Free address ranges, mapped or not, maximal within a reservation, by start.
+    holes: BTreeMap<u64, Hole>,
     /// The holes by (length, start), for best fit.
     by_size: BTreeSet<(u64, u64)>,
 }
 
 impl Lane {
-    fn add_hole(&mut self, start: u64, end: u64) {
-        self.holes.insert(start, end);
-        self.by_size.insert((end - start, start));
-    }
-
-    fn remove_hole(&mut self, start: u64) -> Option<u64> {
-        let end = self.holes.remove(&start)?;
-        self.by_size.remove(&(end - start, start));
-        Some(end)
-    }
-
     /// The reservation holding `addr`: (base, end).
     fn range_of(&self, addr: u64) -> Option<(u64, u64)> {
         let (&base, &size) = self.ranges.range(..=addr).next_back()?;
         (addr < base + size).then_some((base, base + size))
     }
 
-    /// `[start, end)` is free again: merge it with the holes beside it in its reservation.
-    fn free_range(&mut self, start: u64, end: u64) {
-        let Some((base, limit)) = self.range_of(start) else { return };
-        let (mut s, mut e) = (start, end);
-        if let Some((&ps, &pe)) = self.holes.range(..start).next_back() {
-            if pe == start && ps >= base {
-                self.remove_hole(ps);
-                s = ps;
-            }
-        }
-        if end < limit {
-            if let Some(ne) = self.remove_hole(end) {
-                e = ne;
-            }
-        }
-        self.add_hole(s, e);
+    /// The hole at the end of the last reservation: where growth happens.
+    fn frontier(&self) -> Option<(u64, u64)> {
+        let (&base, &size) = self.ranges.iter().next_back()?;
+        let (&start, hole) = self.holes.range(..base + size).next_back()?;
+        (hole.end == base + size).then_some((start, hole.end))
     }
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Conf {
+    headroom: u64,
+    grow_step: u64,
+    reclaim_min: u64,
+    candidates: u64,
     small_max: u64,
     reserve_size: Option<u64>,
-    headroom: u64,
 }
 
 #[derive(Debug)]
@@ -128,8 +124,10 @@ pub struct Allocsim {
     books: Books,
     tiling: Tiling<()>,
     lanes: BTreeMap<LaneKey, Lane>,
-    /// The most memory ever reserved: the line cached pages may not push past.
-    high_water: u64,
+    /// Mapped bytes wholly inside holes: reserved minus what live blocks touch.
+    cached: u64,
+    /// The peak of reserved minus cached: the pages live blocks touched at most.
+    need_peak: u64,
     conf: Conf,
 }
 
@@ -138,31 +136,110 @@ fn page_span(start: u64, end: u64) -> (u64, u64) {
     (start / PAGE * PAGE, round_up(end, PAGE))
 }
 
+/// The whole pages inside `[start, end)`.
+fn interior(start: u64, end: u64) -> (u64, u64) {
+    let lo = round_up(start, PAGE);
+    (lo, (end / PAGE * PAGE).max(lo))
+}
+
 impl Allocsim {
     pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
         let mut me = Allocsim {
             books: Books::default(),
             tiling: Tiling::default(),
             lanes: BTreeMap::new(),
-            high_water: 0,
-            conf: Conf { small_max: MIB, reserve_size: None, headroom: 0 },
+            cached: 0,
+            need_peak: 0,
+            conf: Conf {
+                headroom: 64 * MIB,
+                grow_step: 20 * MIB,
+                reclaim_min: 256 * MIB,
+                candidates: 8,
+                small_max: MIB,
+                reserve_size: None,
+            },
         };
         me.set_settings(conf)?;
         Ok(me)
     }
 
-    /// The best-fitting hole of the lane for `size` bytes, reserving more address space when
-    /// none fits: (start, end).
+    fn need(&self) -> u64 {
+        self.books.reserved() - self.cached
+    }
+
+    /// Mapped bytes of `[start, end)`.
+    fn mapped_in(&self, (start, end): (u64, u64)) -> u64 {
+        self.tiling.segments_in_rev(start, end).map(|(b, s)| (b + s).min(end) - b.max(start)).sum()
+    }
+
+    fn add_hole(&mut self, key: LaneKey, start: u64, end: u64) {
+        let cached = self.mapped_in(interior(start, end));
+        self.cached += cached;
+        let lane = self.lanes.entry(key).or_default();
+        lane.holes.insert(start, Hole { end, cached });
+        lane.by_size.insert((end - start, start));
+    }
+
+    fn remove_hole(&mut self, key: LaneKey, start: u64) -> Option<u64> {
+        let lane = self.lanes.get_mut(&key)?;
+        let hole = lane.holes.remove(&start)?;
+        lane.by_size.remove(&(hole.end - start, start));
+        self.cached -= hole.cached;
+        Some(hole.end)
+    }
+
+    /// `[start, end)` of `key` is free again: merge it with the holes beside it.
+    fn free_range(&mut self, key: LaneKey, start: u64, end: u64) {
+        let Some(lane) = self.lanes.get(&key) else { return };
+        let Some((base, limit)) = lane.range_of(start) else { return };
+        let before = lane.holes.range(..start).next_back().map(|(&s, h)| (s, h.end));
+        let after = (end < limit && lane.holes.contains_key(&end)).then_some(end);
+        let mut s = start;
+        let mut e = end;
+        if let Some((ps, _)) = before.filter(|&(ps, pe)| pe == start && ps >= base) {
+            self.remove_hole(key, ps);
+            s = ps;
+        }
+        if let Some(next) = after {
+            e = self.remove_hole(key, next).unwrap_or(end);
+        }
+        self.add_hole(key, s, e);
+    }
+
+    /// The hole for `size` bytes: among the best fits and the frontier, the one needing the
+    /// fewest new pages, then the smallest; a new reservation when none fits.
     fn find_hole(&mut self, env: &mut Env<'_>, key: LaneKey, size: u64) -> Option<(u64, u64)> {
         let lane = self.lanes.entry(key).or_default();
-        if let Some(&(len, start)) = lane.by_size.range((size, 0)..).next() {
+        let mut fits: Vec<(u64, u64)> = lane
+            .by_size
+            .range((size, 0)..)
+            .take(self.conf.candidates.max(1) as usize)
+            .copied()
+            .collect();
+        if let Some((start, end)) = lane.frontier().filter(|&(s, e)| e - s >= size) {
+            if !fits.contains(&(end - start, start)) {
+                fits.push((end - start, start));
+            }
+        }
+        let mut best: Option<(u64, u64, u64)> = None;
+        for (len, start) in fits {
+            let span = page_span(start, start + size);
+            let new = span.1 - span.0 - self.mapped_in(span);
+            if best.is_none_or(|(n, _, _)| new < n) {
+                best = Some((new, len, start));
+            }
+            if new == 0 {
+                break;
+            }
+        }
+        if let Some((_, len, start)) = best {
             return Some((start, start + len));
         }
         let wanted = self.conf.reserve_size.unwrap_or_else(|| env.device.mem_info().total_bytes);
         let bytes = round_up(wanted.max(size), PAGE);
         let base = env.device.reserve_address(bytes, PAGE).ok()?;
-        lane.ranges.insert(base, bytes);
-        lane.add_hole(base, base + bytes);
+        self.lanes.entry(key).or_default().ranges.insert(base, bytes);
+        self.add_hole(key, base, base + bytes);
         Some((base, base + bytes))
     }
 
@@ -251,14 +328,46 @@ impl Allocsim {
         released
     }
 
-    /// Unmap cached pages (wholly inside holes, outside `keep`), largest holes first, until
-    /// `target` bytes are released; returns what was released.
+    /// Unmap up to `budget` bytes of the mapped pages of `[a, b)` (inside a hole of `key`),
+    /// the highest first.
+    fn unmap_top(
+        &mut self,
+        env: &mut Env<'_>,
+        key: LaneKey,
+        (a, b): (u64, u64),
+        budget: u64,
+    ) -> u64 {
+        let pieces: Vec<(u64, u64)> = self
+            .tiling
+            .segments_in_rev(a, b)
+            .map(|(base, size)| (base.max(a), (base + size).min(b)))
+            .collect();
+        let mut released = 0;
+        for (lo, hi) in pieces {
+            if released >= budget {
+                break;
+            }
+            let from = hi.saturating_sub(budget - released).max(lo);
+            released += self.unmap_range(env, key, from, hi);
+        }
+        released
+    }
+
+    /// Unmap cached pages, largest holes first and from their high end, until `target` bytes
+    /// (at least `reclaim_min`; `u64::MAX`: all) are released, never inside `keep` nor, unless
+    /// releasing all, a frontier's pages mapped ahead. Returns what was released.
     fn reclaim(&mut self, env: &mut Env<'_>, target: u64, keep: (u64, u64)) -> u64 {
+        let all = target == u64::MAX;
+        let target = target.max(self.conf.reclaim_min);
         let mut holes: Vec<(u64, u64, u64, LaneKey)> = self
             .lanes
             .iter()
-            .flat_map(|(&k, lane)| lane.holes.iter().map(move |(&s, &e)| (e - s, s, e, k)))
-            .filter(|&(_, s, e, _)| round_up(s, PAGE) < e / PAGE * PAGE)
+            .flat_map(|(&k, lane)| {
+                lane.holes
+                    .iter()
+                    .filter(|(_, h)| h.cached > 0)
+                    .map(move |(&s, h)| (h.end - s, s, h.end, k))
+            })
             .collect();
         holes.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut released = 0;
@@ -266,11 +375,26 @@ impl Allocsim {
             if released >= target {
                 break;
             }
-            let (lo, hi) = (round_up(start, PAGE), end / PAGE * PAGE);
-            for (a, b) in [(lo, hi.min(keep.0)), (lo.max(keep.1), hi)] {
-                if a < b {
-                    released += self.unmap_range(env, key, a, b);
+            let (mut lo, hi) = interior(start, end);
+            let lane = self.lanes.get(&key);
+            let frontier = lane.and_then(|l| l.frontier()) == Some((start, end));
+            if let Some((base, _)) =
+                lane.and_then(|l| l.range_of(start)).filter(|_| frontier && !all)
+            {
+                lo = lo.max(base + round_up(start - base, self.conf.grow_step)).min(hi);
+            }
+            let mut got = 0;
+            for (a, b) in [(lo.max(keep.1), hi), (lo, hi.min(keep.0))] {
+                if a < b && released + got < target {
+                    got +=
+                        self.unmap_top(env, key, (a, b), round_up(target - released - got, PAGE));
                 }
+            }
+            if got > 0 {
+                released += got;
+                // Its cached bytes changed: re-enter the hole to recount them.
+                self.remove_hole(key, start);
+                self.add_hole(key, start, end);
             }
         }
         if released > 0 {
@@ -279,27 +403,39 @@ impl Allocsim {
         released
     }
 
-    /// Map every page of `span` in `key`'s reservation `range`, unmapping cached pages first
-    /// when the new ones would pass the high-water mark.
+    /// Map the pages of `span` (and, at a frontier, ahead to `grow_step` within `hole`) in
+    /// `key`'s reservation `range`, unmapping cached pages first when reserved memory would
+    /// pass the peak need plus `headroom`.
     fn ensure_mapped(
         &mut self,
         env: &mut Env<'_>,
         key: LaneKey,
         span: (u64, u64),
+        hole: (u64, u64),
         range: (u64, u64),
     ) -> bool {
         let gaps = self.unmapped_gaps(span.0, span.1);
-        let need: u64 = gaps.iter().map(|&(a, b)| b - a).sum();
-        if need == 0 {
-            return true;
+        let new: u64 = gaps.iter().map(|&(a, b)| b - a).sum();
+        let line = self.need_peak.max(self.need() + new).saturating_add(self.conf.headroom);
+        let mut gaps = gaps;
+        if hole.1 == range.1 {
+            let step_end = range.0 + round_up(span.1 - range.0, self.conf.grow_step);
+            let ahead = (span.1, step_end.min(hole.1 / PAGE * PAGE));
+            let extra = self.unmapped_gaps(ahead.0, ahead.1);
+            let extra_bytes: u64 = extra.iter().map(|&(a, b)| b - a).sum();
+            if self.books.reserved() + new + extra_bytes <= line {
+                gaps.extend(extra);
+            }
         }
-        let line = self.high_water.saturating_add(self.conf.headroom);
-        let after = self.books.reserved() + need;
+        let after = self.books.reserved() + gaps.iter().map(|&(a, b)| b - a).sum::<u64>();
         if after > line {
             self.reclaim(env, after - line, span);
         }
         for gap in gaps {
             if !self.map_gap(env, key, gap, range) {
+                if gap.0 >= span.1 {
+                    break; // mapping ahead is optional
+                }
                 self.books.stats.num_alloc_retries += 1;
                 if self.reclaim(env, u64::MAX, span) == 0 || !self.map_gap(env, key, gap, range) {
                     return false;
@@ -312,17 +448,15 @@ impl Allocsim {
     fn place(&mut self, env: &mut Env<'_>, key: LaneKey, size: u64) -> Option<u64> {
         let (start, end) = self.find_hole(env, key, size)?;
         let range = self.lanes.get(&key)?.range_of(start)?;
-        let span = page_span(start, start + size);
-        if !self.ensure_mapped(env, key, span, range) {
+        if !self.ensure_mapped(env, key, page_span(start, start + size), (start, end), range) {
             return None;
         }
         self.tiling.split(start, size, ());
-        let lane = self.lanes.get_mut(&key)?;
-        lane.remove_hole(start);
+        self.remove_hole(key, start);
         if end > start + size {
-            lane.add_hole(start + size, end);
+            self.add_hole(key, start + size, end);
         }
-        self.high_water = self.high_water.max(self.books.reserved());
+        self.need_peak = self.need_peak.max(self.need());
         Some(start)
     }
 
@@ -339,10 +473,7 @@ impl Allocsim {
         if let Some((prev, _)) = self.tiling.prev(addr).filter(|(_, c)| c.is_free()) {
             self.tiling.merge_next(prev);
         }
-        let key = self.lane_key(size, stream);
-        if let Some(lane) = self.lanes.get_mut(&key) {
-            lane.free_range(addr, addr + size);
-        }
+        self.free_range(self.lane_key(size, stream), addr, addr + size);
         self.books.sync_inactive_split(self.tiling.inactive_split());
     }
 }
@@ -402,10 +533,14 @@ impl Allocator for Allocsim {
     fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
         let mut c = self.conf;
         for (key, value) in parse_conf(NAME, conf)? {
+            let bytes = parse_bytes(NAME, &key, &value)?;
             match key.as_str() {
-                "small_max" => c.small_max = parse_bytes(NAME, &key, &value)?,
-                "reserve_size" => c.reserve_size = Some(parse_bytes(NAME, &key, &value)?),
-                "headroom" => c.headroom = parse_bytes(NAME, &key, &value)?,
+                "headroom" => c.headroom = bytes,
+                "grow_step" => c.grow_step = round_up(bytes.clamp(1, MAX_REQUEST_BYTES), PAGE),
+                "reclaim_min" => c.reclaim_min = bytes,
+                "candidates" => c.candidates = bytes.clamp(1, 1 << 20),
+                "small_max" => c.small_max = bytes,
+                "reserve_size" => c.reserve_size = Some(bytes),
                 _ => return Err(unknown_key(NAME, &key, KEYS)),
             }
         }
@@ -435,7 +570,7 @@ mod tests {
 
     #[test]
     fn maps_only_touched_pages_and_packs_small_blocks() {
-        let mut rig = Rig::new("allocsim", None, GIB);
+        let mut rig = Rig::new("allocsim", Some("headroom:0"), GIB);
         let a = rig.malloc(1, 1000, 0).unwrap();
         assert_eq!(a.size, 1024);
         assert_eq!(rig.reserved(), 2 * MIB, "one page for the small lane");
@@ -450,6 +585,18 @@ mod tests {
     }
 
     #[test]
+    fn maps_ahead_at_the_frontier_within_the_headroom() {
+        let mut rig = Rig::new("allocsim", None, GIB);
+        rig.malloc(1, 3 * MIB, 0).unwrap();
+        assert_eq!(rig.reserved(), 20 * MIB, "ahead to the 20 MiB grow step");
+        let calls = rig.policy.stats().num_device_alloc;
+        for id in 2..=5 {
+            rig.malloc(id, 3 * MIB, 0).unwrap();
+        }
+        assert_eq!(rig.policy.stats().num_device_alloc, calls, "served from the pages ahead");
+    }
+
+    #[test]
     fn reuses_cached_pages_without_device_calls() {
         let mut rig = Rig::new("allocsim", None, GIB);
         rig.malloc(1, 100 * MIB, 0).unwrap();
@@ -460,16 +607,32 @@ mod tests {
     }
 
     #[test]
-    fn unmaps_cached_pages_rather_than_pass_the_high_water_mark() {
-        let mut rig = Rig::new("allocsim", None, GIB);
+    fn unmaps_cached_pages_rather_than_pass_the_peak_need() {
+        let mut rig = Rig::new("allocsim", Some("headroom:0,reclaim_min:0"), GIB);
         rig.malloc(1, 100 * MIB, 0).unwrap();
         rig.malloc(2, 100 * MIB, 0).unwrap();
         rig.free(1);
-        // 150 MiB fits no hole but the tail; mapping it would make 250 MiB: unmap the cache.
+        // 150 MiB fits no hole but the tail; mapping it would make 350 MiB for a need of 250.
         rig.malloc(3, 150 * MIB, 0).unwrap();
         let s = rig.policy.stats();
         assert_eq!(s.reserved_bytes.all.peak as u64, 250 * MIB);
         assert!(s.num_sync_all_streams == 1 && s.num_device_free >= 1, "{s:?}");
+    }
+
+    #[test]
+    fn headroom_bounds_the_cache() {
+        let mut rig =
+            Rig::new("allocsim", Some("headroom:16MiB,reclaim_min:0,grow_step:2MiB"), GIB);
+        for round in 0..20u64 {
+            let id = round * 2;
+            rig.malloc(id, 50 * MIB, 0).unwrap();
+            rig.malloc(id + 1, 30 * MIB + round * MIB, 0).unwrap();
+            rig.free(id);
+        }
+        // Live: 30..49 MiB blocks; the cache never holds more than 16 MiB past the peak need.
+        let live: u64 = (0..20).map(|r| 30 * MIB + r * MIB).sum();
+        let peak = rig.policy.stats().reserved_bytes.all.peak as u64;
+        assert!(peak <= live + 50 * MIB + 16 * MIB + 20 * 2 * MIB, "{peak}");
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub mod rmm_pool;
 pub mod tlsf;
 
 #[cfg(test)]
+mod measure;
+#[cfg(test)]
 mod testing;
 
 use allocsim_core::{Allocator, ConfigError};

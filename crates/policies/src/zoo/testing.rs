@@ -622,7 +622,11 @@ pub(crate) fn configs(name: &str) -> Vec<Option<&'static str>> {
         "async_pool" => vec![None, Some("release_threshold:1GiB,internal_dependencies:false")],
         "buddy" => vec![None, Some("segment_size:2MiB,min_block:4KiB")],
         "tlsf" => vec![None, Some("segment_size:256MiB,sl_bits:3")],
-        "allocsim" => vec![None, Some("headroom:max,small_max:0,reserve_size:3GiB")],
+        "allocsim" => vec![
+            None,
+            Some("headroom:0,reclaim_min:0,candidates:1,grow_step:2MiB"),
+            Some("headroom:max,small_max:0,reserve_size:3GiB"),
+        ],
         _ => vec![None],
     }
 }

@@ -194,6 +194,15 @@ impl<T: Copy> Tiling<T> {
         self.chunks.range(..=addr).next_back().map(|(&a, &c)| (a, c))
     }
 
+    /// The segments overlapping `[start, end)`, highest first: (base, size).
+    pub fn segments_in_rev(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.segs
+            .range(..end)
+            .rev()
+            .map(|(&b, s)| (b, s.size))
+            .take_while(move |&(b, s)| b + s > start)
+    }
+
     /// Where the first segment at or after `addr` starts.
     pub fn next_segment_from(&self, addr: u64) -> Option<u64> {
         self.segs.range(addr..).next().map(|(&b, _)| b)
