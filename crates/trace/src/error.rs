@@ -41,7 +41,12 @@ pub enum TraceError {
     #[error("{}: {place}: {message}", path.display())]
     Sidecar { path: PathBuf, place: String, message: String },
 
-    #[error("{}: line {line}, column {column}: {message}", path.display())]
+    /// `column` is the header name, empty when the whole record is malformed.
+    #[error(
+        "{}: line {line}{}: {message}",
+        path.display(),
+        if column.is_empty() { String::new() } else { format!(", column {column}") }
+    )]
     Csv { path: PathBuf, line: u64, column: String, message: String },
 
     #[error("{}: {message}", path.display())]

@@ -69,7 +69,7 @@ fn parse<R: Read>(input: R, path: &Path) -> Result<Vec<Row>, TraceError> {
         .from_reader(input);
     let bad_csv = |e: csv::Error| {
         let line = e.position().map_or(0, |p| p.line());
-        csv_err(path, line, "-", format!("malformed CSV: {e}"))
+        csv_err(path, line, "", format!("malformed CSV: {e}"))
     };
     let headers = reader.headers().map_err(bad_csv)?.clone();
     if headers.is_empty() || headers.iter().all(str::is_empty) {
