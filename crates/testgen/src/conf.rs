@@ -118,9 +118,13 @@ impl AllocConf {
                     format!("roundup_power2_divisions:[{}]", items.join(","))
                 }
             }),
-            3 => self.garbage_collection_threshold.map(|t| format!("garbage_collection_threshold:{t}")),
+            3 => self
+                .garbage_collection_threshold
+                .map(|t| format!("garbage_collection_threshold:{t}")),
             4 => self.expandable_segments.map(|v| format!("expandable_segments:{}", b(v))),
-            5 => self.release_lock_on_cudamalloc.map(|v| format!("release_lock_on_cudamalloc:{}", b(v))),
+            5 => self
+                .release_lock_on_cudamalloc
+                .map(|v| format!("release_lock_on_cudamalloc:{}", b(v))),
             _ => None,
         }
     }
@@ -128,7 +132,8 @@ impl AllocConf {
 
 impl fmt::Display for AllocConf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let order: Vec<u8> = if self.order.is_empty() { (0..KEYS).collect() } else { self.order.clone() };
+        let order: Vec<u8> =
+            if self.order.is_empty() { (0..KEYS).collect() } else { self.order.clone() };
         let parts: Vec<String> = order.iter().filter_map(|&k| self.part(k)).collect();
         f.write_str(&parts.join(","))
     }
@@ -160,7 +165,8 @@ mod tests {
             ..AllocConf::default()
         };
         assert_eq!(c.to_string(), "max_split_size_mb:40,roundup_power2_divisions:[64:8,128:2,>:1]");
-        let c = AllocConf { roundup_power2_divisions: Some(Roundup::All(4)), ..AllocConf::default() };
+        let c =
+            AllocConf { roundup_power2_divisions: Some(Roundup::All(4)), ..AllocConf::default() };
         assert_eq!(c.to_string(), "roundup_power2_divisions:4");
     }
 

@@ -100,11 +100,12 @@ mod tests {
 
     #[test]
     fn seeds_are_reproducible() {
-        let a: Vec<u64> = (0..8).map({
-            let mut e = SeededEntropy::new(3);
-            move |_| e.below(1000)
-        })
-        .collect();
+        let a: Vec<u64> = (0..8)
+            .map({
+                let mut e = SeededEntropy::new(3);
+                move |_| e.below(1000)
+            })
+            .collect();
         let mut e = SeededEntropy::new(3);
         let b: Vec<u64> = (0..8).map(|_| e.below(1000)).collect();
         assert_eq!(a, b);

@@ -12,16 +12,21 @@
 //! - [`conf`]: PyTorch allocator settings strings.
 //! - [`oracles`]: what must hold, shared by every front end.
 //! - [`reference`]: a deliberately simple model of PyTorch's rules, for differential tests.
+//! - [`suite`], [`shrink`], [`targets`]: the property-suite runner, a shrinker for seeded
+//!   finds, and the fuzz targets' bodies.
 
 pub mod conf;
 pub mod entropy;
 pub mod oracles;
 pub mod program;
 pub mod reference;
+pub mod shrink;
 pub mod strategy;
+pub mod suite;
 pub mod swarm;
+pub mod targets;
 
 pub use entropy::{ByteEntropy, Entropy, SeededEntropy};
+pub use oracles::{check_trace, check_trace_catching, Failure, Oracle};
 pub use program::{DeviceSpec, Program, Step};
 pub use swarm::{from_bytes, from_seed, Limits, Shape};
-pub use oracles::{check_trace, check_trace_catching, Failure, Oracle};

@@ -26,17 +26,31 @@ pub const SOURCE_FORMAT: &str = "allocsim-testgen";
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// Allocate `size` bytes on stream `STREAMS[stream % 4]`.
-    Alloc { size: u64, stream: u8 },
+    Alloc {
+        size: u64,
+        stream: u8,
+    },
     /// Free the live allocation at `pick % live`. If it was used on another stream, the free
     /// stays pending until a `Complete`.
-    Free { pick: u32 },
+    Free {
+        pick: u32,
+    },
     /// Record a use of the live allocation at `pick % live` on `STREAMS[stream % 4]`.
-    RecordStream { pick: u32, stream: u8 },
+    RecordStream {
+        pick: u32,
+        stream: u8,
+    },
     /// The other streams' work on the pending free at `pick % pending` has finished.
-    Complete { pick: u32 },
+    Complete {
+        pick: u32,
+    },
     EmptyCache,
-    SetFraction { fraction: f64 },
-    Settings { conf: String },
+    SetFraction {
+        fraction: f64,
+    },
+    Settings {
+        conf: String,
+    },
 }
 
 /// The device a program runs on: part of the case, because sizes only mean something
@@ -168,10 +182,14 @@ fn stream_of(index: u8) -> StreamId {
 /// One op as a line: the listing printed with every failure.
 pub fn format_op(op: &Op) -> String {
     match op {
-        Op::Alloc { id, size, stream } => format!("alloc id={} size={size} stream={:#x}", id.0, stream.0),
+        Op::Alloc { id, size, stream } => {
+            format!("alloc id={} size={size} stream={:#x}", id.0, stream.0)
+        }
         Op::FreeRequested { id } => format!("free_requested id={}", id.0),
         Op::FreeCompleted { id } => format!("free_completed id={}", id.0),
-        Op::RecordStream { id, stream } => format!("record_stream id={} stream={:#x}", id.0, stream.0),
+        Op::RecordStream { id, stream } => {
+            format!("record_stream id={} stream={:#x}", id.0, stream.0)
+        }
         Op::EmptyCache => "empty_cache".to_string(),
         Op::SetMemoryFraction { fraction } => format!("set_memory_fraction {fraction}"),
         Op::SetAllocatorSettings { conf } => format!("set_allocator_settings {conf:?}"),

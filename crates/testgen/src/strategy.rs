@@ -3,10 +3,11 @@
 //! toward the first live allocation, sizes toward one byte, settings toward none.
 
 use crate::conf::{
-    AllocConf, Roundup, ALL_DIVISIONS, DIVISIONS, GC_THRESHOLDS, INVALID, MAX_NON_SPLIT_ROUNDING_MB, MAX_SPLIT_MB,
+    AllocConf, Roundup, ALL_DIVISIONS, DIVISIONS, GC_THRESHOLDS, INVALID,
+    MAX_NON_SPLIT_ROUNDING_MB, MAX_SPLIT_MB,
 };
 use crate::program::{DeviceSpec, Program, Step, STREAMS};
-use crate::swarm::{Limits, Shape, BOUNDARY_SIZES, DEVICE_BYTES, FRACTIONS};
+use crate::swarm::{align, Limits, Shape, BOUNDARY_SIZES, DEVICE_BYTES, FRACTIONS};
 use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
@@ -21,7 +22,11 @@ pub fn log_uniform(max_log2: u32) -> impl Strategy<Value = u64> + Clone {
 fn roundup() -> impl Strategy<Value = Roundup> {
     prop_oneof![
         select(ALL_DIVISIONS.to_vec()).prop_map(Roundup::All),
-        (0u32..3, vec((1u32..4, select(DIVISIONS.to_vec())), 1..4), option::of(select(DIVISIONS.to_vec())))
+        (
+            0u32..3,
+            vec((1u32..4, select(DIVISIONS.to_vec())), 1..4),
+            option::of(select(DIVISIONS.to_vec()))
+        )
             .prop_map(|(first, steps, rest)| {
                 let mut boundary = 1u32 << first;
                 let mut entries = Vec::new();
@@ -94,25 +99,36 @@ pub fn shape(limits: Limits) -> impl Strategy<Value = Shape> {
         option::weighted(0.25, select(FRACTIONS[..8].to_vec())),
         any::<bool>(),
     )
-        .prop_map(|(weights, device, hot_sizes, (hot, boundary, below, streams), conf, fraction, drain)| {
-            Shape {
+        .prop_map(
+            |(
                 weights,
                 device,
                 hot_sizes,
-                hot_percent: hot,
-                boundary_percent: boundary,
-                max_log2: (64 - device.total_bytes.leading_zeros()).saturating_sub(below).max(1),
-                streams,
-                alloc_conf: conf.map(|c| c.to_string()).unwrap_or_default(),
-                memory_fraction: fraction,
+                (hot, boundary, below, streams),
+                conf,
+                fraction,
                 drain,
-            }
-        })
+            )| {
+                Shape {
+                    weights,
+                    device,
+                    hot_sizes,
+                    hot_percent: hot,
+                    boundary_percent: boundary,
+                    max_log2: (64 - device.total_bytes.leading_zeros())
+                        .saturating_sub(below)
+                        .max(1),
+                    streams,
+                    alloc_conf: conf.map(|c| c.to_string()).unwrap_or_default(),
+                    memory_fraction: fraction,
+                    drain,
+                }
+            },
+        )
 }
 
 fn size(shape: &Shape) -> BoxedStrategy<u64> {
-    let log = (log_uniform(shape.max_log2), any::<bool>())
-        .prop_map(|(s, round)| if round { s.next_multiple_of(4) } else { s });
+    let log = (log_uniform(shape.max_log2), 0u64..8).prop_map(|(s, how)| align(s, how));
     let mut arms: Vec<(u32, BoxedStrategy<u64>)> =
         vec![((100 - shape.hot_percent - shape.boundary_percent).max(1) as u32, log.boxed())];
     if shape.hot_percent > 0 {

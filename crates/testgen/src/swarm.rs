@@ -97,6 +97,19 @@ pub fn log_uniform(e: &mut impl Entropy, max_log2: u32) -> u64 {
     (1u64 << k) + e.below(1u64 << k)
 }
 
+/// Real tensors come in multiples of their element size, and big ones in round MiB: sizes a
+/// whole MiB (or exactly 512 B) away from a segment size are where PyTorch's split rules
+/// change (`remaining > 1 MiB`, `remaining >= 512`). `how` (0..8) picks the rounding.
+pub fn align(size: u64, how: u64) -> u64 {
+    match how {
+        0..=2 => size,
+        3..=4 => size.next_multiple_of(4),
+        5 => size.next_multiple_of(MIB),
+        6 => size.next_multiple_of(MIB) + 512,
+        _ => size.next_multiple_of(MIB).saturating_sub(512).max(1),
+    }
+}
+
 impl Shape {
     pub fn generate(e: &mut impl Entropy, limits: &Limits) -> Shape {
         let mut weights = [0u32; 7];
@@ -140,13 +153,7 @@ impl Shape {
         } else if roll < self.hot_percent + self.boundary_percent {
             *e.pick(&BOUNDARY_SIZES)
         } else {
-            let size = log_uniform(e, self.max_log2);
-            // Real tensors are mostly multiples of their element size.
-            if e.chance(1, 2) {
-                size.next_multiple_of(4)
-            } else {
-                size
-            }
+            align(log_uniform(e, self.max_log2), e.below(8))
         }
     }
 

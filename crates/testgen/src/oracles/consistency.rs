@@ -49,7 +49,13 @@ impl Implied {
         }
     }
 
-    fn compare(&self, stats: &MemoryStats, pick: fn(&StatArray) -> &Stat, pool: &str, out: &mut Vec<String>) {
+    fn compare(
+        &self,
+        stats: &MemoryStats,
+        pick: fn(&StatArray) -> &Stat,
+        pool: &str,
+        out: &mut Vec<String>,
+    ) {
         let pairs: [(&str, i64, &StatArray); 9] = [
             ("segment", self.segment, &stats.segment),
             ("allocated_bytes", self.allocated_bytes, &stats.allocated_bytes),
@@ -64,7 +70,9 @@ impl Implied {
         for (name, implied, array) in pairs {
             let reported = pick(array).current;
             if implied != reported {
-                out.push(format!("{name}.{pool}.current is {reported}, the snapshot implies {implied}"));
+                out.push(format!(
+                    "{name}.{pool}.current is {reported}, the snapshot implies {implied}"
+                ));
             }
         }
     }
@@ -79,9 +87,14 @@ pub const PYTORCH_ACCOUNTING: [&str; 2] = ["pytorch", "uncached"];
 
 /// Every way `stats` disagrees with `snapshot`, and every way the snapshot breaks its own
 /// shape; empty when consistent. `pytorch_rules`: see [`PYTORCH_ACCOUNTING`].
-pub fn stat_consistency(snapshot: &[SnapshotSegment], stats: &MemoryStats, pytorch_rules: bool) -> Vec<String> {
+pub fn stat_consistency(
+    snapshot: &[SnapshotSegment],
+    stats: &MemoryStats,
+    pytorch_rules: bool,
+) -> Vec<String> {
     let mut out = Vec::new();
-    let (mut small, mut large, mut all) = (Implied::default(), Implied::default(), Implied::default());
+    let (mut small, mut large, mut all) =
+        (Implied::default(), Implied::default(), Implied::default());
     let mut prev_end = 0u64;
     for seg in snapshot {
         if seg.address < prev_end {
@@ -99,7 +112,10 @@ pub fn stat_consistency(snapshot: &[SnapshotSegment], stats: &MemoryStats, pytor
             at = b.address.saturating_add(b.size);
         }
         if at != prev_end {
-            out.push(format!("segment {:#x}: blocks end at {at:#x}, the segment at {prev_end:#x}", seg.address));
+            out.push(format!(
+                "segment {:#x}: blocks end at {at:#x}, the segment at {prev_end:#x}",
+                seg.address
+            ));
         }
         all.add(seg, pytorch_rules);
         match seg.pool {
@@ -139,8 +155,18 @@ mod tests {
             pool: Pool::Small,
             is_expandable: false,
             blocks: vec![
-                SnapshotBlock { address: 0x1000, size: 512, requested_size: 100, state: BlockState::ActiveAllocated },
-                SnapshotBlock { address: 0x1200, size: 1536, requested_size: 0, state: BlockState::Inactive },
+                SnapshotBlock {
+                    address: 0x1000,
+                    size: 512,
+                    requested_size: 100,
+                    state: BlockState::ActiveAllocated,
+                },
+                SnapshotBlock {
+                    address: 0x1200,
+                    size: 1536,
+                    requested_size: 0,
+                    state: BlockState::Inactive,
+                },
             ],
         };
         let mut stats = MemoryStats::default();
@@ -157,6 +183,9 @@ mod tests {
         stats.inactive_split_bytes.decrease(Pool::Small, 512);
         let problems = stat_consistency(&[seg], &stats, true);
         assert_eq!(problems.len(), 2, "{problems:?}");
-        assert!(problems[0].starts_with("inactive_split_bytes.all.current is 1024"), "{problems:?}");
+        assert!(
+            problems[0].starts_with("inactive_split_bytes.all.current is 1024"),
+            "{problems:?}"
+        );
     }
 }

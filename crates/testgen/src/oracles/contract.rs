@@ -33,7 +33,10 @@ fn count(events: &[Event], f: impl Fn(&Event) -> bool) -> usize {
 impl Contract {
     /// A contract for `policy` (PyTorch's accounting for [`super::PYTORCH_ACCOUNTING`]).
     pub fn new(policy: &str) -> Self {
-        Contract { pytorch_rules: super::PYTORCH_ACCOUNTING.contains(&policy), ..Contract::default() }
+        Contract {
+            pytorch_rules: super::PYTORCH_ACCOUNTING.contains(&policy),
+            ..Contract::default()
+        }
     }
 
     pub fn finish(self) -> Option<Breach> {
@@ -50,24 +53,42 @@ impl Contract {
             return Err(format!("a skipped op emitted {} events", ev.len()));
         }
         match (op, outcome) {
-            (&Op::Alloc { size: 0, .. }, OpOutcome::Allocated(g)) if g.size == 0 && ev.is_empty() => {}
+            (&Op::Alloc { size: 0, .. }, OpOutcome::Allocated(g))
+                if g.size == 0 && ev.is_empty() => {}
             (&Op::FreeRequested { id } | &Op::FreeCompleted { id }, OpOutcome::Done)
                 if self.null.contains(&id) && ev.is_empty() => {}
             (&Op::Alloc { id, size, stream }, OpOutcome::Allocated(g)) => {
-                let want = Event::Alloc { id, addr: g.addr, size: g.size, requested: size, stream, pool: pool_of(ev) };
+                let want = Event::Alloc {
+                    id,
+                    addr: g.addr,
+                    size: g.size,
+                    requested: size,
+                    stream,
+                    pool: pool_of(ev),
+                };
                 if allocs != 1 || ooms != 0 || ev.last() != Some(&want) {
-                    return Err(format!("granted {g:?}, but the events do not end with exactly one {want:?}"));
+                    return Err(format!(
+                        "granted {g:?}, but the events do not end with exactly one {want:?}"
+                    ));
                 }
             }
             (&Op::Alloc { id, stream, .. }, OpOutcome::OutOfMemory(info)) => {
                 let ok = matches!(ev.last(), Some(Event::Oom { id: i, stream: s, info: j, .. }) if *i == id && *s == stream && j == info);
                 if !ok || allocs != 0 || ooms != 1 {
-                    return Err("an OOM outcome must end with exactly one matching Oom event and no Alloc".into());
+                    return Err(
+                        "an OOM outcome must end with exactly one matching Oom event and no Alloc"
+                            .into(),
+                    );
                 }
             }
-            (_, _) if allocs + ooms > 0 => return Err("Alloc/Oom events outside an alloc op".into()),
+            (_, _) if allocs + ooms > 0 => {
+                return Err("Alloc/Oom events outside an alloc op".into())
+            }
             (&Op::FreeRequested { id }, OpOutcome::Done) => {
-                if requests != 1 || count(ev, |e| matches!(e, Event::FreeRequested { id: i, .. } if *i == id)) != 1 {
+                if requests != 1
+                    || count(ev, |e| matches!(e, Event::FreeRequested { id: i, .. } if *i == id))
+                        != 1
+                {
                     return Err("a free must emit exactly one FreeRequested, of its id".into());
                 }
             }
@@ -78,7 +99,9 @@ impl Contract {
                 }
             }
             (Op::EmptyCache, _) => {
-                let taking = ev.iter().any(|e| matches!(e, Event::SegmentAlloc { .. } | Event::SegmentMap { .. }));
+                let taking = ev
+                    .iter()
+                    .any(|e| matches!(e, Event::SegmentAlloc { .. } | Event::SegmentMap { .. }));
                 if taking {
                     return Err("empty_cache took memory from the device".into());
                 }
@@ -153,7 +176,14 @@ impl Observer for Contract {
         true
     }
 
-    fn on_op(&mut self, op_index: u64, op: &Op, outcome: &OpOutcome, allocator: &dyn Allocator, _device: &dyn Device) -> bool {
+    fn on_op(
+        &mut self,
+        op_index: u64,
+        op: &Op,
+        outcome: &OpOutcome,
+        allocator: &dyn Allocator,
+        _device: &dyn Device,
+    ) -> bool {
         let result = self.op_events(op, outcome).and_then(|()| {
             self.track(op, outcome);
             self.state(allocator)

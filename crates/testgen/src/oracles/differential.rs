@@ -6,7 +6,9 @@ use super::run::{Failure, Oracle};
 use crate::program::format_op;
 use crate::reference::{Reference, Settings};
 use allocsim_core::{Allocator, Device, Env, Event, MemoryStats, Op, Trace};
-use allocsim_replay::{format_event, Engine, Observer, OpOutcome, H100_FREE_BYTES, H100_TOTAL_BYTES};
+use allocsim_replay::{
+    format_event, Engine, Observer, OpOutcome, H100_FREE_BYTES, H100_TOTAL_BYTES,
+};
 use allocsim_sim::{SimConfig, SimDevice};
 
 /// Collects one op's events and outcome.
@@ -22,7 +24,14 @@ impl Observer for Collect {
         true
     }
 
-    fn on_op(&mut self, _i: u64, _op: &Op, outcome: &OpOutcome, _a: &dyn Allocator, _d: &dyn Device) -> bool {
+    fn on_op(
+        &mut self,
+        _i: u64,
+        _op: &Op,
+        outcome: &OpOutcome,
+        _a: &dyn Allocator,
+        _d: &dyn Device,
+    ) -> bool {
         self.outcome = Some(*outcome);
         true
     }
@@ -40,7 +49,12 @@ pub fn reference_applies(trace: &Trace) -> bool {
 fn device(trace: &Trace) -> SimDevice {
     let total = trace.meta.device_total_bytes.unwrap_or(H100_TOTAL_BYTES);
     let free = trace.meta.device_free_bytes.unwrap_or(H100_FREE_BYTES.min(total));
-    SimDevice::new(SimConfig { total_bytes: total, free_bytes: free, seed: 0, ..SimConfig::default() })
+    SimDevice::new(SimConfig {
+        total_bytes: total,
+        free_bytes: free,
+        seed: 0,
+        ..SimConfig::default()
+    })
 }
 
 fn lines(events: &[Event]) -> String {
@@ -68,27 +82,48 @@ pub fn compare_with_reference(policy: &str, trace: &Trace) -> Result<(), Failure
     }
     let conf = trace.meta.alloc_conf.clone().unwrap_or_default();
     let fail = |op: Option<u64>, msg: String| Failure::new(Oracle::Reference, policy, op, msg);
-    let mut model = Reference::new(&conf).map_err(|e| fail(None, format!("the reference refuses {conf:?}: {e}")))?;
+    let mut model = Reference::new(&conf)
+        .map_err(|e| fail(None, format!("the reference refuses {conf:?}: {e}")))?;
     let mut policy_alloc = allocsim_policies::by_name(policy, Some(&conf))
         .map_err(|e| Failure::new(Oracle::Setup, policy, None, e.to_string()))?;
     let (mut model_device, mut policy_device) = (device(trace), device(trace));
     if let Some(fraction) = trace.meta.memory_fraction {
         let mut sink = Vec::new();
-        let a = model.set_memory_fraction(&mut Env { device: &mut model_device, events: &mut sink }, fraction);
-        let b = policy_alloc.set_memory_fraction(&mut Env { device: &mut policy_device, events: &mut sink }, fraction);
+        let a = model.set_memory_fraction(
+            &mut Env { device: &mut model_device, events: &mut sink },
+            fraction,
+        );
+        let b = policy_alloc.set_memory_fraction(
+            &mut Env { device: &mut policy_device, events: &mut sink },
+            fraction,
+        );
         if a.is_ok() != b.is_ok() {
-            return Err(fail(None, format!("memory fraction {fraction}: reference {a:?}, policy {b:?}")));
+            return Err(fail(
+                None,
+                format!("memory fraction {fraction}: reference {a:?}, policy {b:?}"),
+            ));
         }
     }
+    let beyond = model.beyond_model();
     let mut want_engine = Engine::new(&mut model, &mut model_device);
     let mut got_engine = Engine::new(&mut *policy_alloc, &mut policy_device);
     for (i, op) in trace.ops.iter().enumerate() {
         let (mut want, mut got) = (Collect::default(), Collect::default());
         want_engine.step(op, &mut [&mut want]);
         got_engine.step(op, &mut [&mut got]);
+        if let Some(what) = beyond.borrow().as_deref() {
+            return Err(fail(
+                Some(i as u64),
+                format!(
+                    "the reference model stops here: {what}\n  policy events:\n{}",
+                    lines(&got.events)
+                ),
+            ));
+        }
         let context = || {
             let from = i.saturating_sub(12);
-            let before: Vec<String> = (from..i).map(|j| format!("    op {j}: {}", format_op(&trace.ops[j]))).collect();
+            let before: Vec<String> =
+                (from..i).map(|j| format!("    op {j}: {}", format_op(&trace.ops[j]))).collect();
             format!("after\n{}\nop {i}: {}", before.join("\n"), format_op(op))
         };
         if want.events != got.events || want.outcome != got.outcome {
@@ -106,11 +141,19 @@ pub fn compare_with_reference(policy: &str, trace: &Trace) -> Result<(), Failure
         }
         let (ws, gs) = (want_engine.allocator().stats(), got_engine.allocator().stats());
         if ws != gs {
-            return Err(fail(Some(i as u64), format!("{}\n  stats differ: {}", context(), stat_differences(&ws, &gs))));
+            return Err(fail(
+                Some(i as u64),
+                format!("{}\n  stats differ: {}", context(), stat_differences(&ws, &gs)),
+            ));
         }
-        let (wsnap, gsnap) = (want_engine.allocator().snapshot(), got_engine.allocator().snapshot());
+        let (wsnap, gsnap) =
+            (want_engine.allocator().snapshot(), got_engine.allocator().snapshot());
         if wsnap != gsnap {
-            let at = wsnap.iter().zip(&gsnap).position(|(a, b)| a != b).unwrap_or(wsnap.len().min(gsnap.len()));
+            let at = wsnap
+                .iter()
+                .zip(&gsnap)
+                .position(|(a, b)| a != b)
+                .unwrap_or(wsnap.len().min(gsnap.len()));
             return Err(fail(
                 Some(i as u64),
                 format!(

@@ -8,14 +8,17 @@
 //! - [`determinism`]: the same trace, policy and seed give a byte-identical event log.
 //! - [`compare_with_reference`]: the PyTorch policy against the reference model, event for
 //!   event.
-//! - `roundtrip`: the trace formats give back what they were given.
+//! - [`formats`]: the trace formats give back what they were given, and decoders never panic.
 
 mod consistency;
 mod contract;
 mod differential;
+pub mod formats;
 mod run;
 
 pub use consistency::{implied_free_space, stat_consistency, PYTORCH_ACCOUNTING};
 pub use contract::Contract;
 pub use differential::{compare_with_reference, reference_applies};
-pub use run::{check_trace, check_trace_catching, checked_run, determinism, run_options, Failure, Oracle};
+pub use run::{
+    check_trace, check_trace_catching, checked_run, determinism, run_options, Failure, Oracle,
+};

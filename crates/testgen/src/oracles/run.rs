@@ -69,7 +69,12 @@ impl fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 impl Failure {
-    pub fn new(oracle: Oracle, policy: &str, op_index: Option<u64>, message: impl Into<String>) -> Self {
+    pub fn new(
+        oracle: Oracle,
+        policy: &str,
+        op_index: Option<u64>,
+        message: impl Into<String>,
+    ) -> Self {
         Failure { oracle, policy: policy.to_string(), op_index, message: message.into() }
     }
 }
@@ -77,7 +82,12 @@ impl Failure {
 /// The options every oracle run uses: the modelled device (generated traces have no
 /// recording), the checker on, seed 0. The same as `allocsim replay FILE --policy P --check`.
 pub fn run_options(policy: &str) -> RunOptions {
-    RunOptions { policy: policy.to_string(), device: DeviceChoice::Sim, check: true, ..RunOptions::default() }
+    RunOptions {
+        policy: policy.to_string(),
+        device: DeviceChoice::Sim,
+        check: true,
+        ..RunOptions::default()
+    }
 }
 
 /// Run `trace` under `policy` with the checker and the op contract; the event log on success.
@@ -93,7 +103,10 @@ pub fn checked_run(policy: &str, trace: &Trace) -> Result<Vec<u8>, Failure> {
             Oracle::Checker,
             policy,
             Some(first.op_index),
-            format!("{first}{}", if more > 0 { format!(" (and {more} more)") } else { String::new() }),
+            format!(
+                "{first}{}",
+                if more > 0 { format!(" (and {more} more)") } else { String::new() }
+            ),
         ));
     }
     if let Some((op, message)) = contract.finish() {
@@ -108,7 +121,8 @@ pub fn determinism(policy: &str, trace: &Trace, first: &[u8]) -> Result<(), Fail
     let opts = RunOptions { check: false, ..run_options(policy) };
     run_trace(trace, &opts, &mut [&mut log], |_| {})
         .map_err(|e| Failure::new(Oracle::Setup, policy, None, e.to_string()))?;
-    let second = log.finish().map_err(|e| Failure::new(Oracle::Determinism, policy, None, e.to_string()))?;
+    let second =
+        log.finish().map_err(|e| Failure::new(Oracle::Determinism, policy, None, e.to_string()))?;
     if second == first {
         return Ok(());
     }

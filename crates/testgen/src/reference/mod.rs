@@ -24,6 +24,8 @@ use allocsim_core::{
     AllocId, Allocator, BlockState, ConfigError, Env, Event, Granted, MemoryStats, OomInfo, Pool,
     SnapshotBlock, SnapshotSegment, StreamId, MIB,
 };
+use std::cell::RefCell;
+use std::rc::Rc;
 
 const MIN_BLOCK: u64 = 512;
 const SMALL_SIZE: u64 = MIB;
@@ -78,6 +80,9 @@ pub struct Reference {
     allowed: Option<u64>,
     /// `get_free_blocks_call_count` of the small and the large pool.
     free_calls: [u64; 2],
+    /// Set when the program reached a case where PyTorch itself goes wrong; what happened.
+    /// Shared, so a caller can watch it while an engine holds the model.
+    beyond: Rc<RefCell<Option<String>>>,
 }
 
 /// `round_size` (spec §1.1).
@@ -121,7 +126,9 @@ impl Reference {
     pub fn new(conf: &str) -> Result<Self, ConfigError> {
         let settings = Settings::default().apply(conf)?;
         if settings.expandable_segments {
-            return Err(ConfigError("the reference model does not follow expandable segments".into()));
+            return Err(ConfigError(
+                "the reference model does not follow expandable segments".into(),
+            ));
         }
         let max_split_stat =
             if settings.max_split_size == u64::MAX { -1 } else { settings.max_split_size as i64 };
@@ -134,7 +141,14 @@ impl Reference {
             total_allocated: 0,
             allowed: None,
             free_calls: [0; 2],
+            beyond: Rc::default(),
         })
+    }
+
+    /// Filled once the program reaches a case PyTorch itself gets wrong (the model stops
+    /// following it there): what happened. A handle, to watch while an engine holds the model.
+    pub fn beyond_model(&self) -> Rc<RefCell<Option<String>>> {
+        Rc::clone(&self.beyond)
     }
 
     fn index_of(&self, addr: u64) -> usize {
@@ -232,7 +246,16 @@ impl Reference {
     /// `release_block`: a whole free segment goes back to the device.
     fn release_block(&mut self, env: &mut Env<'_>, addr: u64) {
         let i = self.index_of(addr);
-        assert!(!self.is_split(i), "reference: release of a block that is not a whole segment");
+        if self.is_split(i) {
+            // PyTorch would cudaFree a pointer into a segment that still holds other blocks.
+            let b = &self.blocks[i];
+            self.beyond.borrow_mut().get_or_insert(format!(
+                "release_block of the {} B free block at {:#x}, which is not a whole segment \
+                 (an oversize block split before max_split_size was lowered at run time)",
+                b.size, b.addr
+            ));
+            return;
+        }
         let b = self.blocks.remove(i);
         self.segments.retain(|s| s.addr != b.segment);
         env.device.free(b.addr, b.size);
@@ -243,19 +266,34 @@ impl Reference {
             self.stats.oversize_segments.decrease(1);
         }
         self.stats.num_device_free += 1;
-        env.events.push(Event::SegmentFree { addr: b.addr, size: b.size, stream: b.stream, pool: b.pool });
+        env.events.push(Event::SegmentFree {
+            addr: b.addr,
+            size: b.size,
+            stream: b.stream,
+            pool: b.pool,
+        });
     }
 
     /// `release_available_cached_blocks` (spec §4.2): oversize cached segments only.
-    fn release_available(&mut self, env: &mut Env<'_>, pool: Pool, stream: StreamId, size: u64) -> bool {
+    fn release_available(
+        &mut self,
+        env: &mut Env<'_>,
+        pool: Pool,
+        stream: StreamId,
+        size: u64,
+    ) -> bool {
         let max_split = self.settings.max_split_size;
         if max_split == u64::MAX {
             return false;
         }
         let key = size.max(max_split);
         let order = self.free_in_order(pool);
+        // A split block can only be oversize after max_split_size was lowered at run time;
+        // PyTorch would cudaFree a pointer into a live segment there. Such blocks are skipped
+        // (the policy's documented choice): never release part of a segment.
+        let whole = |r: &Self, addr: u64| !r.is_split(r.index_of(addr));
         let pos = order.partition_point(|&e| e < (stream, key, 0));
-        if pos < order.len() && order[pos].0 == stream {
+        if pos < order.len() && order[pos].0 == stream && whole(self, order[pos].2) {
             self.release_block(env, order[pos].2);
             return true;
         }
@@ -265,8 +303,10 @@ impl Reference {
         let mut released = 0u64;
         let mut j = pos - 1;
         while released < key && order[j].1 >= max_split && order[j].0 == stream {
-            self.release_block(env, order[j].2);
-            released += order[j].1;
+            if whole(self, order[j].2) {
+                self.release_block(env, order[j].2);
+                released += order[j].1;
+            }
             if j == 0 {
                 break;
             }
@@ -382,7 +422,12 @@ impl Reference {
     fn free_block(&mut self, env: &mut Env<'_>, mut i: usize) {
         let b = &mut self.blocks[i];
         let id = b.id.take().expect("reference: free_block of a block without an id");
-        env.events.push(Event::FreeCompleted { id, addr: b.addr, size: b.size, requested: b.requested });
+        env.events.push(Event::FreeCompleted {
+            id,
+            addr: b.addr,
+            size: b.size,
+            requested: b.requested,
+        });
         b.state = State::Free;
         b.used_elsewhere = false;
         let (original, requested, pool, segment) = (b.size, b.requested, b.pool, b.segment);
@@ -425,7 +470,13 @@ impl Allocator for Reference {
         "pytorch-reference"
     }
 
-    fn malloc(&mut self, env: &mut Env<'_>, id: AllocId, orig: u64, stream: StreamId) -> Result<Granted, OomInfo> {
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        orig: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
         if orig == 0 {
             // `NativeCachingAllocator::allocate(0)`: a null pointer, no stats, no trace.
             return Ok(Granted { addr: 0, size: 0 });
@@ -464,7 +515,14 @@ impl Allocator for Reference {
             return Err(info);
         };
         let granted = self.alloc_found_block(addr, size, orig, id);
-        env.events.push(Event::Alloc { id, addr: granted.addr, size: granted.size, requested: orig, stream, pool });
+        env.events.push(Event::Alloc {
+            id,
+            addr: granted.addr,
+            size: granted.size,
+            requested: orig,
+            stream,
+            pool,
+        });
         Ok(granted)
     }
 
@@ -472,7 +530,8 @@ impl Allocator for Reference {
         let Some(i) = self.index_of_id(id) else { return };
         let b = &mut self.blocks[i];
         b.state = State::Pending;
-        let (addr, size, requested, pool, elsewhere) = (b.addr, b.size, b.requested, b.pool, b.used_elsewhere);
+        let (addr, size, requested, pool, elsewhere) =
+            (b.addr, b.size, b.requested, b.pool, b.used_elsewhere);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         env.events.push(Event::FreeRequested { id, addr, size, requested });
@@ -517,7 +576,9 @@ impl Allocator for Reference {
     fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
         let next = self.settings.apply(conf)?;
         if next.expandable_segments {
-            return Err(ConfigError("the reference model does not follow expandable segments".into()));
+            return Err(ConfigError(
+                "the reference model does not follow expandable segments".into(),
+            ));
         }
         self.settings = next;
         Ok(())

@@ -59,7 +59,8 @@ fn err(msg: impl Into<String>) -> ConfigError {
 }
 
 fn number(tok: Option<&String>) -> Result<u64, ConfigError> {
-    tok.and_then(|t| t.parse::<u64>().ok()).ok_or_else(|| err(format!("expected a number, got {tok:?}")))
+    tok.and_then(|t| t.parse::<u64>().ok())
+        .ok_or_else(|| err(format!("expected a number, got {tok:?}")))
 }
 
 fn boolean(tok: Option<&String>) -> Result<bool, ConfigError> {

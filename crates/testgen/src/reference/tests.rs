@@ -47,7 +47,11 @@ struct Rig {
 
 impl Rig {
     fn new(conf: &str, total: u64) -> Rig {
-        Rig { model: Reference::new(conf).unwrap(), device: Bump { total, ..Bump::default() }, events: Vec::new() }
+        Rig {
+            model: Reference::new(conf).unwrap(),
+            device: Bump { total, ..Bump::default() },
+            events: Vec::new(),
+        }
     }
     fn alloc(&mut self, id: u64, size: u64) -> Result<Granted, OomInfo> {
         let mut env = Env { device: &mut self.device, events: &mut self.events };
@@ -61,7 +65,8 @@ impl Rig {
         self.events.drain(..).map(|e| e.action()).collect()
     }
     fn check(&self) {
-        let problems = crate::oracles::stat_consistency(&self.model.snapshot(), &self.model.stats(), true);
+        let problems =
+            crate::oracles::stat_consistency(&self.model.snapshot(), &self.model.stats(), true);
         assert!(problems.is_empty(), "{problems:?}");
     }
 }
@@ -73,7 +78,9 @@ fn rounding_follows_pytorchs_examples() {
     assert_eq!(round_size(&four, 5000), 5120);
     assert_eq!(round_size(&Settings::default(), 1), 512);
     assert_eq!(round_size(&Settings::default(), 513), 1024);
-    let list = Settings::default().apply("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]").unwrap();
+    let list = Settings::default()
+        .apply("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]")
+        .unwrap();
     assert_eq!(round_size(&list, 84 * MIB), 88 * MIB);
     assert_eq!(round_size(&list, 400 * MIB), 512 * MIB);
     assert_eq!(round_size(&four, 4 * 21 * MIB), 96 * MIB);
@@ -94,7 +101,10 @@ fn small_blocks_split_and_merge_back() {
     r.check();
     r.free(0);
     r.free(1);
-    assert_eq!(r.actions(), ["alloc", "free_requested", "free_completed", "free_requested", "free_completed"]);
+    assert_eq!(
+        r.actions(),
+        ["alloc", "free_requested", "free_completed", "free_requested", "free_completed"]
+    );
     let s = r.model.stats();
     assert_eq!((s.inactive_split.all.current, s.inactive_split_bytes.all.current), (0, 0));
     r.check();
@@ -121,7 +131,11 @@ fn oversize_blocks_serve_only_large_requests() {
     r.free(0);
     r.actions();
     r.alloc(1, 30 * MIB).unwrap();
-    assert_eq!(r.actions(), ["segment_alloc", "alloc"], "a normal request never gets an oversize block");
+    assert_eq!(
+        r.actions(),
+        ["segment_alloc", "alloc"],
+        "a normal request never gets an oversize block"
+    );
     r.alloc(2, 90 * MIB).unwrap();
     assert_eq!(r.actions(), ["alloc"], "within max_non_split_rounding of the cached block");
     assert_eq!(r.model.stats().oversize_allocations.current, 1);
@@ -134,7 +148,18 @@ fn oom_after_emptying_the_cache() {
     r.alloc(0, 30 * MIB).unwrap();
     r.free(0);
     r.alloc(1, 40 * MIB).unwrap();
-    assert_eq!(r.actions(), ["segment_alloc", "alloc", "free_requested", "free_completed", "segment_free", "segment_alloc", "alloc"]);
+    assert_eq!(
+        r.actions(),
+        [
+            "segment_alloc",
+            "alloc",
+            "free_requested",
+            "free_completed",
+            "segment_free",
+            "segment_alloc",
+            "alloc"
+        ]
+    );
     assert_eq!(r.model.stats().num_alloc_retries, 1);
     let info = r.alloc(2, 40 * MIB).unwrap_err();
     assert_eq!(info.rounded_bytes, 40 * MIB);

@@ -1,0 +1,171 @@
+//! The trace formats: what is written comes back, and what a reader accepts can be replayed.
+//!
+//! Round trips: the native binary and JSON forms give back every field of a trace; a
+//! simulated run exported as a PyTorch snapshot (its events as trace entries) imports back to
+//! the same entries. Decoders (the fuzz targets' oracles): any bytes give a trace or an error,
+//! never a panic, and an accepted trace survives a round trip through its own format and
+//! replays under the checker.
+
+use super::run::{checked_run, Failure, Oracle};
+use allocsim_core::{RecordedEvent, Trace};
+use allocsim_replay::{run_trace, Recorder};
+use allocsim_trace::{native, pickle, pytorch, rmm};
+use std::path::Path;
+
+/// Decoders and replays stop here: a fuzzer's input must not make one execution take seconds.
+pub const MAX_REPLAY_OPS: usize = 20_000;
+
+const MEMORY: &str = "<memory>";
+
+fn fail(policy: &str, message: String) -> Failure {
+    Failure::new(Oracle::RoundTrip, policy, None, message)
+}
+
+/// The first field where two traces differ, or `Ok`.
+pub fn same_trace(a: &Trace, b: &Trace) -> Result<(), String> {
+    if a.meta != b.meta {
+        return Err(format!("meta: {:?} became {:?}", a.meta, b.meta));
+    }
+    if let Some(i) = (0..a.ops.len().max(b.ops.len())).find(|&i| a.ops.get(i) != b.ops.get(i)) {
+        return Err(format!("op {i}: {:?} became {:?}", a.ops.get(i), b.ops.get(i)));
+    }
+    if a.recorded != b.recorded {
+        return Err("recorded events differ".into());
+    }
+    if a.stacks != b.stacks || a.op_stacks != b.op_stacks {
+        return Err("stacks differ".into());
+    }
+    if a.warnings != b.warnings {
+        return Err(format!("warnings: {:?} became {:?}", a.warnings, b.warnings));
+    }
+    Ok(())
+}
+
+fn native_bytes(trace: &Trace) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    native::write_native(trace, &mut out, Path::new(MEMORY)).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+fn native_json_bytes(trace: &Trace) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    native::write_native_json(trace, &mut out, Path::new(MEMORY)).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Decode the JSON form from memory, as `read_native_json` does from a file.
+pub fn read_native_json_bytes(bytes: &[u8]) -> Result<Trace, String> {
+    let file: native::NativeFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if file.format != native::FORMAT_NAME || file.version != native::VERSION {
+        return Err("not an allocsim JSON trace of this version".into());
+    }
+    file.into_trace()
+}
+
+/// Native binary and JSON: write, read back, compare every field.
+pub fn roundtrip_native(trace: &Trace) -> Result<(), Failure> {
+    let bytes = native_bytes(trace).map_err(|e| fail("-", format!("native encode: {e}")))?;
+    let back = native::read_native_from(&bytes[..], Path::new(MEMORY))
+        .map_err(|e| fail("-", format!("native decode of our own bytes: {e}")))?;
+    same_trace(trace, &back).map_err(|e| fail("-", format!("native (bincode) round trip: {e}")))?;
+    let json = native_json_bytes(trace).map_err(|e| fail("-", format!("JSON encode: {e}")))?;
+    let back = read_native_json_bytes(&json)
+        .map_err(|e| fail("-", format!("JSON decode of our own bytes: {e}")))?;
+    same_trace(trace, &back).map_err(|e| fail("-", format!("native JSON round trip: {e}")))
+}
+
+fn entries(events: &[RecordedEvent]) -> Vec<(&'static str, u64, u64, u64)> {
+    events.iter().map(|e| (e.kind.action(), e.addr, e.size, e.stream.0)).collect()
+}
+
+/// Run `trace` under `policy`, export the run as a PyTorch snapshot (its events as trace
+/// entries), import that snapshot, and compare the entries: our own export must read back.
+pub fn roundtrip_snapshot(policy: &str, trace: &Trace) -> Result<(), Failure> {
+    let mut recorder = Recorder::default();
+    run_trace(trace, &super::run_options(policy), &mut [&mut recorder], |_| {})
+        .map_err(|e| Failure::new(Oracle::Setup, policy, None, e.to_string()))?;
+    let run = Trace {
+        meta: trace.meta.clone(),
+        ops: trace.ops.clone(),
+        recorded: recorder.events,
+        ..Trace::default()
+    };
+    let mut bytes = Vec::new();
+    pytorch::write_snapshot(&run, &mut bytes, false, Path::new(MEMORY))
+        .map_err(|e| fail(policy, format!("snapshot export: {e}")))?;
+    let root = pickle::from_slice(&bytes)
+        .map_err(|e| fail(policy, format!("unpickling our own snapshot: {e}")))?;
+    let back = pytorch::snapshot_to_trace(&root, Path::new(MEMORY), true)
+        .map_err(|e| fail(policy, format!("importing our own snapshot: {e}")))?;
+    let (want, got) = (entries(&run.recorded), entries(&back.recorded));
+    if want != got {
+        let i = (0..want.len().max(got.len())).find(|&i| want.get(i) != got.get(i)).unwrap_or(0);
+        return Err(fail(
+            policy,
+            format!(
+                "snapshot round trip: entry {i} was {:?}, reads back as {:?}",
+                want.get(i),
+                got.get(i)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What every decoder's output must survive: its own format's round trip (by `encode` then
+/// `decode`), and, when small enough, a replay under every oracle of the checked run.
+fn accepted(
+    trace: &Trace,
+    again: impl Fn(&Trace) -> Result<Trace, String>,
+    policy: &str,
+) -> Result<(), Failure> {
+    let back = again(trace).map_err(|e| fail(policy, format!("re-reading what was read: {e}")))?;
+    same_trace(trace, &back)
+        .map_err(|e| fail(policy, format!("read, written, read again: {e}")))?;
+    roundtrip_native(trace)?;
+    if trace.ops.len() <= MAX_REPLAY_OPS {
+        checked_run(policy, trace)?;
+    }
+    Ok(())
+}
+
+/// Fuzz oracle: native binary bytes.
+pub fn decode_native(bytes: &[u8], policy: &str) -> Result<(), Failure> {
+    let Ok(trace) = native::read_native_from(bytes, Path::new(MEMORY)) else { return Ok(()) };
+    let again = |t: &Trace| {
+        let b = native_bytes(t)?;
+        native::read_native_from(&b[..], Path::new(MEMORY)).map_err(|e| e.to_string())
+    };
+    accepted(&trace, again, policy)
+}
+
+/// Fuzz oracle: native JSON bytes.
+pub fn decode_native_json(bytes: &[u8], policy: &str) -> Result<(), Failure> {
+    let Ok(trace) = read_native_json_bytes(bytes) else { return Ok(()) };
+    let again = |t: &Trace| read_native_json_bytes(&native_json_bytes(t)?);
+    accepted(&trace, again, policy)
+}
+
+/// Fuzz oracle: PyTorch snapshot pickle bytes (the safe pickle reader, then the converter).
+pub fn decode_snapshot(bytes: &[u8], policy: &str) -> Result<(), Failure> {
+    let Ok(root) = pickle::from_slice(bytes) else { return Ok(()) };
+    let Ok(trace) = pytorch::snapshot_to_trace(&root, Path::new(MEMORY), true) else {
+        return Ok(());
+    };
+    // A snapshot's own round trip is only exact for recordings; the native one always is.
+    roundtrip_native(&trace)?;
+    if trace.ops.len() <= MAX_REPLAY_OPS {
+        checked_run(policy, &trace)?;
+    }
+    Ok(())
+}
+
+/// Fuzz oracle: RMM `logging_resource_adaptor` CSV bytes.
+pub fn decode_rmm(bytes: &[u8], policy: &str) -> Result<(), Failure> {
+    let Ok(trace) = rmm::read_rmm_from(bytes, Path::new(MEMORY)) else { return Ok(()) };
+    roundtrip_native(&trace)?;
+    if trace.ops.len() <= MAX_REPLAY_OPS {
+        checked_run(policy, &trace)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! The fuzz targets' bodies, here so that `fuzz/` is glue and `cargo test` runs the same
+//! oracles as smoke tests (`tests/fuzz_smoke.rs`). Each takes the fuzzer's bytes; `Err` is a
+//! finding, and a panic is one too.
+
+use crate::oracles::{check_trace, formats, Failure};
+use crate::swarm::{from_bytes, Limits};
+
+/// The policy an input exercises: its first byte picks one from `allocsim_policies::names()`,
+/// so every execution runs one policy and the fuzzer's coverage covers them all.
+pub fn policy_for(data: &[u8]) -> &'static str {
+    let names = allocsim_policies::names();
+    names[usize::from(data.first().copied().unwrap_or(0)) % names.len()]
+}
+
+/// Limits for fuzzed programs: short, so one execution stays in the milliseconds.
+pub const FUZZ_LIMITS: Limits = Limits { max_steps: 64, expandable: true, invalid_settings: true };
+
+/// `program`: bytes → a program ([`crate::swarm::from_bytes`]) → every oracle for one policy,
+/// plus the native round trip of its trace.
+pub fn program(data: &[u8]) -> Result<(), Failure> {
+    let policy = policy_for(data);
+    let program = from_bytes(data.get(1..).unwrap_or(&[]), &FUZZ_LIMITS);
+    let trace = program.trace();
+    check_trace(policy, &trace).map_err(|f| with_listing(f, &program))?;
+    formats::roundtrip_native(&trace)
+}
+
+fn with_listing(mut f: Failure, program: &crate::Program) -> Failure {
+    f.message = format!("{}\nprogram:\n{program}", f.message);
+    f
+}
+
+/// `snapshot_import`: bytes as a PyTorch snapshot pickle.
+pub fn snapshot_import(data: &[u8]) -> Result<(), Failure> {
+    formats::decode_snapshot(data, "pytorch")
+}
+
+/// `rmm_import`: bytes as an RMM log.
+pub fn rmm_import(data: &[u8]) -> Result<(), Failure> {
+    formats::decode_rmm(data, policy_for(data))
+}
+
+/// `native_decode`: bytes as a native binary trace, and as a native JSON trace.
+pub fn native_decode(data: &[u8]) -> Result<(), Failure> {
+    formats::decode_native(data, "pytorch")?;
+    formats::decode_native_json(data, "pytorch")
+}
+
+/// Every target by its `fuzz/fuzz_targets/` name.
+pub const TARGETS: [(&str, fn(&[u8]) -> Result<(), Failure>); 4] = [
+    ("program", program),
+    ("snapshot_import", snapshot_import),
+    ("rmm_import", rmm_import),
+    ("native_decode", native_decode),
+];

@@ -1,0 +1,56 @@
+//! The property suites: generated programs under every oracle, for every policy
+//! `allocsim_policies::names()` lists (a new policy is covered by being registered).
+//!
+//! Case counts are bounded so the whole file takes a minute or two in release (CI runs
+//! `cargo test --workspace --release`); debug builds run fewer. A failure is shrunk, printed
+//! as an op listing, and written under `target/.../tmp/testgen-failures/` with the command
+//! that reproduces it.
+
+use allocsim_testgen::oracles::{check_trace, compare_with_reference, formats};
+use allocsim_testgen::suite::Suite;
+use allocsim_testgen::Limits;
+use std::path::PathBuf;
+
+/// Cases per policy and suite: release / debug.
+const CASES: u32 = if cfg!(debug_assertions) { 16 } else { 1024 };
+const STEPS: usize = 160;
+
+fn suite(name: &'static str, cases: u32, limits: Limits) -> Suite {
+    let failure_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("testgen-failures");
+    Suite { name, cases, limits, failure_dir }
+}
+
+/// The checker, the op/event contract and `_check_memory_stat_consistency` after every op,
+/// and a second run with a byte-identical event log; for `pytorch`, also the reference model
+/// wherever it applies.
+#[test]
+fn every_policy_passes_every_oracle() {
+    let s = suite("oracles", CASES, Limits { max_steps: STEPS, ..Limits::default() });
+    for policy in allocsim_policies::names() {
+        s.run(policy, check_trace);
+    }
+}
+
+/// The PyTorch policy against the reference model, event for event, on programs the model
+/// follows in full (no expandable segments, only settings PyTorch accepts).
+#[test]
+fn pytorch_matches_the_reference_model() {
+    if !allocsim_policies::names().contains(&"pytorch") {
+        return;
+    }
+    suite("reference", CASES * 3, Limits::for_reference(STEPS))
+        .run("pytorch", compare_with_reference);
+}
+
+/// Native binary and JSON round trips, and every policy's run exported as a PyTorch snapshot
+/// and imported again.
+#[test]
+fn formats_round_trip() {
+    let s = suite("formats", CASES / 2, Limits { max_steps: STEPS, ..Limits::default() });
+    for policy in allocsim_policies::names() {
+        s.run(policy, |policy, trace| {
+            formats::roundtrip_native(trace)?;
+            formats::roundtrip_snapshot(policy, trace)
+        });
+    }
+}
