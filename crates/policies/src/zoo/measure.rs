@@ -53,6 +53,8 @@ struct Run {
     /// Peak of what the device holds: segments rounded up to 2 MiB pages, mapped pages.
     device_peak: u64,
     ooms: u64,
+    /// Bytes of the requests that succeeded.
+    served: u64,
     device_calls: u64,
     device_time: Duration,
     policy_time: Duration,
@@ -94,6 +96,7 @@ fn run(trace: &Trace, policy: &str, conf: Option<&str>, free: u64, fraction: boo
                 match alloc.malloc(&mut env, *id, *size, *stream) {
                     Ok(_) => {
                         live.insert(*id);
+                        out.served += size;
                     }
                     Err(_) => out.ooms += 1,
                 }
@@ -180,17 +183,18 @@ fn load(name: &str) -> Trace {
 #[test]
 #[ignore]
 fn peak_reserved_per_trace() {
-    println!("trace | policy | peak reserved GiB | device peak GiB | OOMs | device calls | device ms | policy ms | syncs");
+    println!("trace | policy | peak reserved GiB | device peak GiB | OOMs | served GiB | device calls | device ms | policy ms | syncs");
     for name in TRACES {
         let trace = load(name);
         println!("{name} | live peak | {} | | | | | |", gib(live_peak(&trace)));
         for (label, policy, conf) in POLICIES {
             let r = run(&trace, policy, conf, H100_FREE_AT_START_BYTES, true);
             println!(
-                "{name} | {label} | {} | {} | {} | {} | {:.1} | {:.1} | {}",
+                "{name} | {label} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {}",
                 gib(r.peak_reserved),
                 gib(r.device_peak),
                 r.ooms,
+                r.served as f64 / GIB as f64,
                 r.device_calls,
                 r.device_time.as_secs_f64() * 1e3,
                 r.policy_time.as_secs_f64() * 1e3,
@@ -263,7 +267,8 @@ fn call_timeline() {
         let mut env = Env { device: &mut device, events: &mut events };
         match op {
             Op::Alloc { id, size, stream } => {
-                if alloc.malloc(&mut env, *id, *size, *stream).is_ok() {
+                let granted = alloc.malloc(&mut env, *id, *size, *stream).is_ok();
+                if granted {
                     live.insert(*id);
                 }
             }
