@@ -607,7 +607,7 @@ mod tests {
     fn maps_ahead_at_the_frontier_within_the_headroom() {
         let mut rig = Rig::new("allocsim", None, GIB);
         rig.malloc(1, 3 * MIB, 0).unwrap();
-        assert_eq!(rig.reserved(), 20 * MIB, "ahead to the 20 MiB grow step");
+        assert_eq!(rig.reserved(), 48 * MIB, "ahead to the 48 MiB grow step");
         let calls = rig.policy.stats().num_device_alloc;
         for id in 2..=5 {
             rig.malloc(id, 3 * MIB, 0).unwrap();

@@ -1,6 +1,7 @@
 //! Test helper for the zoo: a trivial bump [`Device`], a shadow model that rebuilds the memory
 //! map from a policy's events alone and checks it after every op, and a seeded random op
-//! program run through every policy. Small on purpose: `allocsim-check` will replace it.
+//! program run through every policy. Small on purpose: `allocsim-check` will replace it; until
+//! then every call is also fed to `allocsim-check`'s `Checker`, and both must agree.
 
 use allocsim_core::{
     AllocId, Allocator, BlockState, CallKind, Device, DeviceCalls, DeviceError, Env, Event,
@@ -318,6 +319,7 @@ pub(crate) struct Rig {
     shadow: Shadow,
     seen: usize,
     checks: u64,
+    checker: allocsim_check::Checker,
     pub label: String,
 }
 
@@ -341,6 +343,10 @@ impl Rig {
             shadow: Shadow::default(),
             seen: 0,
             checks: 0,
+            checker: allocsim_check::Checker::new(allocsim_check::CheckConfig {
+                alignment_bytes: 256,
+                ..allocsim_check::CheckConfig::new(capacity)
+            }),
             label: name.to_string(),
         }
     }
@@ -403,12 +409,17 @@ impl Rig {
 
     /// Apply new events to the shadow, then compare stats and snapshot with it.
     pub fn check(&mut self) {
-        for e in &self.events[self.seen..] {
+        for (i, e) in self.events.iter().enumerate().skip(self.seen) {
             if let Err(msg) = self.shadow.apply(e) {
                 panic!("{}: event {e:?}: {msg}", self.label);
             }
+            self.checker.on_event(i as u64, self.checks, e);
         }
         self.seen = self.events.len();
+        self.checker.on_stats(self.seen as u64, self.checks, &self.policy.stats());
+        if let Some(v) = self.checker.violations().first() {
+            panic!("{}: allocsim-check: {v}", self.label);
+        }
         // Stats every call; the O(blocks) snapshot comparison on a sample of calls.
         self.checks += 1;
         let snapshot = self.checks < 64 || self.checks & 15 == 0;
