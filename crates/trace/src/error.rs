@@ -6,12 +6,13 @@ use std::io;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
+/// The underlying error is part of each message rather than a `source()`, so that every
+/// message stands on its own and printing the chain never repeats it.
 pub enum TraceError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
 
     #[error("{}: empty file", path.display())]
@@ -25,11 +26,10 @@ pub enum TraceError {
     UnknownFormat { path: PathBuf },
 
     /// The pickle itself is bad: truncated, corrupt, or it tries to run code.
-    #[error("{}: pickle {source}", path.display())]
+    #[error("{}: pickle {error}", path.display())]
     Pickle {
         path: PathBuf,
-        #[source]
-        source: PickleError,
+        error: PickleError,
     },
 
     /// The pickle is fine but is not a snapshot we understand. `place` is a Python-like path
@@ -52,11 +52,10 @@ pub enum TraceError {
     #[error("{}: {message}", path.display())]
     Native { path: PathBuf, message: String },
 
-    #[error("{}: JSON: {source}", path.display())]
+    #[error("{}: JSON: {error}", path.display())]
     Json {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
 
     /// The trace cannot be expressed in the format asked for.
@@ -66,6 +65,6 @@ pub enum TraceError {
 
 impl TraceError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
-        TraceError::Io { path: path.into(), source }
+        TraceError::Io { path: path.into(), error: source }
     }
 }

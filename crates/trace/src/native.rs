@@ -271,7 +271,7 @@ pub fn read_native_from<R: Read>(mut input: R, path: &Path) -> Result<Trace, Tra
 /// Write the JSON form.
 pub fn write_native_json<W: Write>(trace: &Trace, out: W, path: &Path) -> Result<(), TraceError> {
     serde_json::to_writer_pretty(out, &NativeFile::from_trace(trace))
-        .map_err(|source| TraceError::Json { path: path.to_path_buf(), source })
+        .map_err(|error| TraceError::Json { path: path.to_path_buf(), error })
 }
 
 /// Just the header fields, read first so a wrong file gets a clear message.
@@ -287,7 +287,7 @@ pub fn read_native_json(path: &Path) -> Result<Trace, TraceError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(TraceError::Empty { path: path.to_path_buf() });
     }
-    let json_err = |source| TraceError::Json { path: path.to_path_buf(), source };
+    let json_err = |error| TraceError::Json { path: path.to_path_buf(), error };
     let header: Header = serde_json::from_slice(&bytes).map_err(json_err)?;
     if header.format.as_deref() != Some(FORMAT_NAME) {
         return Err(native_err(path, "not an allocsim JSON trace (no \"format\": \"allocsim\")"));

@@ -97,9 +97,9 @@ pub enum PickleErrorKind {
     #[error("the values would take more than {0} bytes of memory")]
     MemoryLimit(u64),
     #[error("read error: {0}")]
-    Io(#[source] io::Error),
+    Io(io::Error),
     #[error("read error after STOP (corrupt compressed trailer?): {0}")]
-    AfterStop(#[source] io::Error),
+    AfterStop(io::Error),
 }
 
 /// Read one pickle from `reader` with the default [`Limits`]. Bytes after `STOP` are read and

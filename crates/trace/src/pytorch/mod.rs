@@ -52,7 +52,7 @@ pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceErro
 
 fn parse<R: Read>(reader: R, path: &Path, opts: &ReadOptions) -> Result<Value, TraceError> {
     pickle::from_reader_with(reader, &opts.limits)
-        .map_err(|source| TraceError::Pickle { path: path.to_path_buf(), source })
+        .map_err(|error| TraceError::Pickle { path: path.to_path_buf(), error })
 }
 
 /// Convert an unpickled snapshot. `path` only names the source in errors.
@@ -96,7 +96,7 @@ pub fn write_snapshot<W: Write>(
 ) -> Result<(), TraceError> {
     let value = trace_to_snapshot(trace)
         .map_err(|message| TraceError::Unwritable { path: path.to_path_buf(), message })?;
-    let pickle_err = |source| TraceError::Pickle { path: path.to_path_buf(), source };
+    let pickle_err = |error| TraceError::Pickle { path: path.to_path_buf(), error };
     if gzip {
         let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
         pickle::write(&value, &mut enc).map_err(pickle_err)?;

@@ -25,7 +25,7 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         Err(e) => return Err(TraceError::io(path, e)),
     };
     let json: Json = serde_json::from_str(&text)
-        .map_err(|source| TraceError::Json { path: path.clone(), source })?;
+        .map_err(|error| TraceError::Json { path: path.clone(), error })?;
     let err = |place: &str, message: String| TraceError::Sidecar {
         path: path.clone(),
         place: place.to_string(),
