@@ -6,6 +6,7 @@
 //! skipped, the trace's memory fraction applies from the start, settings strings (PyTorch's
 //! syntax) go to `pytorch` only, and the device is the modelled H100 (`allocsim-sim`).
 
+use allocsim_check::{CheckConfig, Checker};
 use allocsim_core::{AllocId, Allocator, Device, Env, Event, Op, Trace, GIB, MIB};
 use allocsim_sim::{SimConfig, SimDevice, H100_FREE_AT_START_BYTES, H100_TOTAL_BYTES};
 use std::collections::HashSet;
@@ -47,7 +48,7 @@ fn trace_path(name: &str) -> PathBuf {
         .join(format!("{name}.pickle.gz"))
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Run {
     peak_reserved: u64,
     /// Peak of what the device holds: segments rounded up to 2 MiB pages, mapped pages.
@@ -59,6 +60,9 @@ struct Run {
     device_time: Duration,
     policy_time: Duration,
     syncs: i64,
+    /// What `allocsim-check` found, when asked to check.
+    violations: u64,
+    first_violation: Option<String>,
 }
 
 fn build(policy: &str, conf: Option<&str>, trace: &Trace, free: u64) -> Box<dyn Allocator> {
@@ -72,7 +76,24 @@ fn build(policy: &str, conf: Option<&str>, trace: &Trace, free: u64) -> Box<dyn 
 
 /// Replay `trace` under `policy` on an H100 model with `free` bytes free at start.
 fn run(trace: &Trace, policy: &str, conf: Option<&str>, free: u64, fraction: bool) -> Run {
+    run_checked(trace, policy, conf, free, fraction, false)
+}
+
+/// `run`, with `allocsim-check` watching every event and the stats after every op if `check`.
+fn run_checked(
+    trace: &Trace,
+    policy: &str,
+    conf: Option<&str>,
+    free: u64,
+    fraction: bool,
+    check: bool,
+) -> Run {
     let mut alloc = build(policy, conf, trace, free);
+    let mut checker = check.then(|| {
+        let align = if policy == "pytorch" { 512 } else { 256 };
+        Checker::new(CheckConfig { alignment_bytes: align, ..CheckConfig::new(H100_TOTAL_BYTES) })
+    });
+    let mut event_index = 0u64;
     let cfg = SimConfig {
         total_bytes: H100_TOTAL_BYTES.max(free),
         free_bytes: free,
@@ -119,6 +140,13 @@ fn run(trace: &Trace, policy: &str, conf: Option<&str>, free: u64, fraction: boo
             if let Event::FreeCompleted { id, .. } = e {
                 live.remove(id);
             }
+            if let Some(c) = checker.as_mut() {
+                c.on_event(event_index, i as u64, e);
+            }
+            event_index += 1;
+        }
+        if let Some(c) = checker.as_mut() {
+            c.on_stats(event_index, i as u64, &alloc.stats());
         }
         out.device_peak = out.device_peak.max(device.reserved_bytes());
         events.clear();
@@ -129,6 +157,11 @@ fn run(trace: &Trace, policy: &str, conf: Option<&str>, free: u64, fraction: boo
     out.syncs = stats.num_sync_all_streams;
     out.device_calls = device.calls().total_calls();
     out.device_time = Duration::from_nanos(device.calls().total_time_ns());
+    if let Some(c) = checker {
+        let report = c.finish();
+        out.violations = report.total_violations();
+        out.first_violation = report.violations().first().map(|v| v.to_string());
+    }
     out
 }
 
@@ -298,4 +331,24 @@ fn call_timeline() {
     for (i, (a, f, bytes)) in buckets.iter().enumerate() {
         println!("{name} {policy} {conf} | {:>3}% | +{a} -{f} | mapped {} MiB", i * 5, bytes >> 20);
     }
+}
+
+/// Every zoo policy on every bundled trace under `allocsim-check`: no violation anywhere.
+#[test]
+#[ignore]
+fn real_traces_pass_the_checker() {
+    let mut failures = Vec::new();
+    for name in TRACES {
+        let trace = load(name);
+        for (label, policy, conf) in POLICIES.iter().filter(|p| p.1 != "pytorch") {
+            let r = run_checked(&trace, policy, *conf, H100_FREE_AT_START_BYTES, true, true);
+            if r.violations > 0 {
+                failures.push(format!(
+                    "{name} {label}: {} violations, first: {:?}",
+                    r.violations, r.first_violation
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
