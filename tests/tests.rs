@@ -16,7 +16,7 @@ fn name(path: &std::path::Path) -> String {
 #[test]
 fn every_policy_replays_every_trace_with_zero_checker_violations() {
     let traces = bundled_traces();
-    assert_eq!(traces.len(), 10, "the bundled traces are missing");
+    assert_eq!(traces.len(), 13, "the bundled traces are missing");
     let mut failures = Vec::new();
     for path in &traces {
         let trace = read(path);
@@ -42,6 +42,31 @@ fn every_policy_replays_every_trace_with_zero_checker_violations() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The PyTorch clone, replayed on the device that follows each recording, reproduces every
+/// recorded event (action, size, segment offset) and every `memory_stats()` key.
+#[test]
+fn pytorch_reproduces_every_recording_exactly() {
+    let mut failures = Vec::new();
+    for path in bundled_traces() {
+        let trace = read(&path);
+        let opts = RunOptions { policy: "pytorch".into(), fidelity: true, ..RunOptions::default() };
+        let report = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
+        assert_eq!(report.device, "recorded", "{}", path.display());
+        match report.fidelity.unwrap() {
+            Ok(n) => assert_eq!(n, trace.recorded.len() as u64),
+            Err(d) => failures.push(format!("{}: events part at {d:?}", name(&path))),
+        }
+        let ours: Vec<(String, i64)> = report.stats.flat();
+        let expected =
+            trace.meta.expected_stats.as_ref().expect("every bundled trace has its stats");
+        if &ours != expected {
+            let differ: Vec<_> = ours.iter().filter(|kv| !expected.contains(kv)).take(5).collect();
+            failures.push(format!("{}: memory_stats differ: {differ:?}", name(&path)));
+        }
+    }
+    assert!(failures.is_empty(), "{}\nreproduce: allocsim fidelity TRACE", failures.join("\n"));
 }
 
 /// The same trace, policy and device give a byte-identical event log.
