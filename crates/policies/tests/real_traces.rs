@@ -54,10 +54,10 @@ fn replay(trace: &Trace) -> Replay {
             }
         }
         match op {
-            Op::Alloc { id, size, stream } => {
-                if alloc.malloc(&mut env, *id, *size, *stream).is_err() {
-                    failed.insert(*id);
-                }
+            Op::Alloc { id, size, stream }
+                if alloc.malloc(&mut env, *id, *size, *stream).is_err() =>
+            {
+                failed.insert(*id);
             }
             Op::FreeRequested { id } if !failed.contains(id) => alloc.free(&mut env, *id),
             Op::FreeCompleted { id } if !failed.contains(id) => alloc.free_completed(&mut env, *id),

@@ -103,7 +103,7 @@ impl PyTorchAllocator {
         }
         let page = if small { K_SMALL_BUFFER } else { K_LARGE_BUFFER };
         let total = env.device.mem_info().total_bytes;
-        let reserve = (total + total / 8).div_ceil(page).max(1) * page;
+        let reserve = total.saturating_add(total / 8).div_ceil(page).max(1).saturating_mul(page);
         let base = env.device.reserve_address(reserve, page).ok()?;
         let segment = self.segments.len() as u32;
         self.segments.push(ExpandableSegment { base, size: reserve, page, live: true });

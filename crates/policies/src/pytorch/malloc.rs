@@ -47,16 +47,19 @@ impl PyTorchAllocator {
             // NativeCachingAllocator::allocate(0) returns nullptr: no stats, no trace.
             return Ok(Granted { addr: 0, size: 0 });
         }
+        if orig_size >= MAX_REQUEST_BYTES {
+            // NativeCachingAllocator::allocate throws before rounding or touching any state;
+            // we still report the refusal.
+            let p =
+                Params { size: orig_size, alloc_size: orig_size, stream, small: false, block: NIL };
+            let info = self.oom_info(env, &p);
+            env.events.push(Event::Oom { id, size: orig_size, stream, info });
+            return Err(info);
+        }
         let size = round_size(&self.config, orig_size);
         let small = is_small(size);
         let mut p =
             Params { size, alloc_size: get_allocation_size(size), stream, small, block: NIL };
-        if orig_size >= MAX_REQUEST_BYTES {
-            // PyTorch throws before touching any state; we still report the refusal.
-            let info = self.oom_info(env, &p);
-            env.events.push(Event::Oom { id, size, stream, info });
-            return Err(info);
-        }
         // trigger_free_memory_callbacks only has the CUDA-IPC collector, false in one process.
         let mut found = self.get_free_block(&mut p);
         if !found {

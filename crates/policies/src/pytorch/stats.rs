@@ -74,7 +74,9 @@ mod tests {
     #[test]
     fn same_as_core() {
         let (mut a, mut b) = (StatArray::default(), StatArray::default());
-        for (pool, delta) in [(Pool::Small, 5), (Pool::Large, -3), (Pool::Small, 0), (Pool::Large, 9)] {
+        for (pool, delta) in
+            [(Pool::Small, 5), (Pool::Large, -3), (Pool::Small, 0), (Pool::Large, 9)]
+        {
             a.apply(pool, delta);
             b.add(pool, delta);
             a.increase(pool, 2);
