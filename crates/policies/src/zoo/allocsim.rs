@@ -49,6 +49,8 @@
 //! on gpt2 / resnet50 / varlen against PyTorch's 7 / 5 / 11 ms, and 200-520 ms on the random
 //! synthetic programs against 18-890 ms for PyTorch, 1230-1310 ms for TLSF and 2270-2350 ms for
 //! uncached, the two others that come close in memory. `headroom` trades one for the other.
+//! Policy CPU time (whole replay on an idle machine, with the simulated device) is about 1 us
+//! per op, within the zoo's range (BFC 0.5, TLSF 1.0), against 0.1 us for the PyTorch clone.
 //!
 //! Settings (`key:value,...`):
 //! - `headroom` (bytes or `max`, default 48 MiB): how far reserved may exceed the peak need

@@ -42,10 +42,13 @@ const POLICIES: [(&str, &str, Option<&str>); 12] = [
     ("allocsim", "allocsim", Some("")),
 ];
 
+/// The bundled trace `name`; `ZOO_TRACE_DIR` overrides where they are (for a test binary run
+/// from another checkout).
 fn trace_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../traces/pytorch-2.11-h100")
-        .join(format!("{name}.pickle.gz"))
+    let dir = std::env::var_os("ZOO_TRACE_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/pytorch-2.11-h100")
+    });
+    dir.join(format!("{name}.pickle.gz"))
 }
 
 #[derive(Debug, Clone, Default)]

@@ -21,6 +21,8 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Chunk<T> {
     pub size: u64,
+    /// Base of the segment holding the chunk (kept up to date by `join` and `cut_out`).
+    seg: u64,
     pub owner: Option<AllocId>,
     pub tag: T,
 }
@@ -90,7 +92,7 @@ impl<T: Copy> Tiling<T> {
         free[class(size)] = (1, size);
         let seg = Seg { size, stream, pool, expandable, pieces: 1, free };
         self.segs.insert(base, seg);
-        self.chunks.insert(base, Chunk { size, owner: None, tag });
+        self.chunks.insert(base, Chunk { size, seg: base, owner: None, tag });
     }
 
     /// The base of the segment holding `addr`.
@@ -111,6 +113,9 @@ impl<T: Copy> Tiling<T> {
         self.uncount(left);
         self.uncount(right);
         self.segs.remove(&right);
+        for (_, c) in self.chunks.range_mut(right..right + r.size) {
+            c.seg = left;
+        }
         if let Some(l) = self.segs.get_mut(&left) {
             l.size += r.size;
             l.pieces += r.pieces;
@@ -127,13 +132,14 @@ impl<T: Copy> Tiling<T> {
     /// nothing is left). Returns the chunk's size. Costs a walk over the chunks after it.
     pub fn cut_out(&mut self, addr: u64) -> Option<u64> {
         let c = *self.chunks.get(&addr).filter(|c| c.is_free())?;
-        let base = self.seg_of(addr)?;
+        let base = c.seg;
         let seg = *self.segs.get(&base)?;
         self.uncount(base);
         self.chunks.remove(&addr);
         let (end, right) = (base + seg.size, addr + c.size);
         let mut r = Seg { size: end - right, pieces: 0, free: [(0, 0); 2], ..seg };
-        for (_, chunk) in self.chunks.range(right..end) {
+        for (_, chunk) in self.chunks.range_mut(right..end) {
+            chunk.seg = right;
             r.pieces += 1;
             if chunk.is_free() {
                 r.free[class(chunk.size)].0 += 1;
@@ -210,8 +216,7 @@ impl<T: Copy> Tiling<T> {
 
     /// The chunk before `addr` in the same segment.
     pub fn prev(&self, addr: u64) -> Option<(u64, Chunk<T>)> {
-        let base = self.seg_of(addr)?;
-        if addr == base {
+        if addr == self.chunks.get(&addr)?.seg {
             return None;
         }
         self.chunks.range(..addr).next_back().map(|(&a, &p)| (a, p))
@@ -220,12 +225,9 @@ impl<T: Copy> Tiling<T> {
     /// The chunk after `addr` in the same segment.
     pub fn next(&self, addr: u64) -> Option<(u64, Chunk<T>)> {
         let c = self.chunks.get(&addr)?;
-        let base = self.seg_of(addr)?;
         let end = addr + c.size;
-        if end >= base + self.segs.get(&base)?.size {
-            return None;
-        }
-        self.chunks.get(&end).map(|&n| (end, n))
+        let n = self.chunks.get(&end)?;
+        (n.seg == c.seg).then_some((end, *n))
     }
 
     /// The chunks of the segment at `base`, in address order.
@@ -241,14 +243,13 @@ impl<T: Copy> Tiling<T> {
         if first == 0 || first >= c.size || !c.is_free() {
             return None;
         }
-        let base = self.seg_of(addr)?;
-        self.uncount(base);
         let rest = addr + first;
-        self.chunks.insert(addr, Chunk { size: first, ..c });
-        self.chunks.insert(rest, Chunk { size: c.size - first, owner: None, tag: rest_tag });
-        self.seg_mut(base, |s| s.pieces += 1);
-        self.recount_free(base, &[(c.size, -1), (first, 1), (c.size - first, 1)]);
-        self.count(base);
+        if let Some(head) = self.chunks.get_mut(&addr) {
+            head.size = first;
+        }
+        let tail = Chunk { size: c.size - first, seg: c.seg, owner: None, tag: rest_tag };
+        self.chunks.insert(rest, tail);
+        self.adjust(c.seg, 1, &[(c.size, -1), (first, 1), (c.size - first, 1)]);
         Some(rest)
     }
 
@@ -259,34 +260,29 @@ impl<T: Copy> Tiling<T> {
         if !c.is_free() || !next.is_free() {
             return false;
         }
-        let Some(base) = self.seg_of(addr) else { return false };
-        self.uncount(base);
         self.chunks.remove(&next_addr);
-        self.chunks.insert(addr, Chunk { size: c.size + next.size, ..c });
-        self.seg_mut(base, |s| s.pieces -= 1);
-        self.recount_free(base, &[(c.size, -1), (next.size, -1), (c.size + next.size, 1)]);
-        self.count(base);
+        if let Some(head) = self.chunks.get_mut(&addr) {
+            head.size = c.size + next.size;
+        }
+        self.adjust(c.seg, -1, &[(c.size, -1), (next.size, -1), (c.size + next.size, 1)]);
         true
     }
 
     /// The free chunk at `addr` is handed out to `id`.
     pub fn take(&mut self, addr: u64, id: AllocId) {
-        let Some(&c) = self.chunks.get(&addr) else { return };
-        let Some(base) = self.seg_of(addr).filter(|_| c.is_free()) else { return };
-        self.uncount(base);
-        self.chunks.insert(addr, Chunk { owner: Some(id), ..c });
-        self.recount_free(base, &[(c.size, -1)]);
-        self.count(base);
+        let Some(c) = self.chunks.get_mut(&addr).filter(|c| c.is_free()) else { return };
+        c.owner = Some(id);
+        let (seg, size) = (c.seg, c.size);
+        self.adjust(seg, 0, &[(size, -1)]);
     }
 
     /// The chunk at `addr` is free again, tagged `tag`.
     pub fn release(&mut self, addr: u64, tag: T) {
-        let Some(&c) = self.chunks.get(&addr) else { return };
-        let Some(base) = self.seg_of(addr).filter(|_| !c.is_free()) else { return };
-        self.uncount(base);
-        self.chunks.insert(addr, Chunk { owner: None, tag, ..c });
-        self.recount_free(base, &[(c.size, 1)]);
-        self.count(base);
+        let Some(c) = self.chunks.get_mut(&addr).filter(|c| !c.is_free()) else { return };
+        c.owner = None;
+        c.tag = tag;
+        let (seg, size) = (c.seg, c.size);
+        self.adjust(seg, 0, &[(size, 1)]);
     }
 
     /// `inactive_split` and `inactive_split_bytes` now, per pool (small, large).
@@ -326,25 +322,31 @@ impl<T: Copy> Tiling<T> {
             .collect()
     }
 
-    fn seg_mut(&mut self, base: u64, f: impl FnOnce(&mut Seg)) {
-        if let Some(s) = self.segs.get_mut(&base) {
-            f(s);
-        }
-    }
-
-    fn recount_free(&mut self, base: u64, changes: &[(u64, i64)]) {
-        self.seg_mut(base, |s| {
-            for &(size, sign) in changes {
-                let f = &mut s.free[class(size)];
-                if sign > 0 {
-                    f.0 += 1;
-                    f.1 += size;
-                } else {
-                    f.0 -= 1;
-                    f.1 -= size;
-                }
+    /// One segment's pieces change by `pieces` and its free chunks by `changes` (size, +1/-1):
+    /// update it and its share of `inactive_split` in one look-up.
+    fn adjust(&mut self, base: u64, pieces: i64, changes: &[(u64, i64)]) {
+        let Some(s) = self.segs.get_mut(&base) else { return };
+        let before = (s.pieces >= 2).then_some(s.free);
+        s.pieces = s.pieces.saturating_add_signed(pieces);
+        for &(size, sign) in changes {
+            let f = &mut s.free[class(size)];
+            if sign > 0 {
+                f.0 += 1;
+                f.1 += size;
+            } else {
+                f.0 -= 1;
+                f.1 -= size;
             }
-        });
+        }
+        let after = (s.pieces >= 2).then_some(s.free);
+        for (t, (b, a)) in self
+            .split
+            .iter_mut()
+            .zip(before.unwrap_or([(0, 0); 2]).into_iter().zip(after.unwrap_or([(0, 0); 2])))
+        {
+            t.0 = t.0 + a.0 - b.0;
+            t.1 = t.1 + a.1 - b.1;
+        }
     }
 
     fn uncount(&mut self, base: u64) {
