@@ -680,6 +680,30 @@ mod random {
     random_program_tests!(bfc, rmm_pool, rmm_arena, rmm_binning, async_pool, buddy, tlsf, allocsim);
 }
 
+/// Sizes at the edges and bad settings: an OOM or an error, never a panic.
+#[test]
+fn extreme_requests_and_bad_settings_never_panic() {
+    for name in super::names() {
+        let mut rig = Rig::new(name, None, 8 * GIB);
+        let sizes = [0, 1, u64::MAX, u64::MAX - 511, 1 << 62, (1 << 40) + 1, 9 * GIB, 255, 257];
+        for (id, size) in sizes.into_iter().enumerate() {
+            let _ = rig.malloc(id as u64, size, 0);
+        }
+        rig.set_fraction(0.0);
+        let _ = rig.malloc(100, 1 << 20, 3);
+        rig.set_fraction(1.0);
+        rig.empty_cache();
+        for conf in ["nonsense", "a:b:c", "x:1", ":", "min_block:3", "headroom:-1"] {
+            assert!(rig.policy.set_settings(conf).is_err(), "{name} accepted {conf:?}");
+        }
+        let mut device = BumpDevice::new(GIB);
+        let mut events = Vec::new();
+        let mut env = Env { device: &mut device, events: &mut events };
+        assert!(rig.policy.set_memory_fraction(&mut env, f64::NAN).is_err());
+        assert!(rig.policy.set_memory_fraction(&mut env, -0.5).is_err());
+    }
+}
+
 #[test]
 fn bump_device_refuses_past_capacity() {
     let mut d = BumpDevice::new(4 << 20);
