@@ -16,6 +16,16 @@
 //! - `snapshot`: `torch.cuda.memory._snapshot()` segments and cheap free-space figures.
 //!
 //! Not simulated: CUDA graphs and private memory pools, IPC, multiple devices.
+//!
+//! Where PyTorch throws, the clone reports instead, because a replay must go on: a request of
+//! 1 EiB or more and a device error other than out-of-memory become an `Oom` outcome (the
+//! former without touching any stat, as PyTorch's check comes first); a zero-byte request is a
+//! null pointer with no event. `free_completed` completes a pending free at once, with
+//! `process_events` semantics (the recording puts it where PyTorch polled the event);
+//! pending frees still outstanding complete in `synchronize_and_free_events`, in the order of
+//! their frees (PyTorch's order there is a hash map's). And `release_available_cached_blocks`
+//! never frees a block that is part of a split segment, which PyTorch would hand to
+//! `cudaFree` if `max_split_size` were lowered at run time below a live split segment's size.
 
 mod block;
 pub mod config;
