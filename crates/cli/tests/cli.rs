@@ -150,3 +150,66 @@ fn fidelity_says_exact_and_convert_round_trips() {
     assert_eq!(original, stats(&native.to_string_lossy()), "native replays differently");
     assert_eq!(original, stats(&json.to_string_lossy()), "JSON replays differently");
 }
+
+#[test]
+fn compare_prints_the_grid_and_writes_the_html_report() {
+    let html = std::env::temp_dir().join(format!("allocsim-compare-{}.html", std::process::id()));
+    let trace = bundled("resnet50_train.pickle.gz");
+    let policies = "pytorch,bfc,rmm_pool";
+    let out = allocsim(&[
+        "compare",
+        &trace,
+        "--policy",
+        policies,
+        "--json",
+        "--html",
+        &html.to_string_lossy(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        for key in [
+            "trace",
+            "policy",
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "ooms",
+            "device_calls",
+            "min_feasible_capacity_bytes",
+            "checker_violations",
+        ] {
+            assert!(row.get(key).is_some(), "missing {key} in {row}");
+        }
+        assert_eq!(row["checker_violations"], 0, "{row}");
+        let (reserved, capacity) = (
+            row["peak_reserved_bytes"].as_u64().unwrap(),
+            row["min_feasible_capacity_bytes"].as_u64().unwrap(),
+        );
+        assert!(capacity <= reserved + (2 << 20), "capacity beyond the unconstrained peak: {row}");
+        assert!(capacity >= row["peak_allocated_bytes"].as_u64().unwrap() / 2, "{row}");
+    }
+    let page = std::fs::read_to_string(&html).unwrap();
+    std::fs::remove_file(&html).ok();
+    assert!(page.contains("<svg") && page.matches("<polyline").count() >= 4, "timelines missing");
+    assert!(
+        !page.contains("<script") && !page.contains("http://")
+            || page.contains("xmlns=\"http://www.w3.org/2000/svg\"")
+    );
+    for p in policies.split(',') {
+        assert!(page.contains(&format!("{p} at its reserved peak")), "no segment map for {p}");
+    }
+}
+
+#[test]
+fn explain_oom_names_the_fencing_blocks_and_their_stacks() {
+    // GPT-2 training (peak reserved 7.5 GiB) on a 7 GiB card runs out of memory.
+    let trace = bundled("gpt2_train.pickle.gz");
+    let out = allocsim(&["explain-oom", &trace, "--device-total", "7516192768", "--limit", "1"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("OOMs under pytorch"), "{stdout}");
+    assert!(stdout.contains("reserved but unallocated"), "{stdout}");
+    assert!(stdout.contains("fenced by a live block"), "{stdout}");
+    assert!(stdout.contains("modeling_gpt2.py"), "no allocation stack in:\n{stdout}");
+}
