@@ -101,7 +101,7 @@ impl MemoryMap {
                 format!("{}: {size} bytes, {requested} requested", what()),
             );
         }
-        if addr % self.alignment_bytes != 0 {
+        if !addr.is_multiple_of(self.alignment_bytes) {
             let msg = format!("{}: expected alignment to {} bytes", what(), self.alignment_bytes);
             sink.report(K::Misaligned, msg);
         }

@@ -278,7 +278,7 @@ impl SimDevice {
     ) -> Option<u64> {
         let footprint = page_footprint("reserve_address", size_bytes).ok()?;
         let align = checked_alignment(alignment).ok()?;
-        if addr % align != 0 || !self.va.place_at(addr, footprint) {
+        if !addr.is_multiple_of(align) || !self.va.place_at(addr, footprint) {
             return None;
         }
         self.insert_reservation(addr, size_bytes, footprint);
@@ -363,7 +363,8 @@ fn page_footprint(call: &str, size_bytes: u64) -> Result<u64, DeviceError> {
 
 /// `cuMemMap`/`cuMemUnmap` work on whole pages at page-aligned addresses.
 fn check_pages(call: &str, addr: u64, size_bytes: u64) -> Result<(), DeviceError> {
-    if size_bytes == 0 || addr % PAGE_BYTES != 0 || size_bytes % PAGE_BYTES != 0 {
+    if size_bytes == 0 || !addr.is_multiple_of(PAGE_BYTES) || !size_bytes.is_multiple_of(PAGE_BYTES)
+    {
         return Err(DeviceError::Driver(format!(
             "{call}: address and size must be non-zero multiples of the {PAGE_BYTES}-byte page"
         )));
