@@ -215,3 +215,39 @@ fn explain_oom_names_the_fencing_blocks_and_their_stacks() {
     assert!(stdout.contains("fenced by a live block"), "{stdout}");
     assert!(stdout.contains("modeling_gpt2.py"), "no allocation stack in:\n{stdout}");
 }
+
+#[test]
+fn info_reads_every_bundled_trace_and_every_command_has_help() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces");
+    let mut seen = 0;
+    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if !path.to_string_lossy().ends_with(".pickle.gz") {
+                continue;
+            }
+            let out = allocsim(&["info", &path.to_string_lossy(), "--json"]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert!(json["ops"].as_u64().unwrap() > 0 && json["has_expected_stats"] == true);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 13);
+    let help = allocsim(&["--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    let commands: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.len() >= 6, "{text}");
+    for c in commands {
+        let out = allocsim(&[c, "--help"]);
+        assert!(out.status.success(), "{c} --help failed");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: allocsim"), "{c} --help");
+    }
+}
