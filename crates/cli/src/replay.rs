@@ -6,6 +6,7 @@ use allocsim_core::CallKind;
 use allocsim_replay::{
     run_trace, DeviceChoice, EventLog, Observer, Recorder, RunOptions, RunReport,
 };
+use allocsim_sim::Fault;
 use anyhow::Context;
 use std::fs::File;
 use std::io::BufWriter;
@@ -62,6 +63,17 @@ pub struct Args {
     /// `torch.cuda._memory_viz` and pytorch.org/memory_viz open.
     #[arg(long)]
     pub export_snapshot: Option<PathBuf>,
+    /// Fault injection: the N-th device reservation (cudaMalloc or page map, 1-based) fails.
+    /// Repeatable.
+    #[arg(long, value_name = "N")]
+    pub fail_nth_malloc: Vec<u64>,
+    /// Fault injection: another process takes BYTES of free device memory when op OP begins.
+    /// Repeatable.
+    #[arg(long, value_name = "OP:BYTES", value_parser = parse_take_memory)]
+    pub take_memory: Vec<(u64, u64)>,
+    /// Fault injection: every reservation fails with this probability (seeded by --seed).
+    #[arg(long, value_name = "P")]
+    pub fail_random: Option<f64>,
     /// Seed for the simulated device's random choices.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -83,7 +95,26 @@ impl Args {
             check: self.check,
             fidelity: false,
             seed: self.seed,
+            faults: self.faults(),
         }
+    }
+}
+
+fn parse_take_memory(s: &str) -> Result<(u64, u64), String> {
+    let (op, bytes) = s.split_once(':').ok_or("expected OP:BYTES, e.g. 1000:1073741824")?;
+    let number = |t: &str| t.trim().parse::<u64>().map_err(|e| format!("{t:?}: {e}"));
+    Ok((number(op)?, number(bytes)?))
+}
+
+impl Args {
+    fn faults(&self) -> Vec<Fault> {
+        let mut faults: Vec<Fault> =
+            self.fail_nth_malloc.iter().map(|&n| Fault::FailNthMalloc(n)).collect();
+        faults.extend(
+            self.take_memory.iter().map(|&(at_op, bytes)| Fault::TakeMemory { at_op, bytes }),
+        );
+        faults.extend(self.fail_random.map(|probability| Fault::FailRandom { probability }));
+        faults
     }
 }
 

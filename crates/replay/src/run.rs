@@ -7,7 +7,7 @@ use crate::{
 };
 use allocsim_check::{CheckConfig, CheckReport, Checker};
 use allocsim_core::{ConfigError, Device, DeviceCalls, Env, MemoryStats, SnapshotSegment, Trace};
-use allocsim_sim::{RecordedDevice, SimConfig, SimDevice};
+use allocsim_sim::{Fault, RecordedDevice, SimConfig, SimDevice};
 
 /// Which device a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,6 +40,8 @@ pub struct RunOptions {
     pub fidelity: bool,
     /// Seeds the simulated device's random choices (fault injection).
     pub seed: u64,
+    /// Faults the simulated device injects (a run with faults never follows a recording).
+    pub faults: Vec<Fault>,
 }
 
 /// What a run produced.
@@ -85,10 +87,12 @@ pub fn run_trace(
         total_bytes: total,
         free_bytes: free,
         seed: opts.seed,
+        faults: opts.faults.clone(),
         ..SimConfig::default()
     });
     let what_if =
         opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != trace.meta.alloc_conf.as_ref())
+            || !opts.faults.is_empty()
             || opts.memory_fraction.is_some_and(|f| Some(f) != trace.meta.memory_fraction)
             || opts.device_total_bytes.is_some_and(|t| Some(t) != trace.meta.device_total_bytes)
             || opts.device_free_bytes.is_some_and(|f| Some(f) != trace.meta.device_free_bytes);
