@@ -6,6 +6,7 @@ mod convert;
 mod explain_oom;
 mod export;
 mod fidelity;
+mod fuzz;
 mod html;
 mod info;
 mod output;
@@ -46,6 +47,9 @@ enum Command {
     /// List the live workloads (transformer training, LLM inference, CNN training), or build
     /// one from a spec and write it out as a trace.
     Workload(validate::WorkloadArgs),
+    /// Seeded swarm testing: generated programs under every oracle for every policy, printing
+    /// the seed and the command that reproduces a failure (TigerBeetle's VOPR style).
+    Fuzz(fuzz::Args),
 }
 
 /// Write `bytes` to `path` through a temporary file in the same directory, so an existing file
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::ExplainOom(args) => explain_oom::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Workload(args) => validate::workload(args),
+        Command::Fuzz(args) => fuzz::run(args),
     };
     match result {
         Ok(code) => code,

@@ -94,17 +94,23 @@ pub fn shape(limits: Limits) -> impl Strategy<Value = Shape> {
         weights,
         device,
         vec(log_uniform(27), 1..=6),
-        (0u64..=90, 0u64..=10, 0u32..8, 1u8..=STREAMS.len() as u8),
+        (
+            0u64..=90,
+            0u64..=10,
+            0u32..8,
+            1u8..=STREAMS.len() as u8,
+            prop_oneof![3 => Just(0u64), 1 => 1u64..=20],
+        ),
         option::weighted(0.5, alloc_conf(limits.expandable)),
         option::weighted(0.25, select(FRACTIONS[..8].to_vec())),
         any::<bool>(),
     )
         .prop_map(
-            |(
+            move |(
                 weights,
                 device,
                 hot_sizes,
-                (hot, boundary, below, streams),
+                (hot, boundary, below, streams, huge),
                 conf,
                 fraction,
                 drain,
@@ -115,6 +121,8 @@ pub fn shape(limits: Limits) -> impl Strategy<Value = Shape> {
                     hot_sizes,
                     hot_percent: hot,
                     boundary_percent: boundary,
+                    huge_permille: huge,
+                    absurd_sizes: limits.absurd_sizes,
                     max_log2: (64 - device.total_bytes.leading_zeros())
                         .saturating_sub(below)
                         .max(1),
@@ -136,6 +144,19 @@ fn size(shape: &Shape) -> BoxedStrategy<u64> {
     }
     if shape.boundary_percent > 0 {
         arms.push((shape.boundary_percent as u32, select(BOUNDARY_SIZES.to_vec()).boxed()));
+    }
+    if shape.huge_permille > 0 {
+        // Weights are percent elsewhere: scale the others by ten instead of losing precision.
+        for arm in &mut arms {
+            arm.0 *= 10;
+        }
+        let far = (36u32..60, any::<u64>()).prop_map(|(k, r)| (1u64 << k) + r % (1u64 << k));
+        let far = if shape.absurd_sizes {
+            prop_oneof![far, (1u64 << 60)..=u64::MAX].boxed()
+        } else {
+            far.boxed()
+        };
+        arms.push((shape.huge_permille as u32, far));
     }
     Union::new_weighted(arms).boxed()
 }

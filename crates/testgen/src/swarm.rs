@@ -58,6 +58,9 @@ pub struct Shape {
     pub hot_percent: u64,
     /// Percent of allocations that take a boundary size.
     pub boundary_percent: u64,
+    /// Per mille of allocations far beyond the device ([`huge`], or [`absurd`] when allowed).
+    pub huge_permille: u64,
+    pub absurd_sizes: bool,
     /// Sizes are drawn log-uniformly below `2^max_log2`.
     pub max_log2: u32,
     /// How many streams (from [`STREAMS`]) allocations use.
@@ -75,18 +78,35 @@ pub struct Limits {
     pub expandable: bool,
     /// Allow settings strings PyTorch refuses in `SetAllocatorSettings` steps.
     pub invalid_settings: bool,
+    /// Allow requests of 1 EiB (2^60, where PyTorch refuses outright) up to `u64::MAX`, as a
+    /// corrupt trace may hold. Off by default: see `tests/known_bugs.rs`.
+    pub absurd_sizes: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_steps: 200, expandable: true, invalid_settings: true }
+        Limits { max_steps: 200, expandable: true, invalid_settings: true, absurd_sizes: false }
     }
 }
 
 impl Limits {
     /// What the reference model follows: no expandable segments, only valid settings.
     pub fn for_reference(max_steps: usize) -> Self {
-        Limits { max_steps, expandable: false, invalid_settings: false }
+        Limits { max_steps, expandable: false, invalid_settings: false, absurd_sizes: false }
+    }
+}
+
+/// Requests far beyond any device (64 GiB to 1 EiB): they must end in OOM, not in overflow.
+pub fn huge(e: &mut impl Entropy) -> u64 {
+    let k = e.between(36, 59);
+    (1u64 << k) + e.below(1u64 << k)
+}
+
+/// Requests from 1 EiB to `u64::MAX`.
+pub fn absurd(e: &mut impl Entropy) -> u64 {
+    match e.below(4) {
+        0 => u64::MAX - e.below(1 << 12),
+        _ => (1u64 << 60) + e.below(u64::MAX - (1 << 60)),
     }
 }
 
@@ -137,6 +157,8 @@ impl Shape {
             hot_sizes,
             hot_percent: e.below(91),
             boundary_percent: e.below(11),
+            huge_permille: if e.chance(1, 4) { 1 + e.below(20) } else { 0 },
+            absurd_sizes: limits.absurd_sizes,
             max_log2,
             streams: 1 + e.below(STREAMS.len() as u64) as u8,
             alloc_conf: conf.to_string(),
@@ -147,6 +169,9 @@ impl Shape {
 
     /// One allocation size from this shape's mix.
     pub fn size(&self, e: &mut impl Entropy) -> u64 {
+        if e.below(1000) < self.huge_permille {
+            return if self.absurd_sizes && e.chance(1, 2) { absurd(e) } else { huge(e) };
+        }
         let roll = e.below(100);
         if roll < self.hot_percent && !self.hot_sizes.is_empty() {
             *e.pick(&self.hot_sizes)

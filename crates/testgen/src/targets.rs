@@ -13,7 +13,8 @@ pub fn policy_for(data: &[u8]) -> &'static str {
 }
 
 /// Limits for fuzzed programs: short, so one execution stays in the milliseconds.
-pub const FUZZ_LIMITS: Limits = Limits { max_steps: 64, expandable: true, invalid_settings: true };
+pub const FUZZ_LIMITS: Limits =
+    Limits { max_steps: 64, expandable: true, invalid_settings: true, absurd_sizes: false };
 
 /// `program`: bytes → a program ([`crate::swarm::from_bytes`]) → every oracle for one policy,
 /// plus the native round trip of its trace.
@@ -46,8 +47,11 @@ pub fn native_decode(data: &[u8]) -> Result<(), Failure> {
     formats::decode_native_json(data, "pytorch")
 }
 
+/// A fuzz target's body.
+pub type Target = fn(&[u8]) -> Result<(), Failure>;
+
 /// Every target by its `fuzz/fuzz_targets/` name.
-pub const TARGETS: [(&str, fn(&[u8]) -> Result<(), Failure>); 4] = [
+pub const TARGETS: [(&str, Target); 4] = [
     ("program", program),
     ("snapshot_import", snapshot_import),
     ("rmm_import", rmm_import),

@@ -26,6 +26,14 @@ pub struct Contract {
     breach: Option<Breach>,
 }
 
+fn expect(ok: bool, broken: &str) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(broken.to_string())
+    }
+}
+
 fn count(events: &[Event], f: impl Fn(&Event) -> bool) -> usize {
     events.iter().filter(|e| f(e)).count()
 }
@@ -84,20 +92,17 @@ impl Contract {
             (_, _) if allocs + ooms > 0 => {
                 return Err("Alloc/Oom events outside an alloc op".into())
             }
-            (&Op::FreeRequested { id }, OpOutcome::Done) => {
-                if requests != 1
-                    || count(ev, |e| matches!(e, Event::FreeRequested { id: i, .. } if *i == id))
-                        != 1
-                {
-                    return Err("a free must emit exactly one FreeRequested, of its id".into());
-                }
-            }
+            (&Op::FreeRequested { id }, OpOutcome::Done) => expect(
+                requests == 1
+                    && count(ev, |e| matches!(e, Event::FreeRequested { id: i, .. } if *i == id))
+                        == 1,
+                "a free must emit exactly one FreeRequested, of its id",
+            )?,
             (_, _) if requests > 0 => return Err("FreeRequested outside a free op".into()),
-            (&Op::FreeCompleted { id }, OpOutcome::Done) => {
-                if count(ev, |e| matches!(e, Event::FreeCompleted { id: i, .. } if *i == id)) != 1 {
-                    return Err("completing a pending free must emit its FreeCompleted".into());
-                }
-            }
+            (&Op::FreeCompleted { id }, OpOutcome::Done) => expect(
+                count(ev, |e| matches!(e, Event::FreeCompleted { id: i, .. } if *i == id)) == 1,
+                "completing a pending free must emit its FreeCompleted",
+            )?,
             (Op::EmptyCache, _) => {
                 let taking = ev
                     .iter()

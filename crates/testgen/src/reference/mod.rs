@@ -569,7 +569,7 @@ impl Allocator for Reference {
             return Err(ConfigError(format!("memory fraction {fraction} is not in [0, 1]")));
         }
         let total = env.device.mem_info().total_bytes;
-        self.allowed = (fraction < 1.0).then(|| (fraction * total as f64) as u64);
+        self.allowed = (fraction < 1.0).then_some((fraction * total as f64) as u64);
         Ok(())
     }
 
