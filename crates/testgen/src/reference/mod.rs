@@ -481,11 +481,16 @@ impl Allocator for Reference {
             // `NativeCachingAllocator::allocate(0)`: a null pointer, no stats, no trace.
             return Ok(Granted { addr: 0, size: 0 });
         }
-        let size = round_size(&self.settings, orig);
+        // "Tried to allocate more than 1EB memory": refused before rounding, reported as an OOM.
+        let refused = orig >= 1 << 60;
+        let size = if refused { orig } else { round_size(&self.settings, orig) };
         let pool = Pool::for_size(size);
         let alloc_size = allocation_size(size);
-        let mut found = self.get_free_block(pool, stream, size);
-        if found.is_none() {
+        let mut found = None;
+        if !refused {
+            found = self.get_free_block(pool, stream, size);
+        }
+        if found.is_none() && !refused {
             if self.gc_enabled() {
                 self.garbage_collect(env);
             }
