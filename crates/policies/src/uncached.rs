@@ -11,8 +11,6 @@ use std::collections::BTreeMap;
 
 /// Segments are whole multiples of this, as `cudaMalloc` rounds to 2 MiB pages.
 const SEGMENT_GRANULARITY_BYTES: u64 = 2 << 20;
-/// PyTorch's minimum block size, so requests round as they would there.
-const MIN_BLOCK_BYTES: u64 = 512;
 
 #[derive(Debug, Clone, Copy)]
 struct Live {
@@ -41,7 +39,12 @@ impl Uncached {
 
     fn release(&mut self, env: &mut Env<'_>, id: AllocId) {
         let Some(b) = self.live.remove(&id) else { return };
-        env.events.push(Event::FreeCompleted { id, addr: b.addr, size: b.size, requested: b.requested });
+        env.events.push(Event::FreeCompleted {
+            id,
+            addr: b.addr,
+            size: b.size,
+            requested: b.requested,
+        });
         self.stats.active.decrease(b.pool, 1);
         self.stats.active_bytes.decrease(b.pool, b.size);
         self.stats.requested_bytes.decrease(b.pool, b.requested);
@@ -49,7 +52,12 @@ impl Uncached {
         self.stats.num_device_free += 1;
         self.stats.segment.decrease(b.pool, 1);
         self.stats.reserved_bytes.decrease(b.pool, b.size);
-        env.events.push(Event::SegmentFree { addr: b.addr, size: b.size, stream: b.stream, pool: b.pool });
+        env.events.push(Event::SegmentFree {
+            addr: b.addr,
+            size: b.size,
+            stream: b.stream,
+            pool: b.pool,
+        });
     }
 }
 
@@ -65,11 +73,14 @@ impl Allocator for Uncached {
         size: u64,
         stream: StreamId,
     ) -> Result<Granted, OomInfo> {
-        let block = size.max(1).div_ceil(MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES;
-        let pool = Pool::for_size(block);
-        let segment = block.div_ceil(SEGMENT_GRANULARITY_BYTES) * SEGMENT_GRANULARITY_BYTES;
+        // A request so large that rounding it overflows can only be refused.
+        let segment = size.max(1).checked_next_multiple_of(SEGMENT_GRANULARITY_BYTES);
+        let segment = segment.unwrap_or(u64::MAX - (u64::MAX % SEGMENT_GRANULARITY_BYTES));
+        // Rounding to 512 B, as PyTorch would, never moves a size across the 1 MiB pool line.
+        let pool = Pool::for_size(size);
         let reserved = self.stats.reserved_bytes.all.current as u64;
-        let within_limit = self.allowed_bytes.is_none_or(|allowed| reserved + segment <= allowed);
+        let within_limit = size <= segment
+            && self.allowed_bytes.is_none_or(|allowed| reserved.saturating_add(segment) <= allowed);
         let addr = match within_limit.then(|| env.device.malloc(segment)) {
             Some(Ok(addr)) => addr,
             _ => {
@@ -98,7 +109,15 @@ impl Allocator for Uncached {
         self.stats.active_bytes.increase(pool, segment);
         self.stats.requested_bytes.increase(pool, size);
         env.events.push(Event::Alloc { id, addr, size: segment, requested: size, stream, pool });
-        let live = Live { addr, size: segment, requested: size, stream, pool, pending: false, stream_uses: false };
+        let live = Live {
+            addr,
+            size: segment,
+            requested: size,
+            stream,
+            pool,
+            pending: false,
+            stream_uses: false,
+        };
         self.live.insert(id, live);
         Ok(Granted { addr, size: segment })
     }
@@ -107,7 +126,12 @@ impl Allocator for Uncached {
         let Some(b) = self.live.get_mut(&id) else { return };
         b.pending = true;
         let b = *b;
-        env.events.push(Event::FreeRequested { id, addr: b.addr, size: b.size, requested: b.requested });
+        env.events.push(Event::FreeRequested {
+            id,
+            addr: b.addr,
+            size: b.size,
+            requested: b.requested,
+        });
         self.stats.allocation.decrease(b.pool, 1);
         self.stats.allocated_bytes.decrease(b.pool, b.size);
         if !b.stream_uses {
@@ -156,7 +180,11 @@ impl Allocator for Uncached {
                     address: b.addr,
                     size: b.size,
                     requested_size: b.requested,
-                    state: if b.pending { BlockState::ActivePendingFree } else { BlockState::ActiveAllocated },
+                    state: if b.pending {
+                        BlockState::ActivePendingFree
+                    } else {
+                        BlockState::ActiveAllocated
+                    },
                 }],
             })
             .collect();

@@ -1,7 +1,5 @@
-//! Open bugs this crate's generators found in other crates, as the minimal programs that show
-//! them. Ignored so the workspace stays green until they are fixed; run them with
-//! `cargo test -p allocsim-testgen --test known_bugs -- --ignored`. When one passes, delete it
-//! here and turn on what it needs in the generators (`Limits::absurd_sizes`).
+//! Bugs this crate's generators found in other crates, as the minimal programs that showed
+//! them, kept as regression tests now that they are fixed.
 
 use allocsim_testgen::oracles::check_trace;
 use allocsim_testgen::{DeviceSpec, Program, Step};
@@ -16,20 +14,18 @@ fn one_alloc(size: u64) -> Program {
     }
 }
 
-/// `pytorch`: a request of 2^60 bytes or more gets PyTorch's "more than 1EB" refusal as an
+/// `pytorch` (fixed): a request of 2^60 bytes or more got PyTorch's "more than 1EB" refusal as an
 /// `Oom` event, but `num_ooms` stays 0, so the checker reports
 /// `stat-mismatch: num_ooms: events imply 1, allocator reports 0`.
 #[test]
-#[ignore = "open bug in allocsim-policies (pytorch): Oom event without num_ooms for >= 1 EiB"]
 fn pytorch_counts_the_oom_it_reports_for_an_exabyte_request() {
     let r = check_trace("pytorch", &one_alloc(1 << 60).trace());
     assert!(r.is_ok(), "{}", r.unwrap_err());
 }
 
-/// `uncached`: rounding `size.div_ceil(512) * 512` overflows for sizes within 512 bytes of
+/// `uncached` (fixed): rounding `size.div_ceil(512) * 512` overflowed for sizes within 512 bytes of
 /// `u64::MAX` (a panic in debug builds, a wrapped size in release).
 #[test]
-#[ignore = "open bug in allocsim-policies (uncached): rounding overflows near u64::MAX"]
 fn uncached_refuses_a_request_near_u64_max() {
     let r = check_trace("uncached", &one_alloc(u64::MAX).trace());
     assert!(r.is_ok(), "{}", r.unwrap_err());

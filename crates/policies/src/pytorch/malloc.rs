@@ -48,10 +48,13 @@ impl PyTorchAllocator {
             return Ok(Granted { addr: 0, size: 0 });
         }
         if orig_size >= MAX_REQUEST_BYTES {
-            // NativeCachingAllocator::allocate throws before rounding or touching any state;
-            // we still report the refusal.
+            // NativeCachingAllocator::allocate throws before rounding or touching any state.
+            // We report the refusal as an OOM and count it, so that every `Oom` event is in
+            // `num_ooms` (PyTorch's RuntimeError here is not an OOM and counts nowhere; no
+            // recording can hold such a request, since it never reaches the trace).
             let p =
                 Params { size: orig_size, alloc_size: orig_size, stream, small: false, block: NIL };
+            self.stats.num_ooms += 1;
             let info = self.oom_info(env, &p);
             env.events.push(Event::Oom { id, size: orig_size, stream, info });
             return Err(info);

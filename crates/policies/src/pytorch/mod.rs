@@ -19,7 +19,7 @@
 //!
 //! Where PyTorch throws, the clone reports instead, because a replay must go on: a request of
 //! 1 EiB or more and a device error other than out-of-memory become an `Oom` outcome (the
-//! former without touching any stat, as PyTorch's check comes first); a zero-byte request is a
+//! former touching no stat but `num_ooms`, as PyTorch's check comes first); a zero-byte request is a
 //! null pointer with no event. `free_completed` completes a pending free at once, with
 //! `process_events` semantics (the recording puts it where PyTorch polled the event);
 //! pending frees still outstanding complete in `synchronize_and_free_events`, in the order of
