@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The H100 validation batch behind crates/cuda/VALIDATION.md.
 #
-#   crates/cuda/run_validation.sh BIN OUTDIR [timing|traces|workloads|all]
+#   crates/cuda/run_validation.sh BIN OUTDIR [timing|traces|workloads|viz|all]
 #
 # BIN is a release `allocsim` built on a machine with Rust (the GPU machine has none); run from
 # the repository root. Every run's JSON goes to OUTDIR/runs/, one line per run to
 # OUTDIR/summary.tsv, and everything is packed into OUTDIR/runs.tgz at the end (or on timeout,
-# as far as it got, when the caller packs it).
+# as far as it got, when the caller packs it). `viz` checks that a snapshot allocsim exports
+# opens in PyTorch's memory viewer (torch.cuda._memory_viz), writing OUTDIR/viz_*.html.
 set -u
 B=$1
 OUT=$2
@@ -38,11 +39,12 @@ try:
     d = json.load(open(path))
     p = d.get("patterns") or {}
     m = d["model"]
-    f = d.get("following_addresses") or {}
+    f = d.get("following_device_calls") or {}
     print("\t".join(str(x) for x in [
         name, rc, d["verdict"], d["ops"], d["events"], "%.3f" % d["wall_s"], "%.2f" % d["us_per_op"],
         d["ooms"], m["ooms"], p.get("mismatched_words"), p.get("blocks_verified"), d["checker_violations"],
-        m["summary"], f.get("summary", "-"), "%.1f" % (float(end) - float(start)),
+        m["summary"], f.get("summary", "-"), f.get("calls_summary", "-"), f.get("free_memory", "-"),
+        "%.1f" % (float(end) - float(start)),
     ]))
 except Exception as e:  # a crash or timeout: say so, with the tail of stderr
     err = open(path[:-5] + ".err").read()[-300:].replace("\n", " ")
@@ -82,10 +84,21 @@ workloads() {
   done
 }
 
+viz() {
+  # An exported snapshot must open in PyTorch's own viewer (both plots).
+  "$B" replay "$T/gpt2_train.pickle.gz" --export-snapshot "$OUT/sim.pickle" >"$OUT/viz_export.log" 2>&1
+  echo "export: rc $? ($(stat -c %s "$OUT/sim.pickle" 2>/dev/null) bytes)"
+  for plot in trace_plot segment_plot; do
+    python3 -m torch.cuda._memory_viz "$plot" "$OUT/sim.pickle" -o "$OUT/viz_$plot.html" >"$OUT/viz_$plot.log" 2>&1
+    echo "memory_viz $plot: rc $? ($(stat -c %s "$OUT/viz_$plot.html" 2>/dev/null) bytes) $(tail -c 300 "$OUT/viz_$plot.log")"
+  done
+}
+
 case $PART in
   timing) timing ;;
   traces) traces ;;
   workloads) workloads ;;
-  all) timing; traces; workloads ;;
+  viz) viz ;;
+  all) timing; traces; workloads; viz ;;
 esac
 (cd "$OUT" && tar czf runs.tgz runs summary.tsv)

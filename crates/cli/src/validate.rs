@@ -6,9 +6,11 @@
 //! with the GPU's real free and total memory. The GPU run's events become a recording, and the
 //! simulated run is compared with it event for event by the same `Fidelity` observer that
 //! compares a simulation with a PyTorch recording: action, size, offset within the segment
-//! (addresses differ), OOMs; then the final `memory_stats`. When the modelled device parts from
-//! the GPU, the comparison is repeated on a device that follows the GPU's addresses, which tells
-//! a difference caused by address tie-breaks from one in a decision.
+//! (addresses differ), OOMs; then the final `memory_stats`. The GPU's device calls are logged
+//! too (each call, its answer, and the free memory after it), and the comparison is repeated on
+//! a device that answers every call exactly as the GPU did (`ReplayCallsDevice`: its addresses,
+//! its refusals, its `mem_info`): that tells a difference caused by the driver's answers
+//! (address tie-breaks, a refusal the model did not predict) from one in a decision.
 
 use crate::output::bytes;
 use allocsim_core::{CallKind, Event, RecordedEvent, RecordedKind, StreamId, Trace};
@@ -16,7 +18,7 @@ use allocsim_cuda::{CudaDevice, PatternReport, Patterns};
 use allocsim_replay::{
     run_trace, run_trace_on, DeviceChoice, Divergence, Observer, RunOptions, RunReport,
 };
-use allocsim_sim::{SimConfig, SimDevice};
+use allocsim_sim::{CallLog, CallLogger, ReplayCallsDevice, SimConfig, SimDevice};
 use anyhow::Context;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -138,6 +140,8 @@ struct HardwareRun {
     description: String,
     report: RunReport,
     recorded: Vec<RecordedEvent>,
+    /// Every device call and its answer, with the free memory after it.
+    calls: CallLog,
     patterns: Option<PatternReport>,
     wall: Duration,
 }
@@ -157,7 +161,7 @@ fn run_hardware(args: &Args, trace: &Trace) -> anyhow::Result<HardwareRun> {
     let mut recorder = Recorder::default();
     let progress = crate::replay::progress_bar(trace.ops.len() as u64);
     let setup = || format!("setting up the {} policy", args.policy);
-    let (description, report, patterns, wall) = match args.device {
+    let (description, report, patterns, calls, wall) = match args.device {
         HardwareArg::Cuda => {
             let mut gpu = CudaDevice::open(args.gpu).context("opening the GPU")?;
             let patterns = if args.no_patterns {
@@ -171,16 +175,18 @@ fn run_hardware(args: &Args, trace: &Trace) -> anyhow::Result<HardwareRun> {
             if let Some(o) = observer.as_mut() {
                 extra.push(o);
             }
+            let mut logger = CallLogger::new(&mut gpu, true);
             let start = Instant::now();
-            let report = run_trace_on(trace, &opts, &mut gpu, "cuda", &mut extra, progress)
+            let report = run_trace_on(trace, &opts, &mut logger, "cuda", &mut extra, progress)
                 .with_context(setup)?;
             drop(extra);
+            let calls = logger.finish();
             let patterns = match patterns {
                 Some(p) => Some(p.borrow_mut().finish().context("running the pattern checks")?),
                 None => None,
             };
             gpu.synchronize()?;
-            (description, report, patterns, start.elapsed())
+            (description, report, patterns, calls, start.elapsed())
         }
         HardwareArg::Sim => {
             let (total, free) = sim_capacity(trace);
@@ -192,7 +198,7 @@ fn run_hardware(args: &Args, trace: &Trace) -> anyhow::Result<HardwareRun> {
             return run_stand_in(args, trace, &mut sim);
         }
     };
-    Ok(HardwareRun { description, report, recorded: recorder.events, patterns, wall })
+    Ok(HardwareRun { description, report, recorded: recorder.events, calls, patterns, wall })
 }
 
 /// The hardware side on a device standing in for the GPU.
@@ -202,13 +208,16 @@ fn run_stand_in(
     device: &mut dyn allocsim_core::Device,
 ) -> anyhow::Result<HardwareRun> {
     let mut recorder = Recorder::default();
+    let mut logger = CallLogger::new(device, true);
     let start = Instant::now();
-    let report = run_trace_on(trace, &options(args), device, "sim", &mut [&mut recorder], |_| {})
-        .with_context(|| format!("setting up the {} policy", args.policy))?;
+    let report =
+        run_trace_on(trace, &options(args), &mut logger, "sim", &mut [&mut recorder], |_| {})
+            .with_context(|| format!("setting up the {} policy", args.policy))?;
     Ok(HardwareRun {
         description: "simulated device standing in for the GPU".to_string(),
         report,
         recorded: recorder.events,
+        calls: logger.finish(),
         patterns: None,
         wall: start.elapsed(),
     })
@@ -220,27 +229,78 @@ fn sim_capacity(trace: &Trace) -> (u64, u64) {
     (total, free)
 }
 
-/// The simulated run of the same ops, compared event for event with the hardware's.
-fn run_simulated(
-    args: &Args,
-    trace: &Trace,
-    hw: &HardwareRun,
-    device: DeviceChoice,
-) -> anyhow::Result<RunReport> {
-    let as_recorded = Trace {
+/// The op stream with the hardware run's events as its recording.
+fn as_recorded(trace: &Trace, hw: &HardwareRun) -> Trace {
+    Trace {
         meta: trace.meta.clone(),
         ops: trace.ops.clone(),
         recorded: hw.recorded.clone(),
         ..Trace::default()
-    };
+    }
+}
+
+/// The simulated run of the same ops on the modelled device sized from the hardware, compared
+/// event for event with the hardware's.
+fn run_simulated(args: &Args, trace: &Trace, hw: &HardwareRun) -> anyhow::Result<RunReport> {
     let opts = RunOptions {
-        device,
+        device: DeviceChoice::Sim,
         device_total_bytes: Some(hw.report.device_total_bytes),
         device_free_bytes: Some(hw.report.device_free_bytes),
         fidelity: true,
         ..options(args)
     };
-    Ok(run_trace(&as_recorded, &opts, &mut [], |_| {})?)
+    Ok(run_trace(&as_recorded(trace, hw), &opts, &mut [], |_| {})?)
+}
+
+/// How the device that answers as the hardware did went.
+struct Following {
+    comparison: Comparison,
+    logged_calls: usize,
+    followed_calls: u64,
+    /// Where it left the hardware's calls, if it did.
+    left: Option<String>,
+    /// Logged calls the simulated policy never made (when it did not leave them).
+    unreached: Option<String>,
+    /// The model's free memory against the hardware's after each call.
+    free_memory: String,
+}
+
+impl Following {
+    fn followed_all(&self) -> bool {
+        self.left.is_none() && self.unreached.is_none()
+    }
+
+    fn calls_summary(&self) -> String {
+        let (n, m) = (self.followed_calls, self.logged_calls);
+        match (&self.left, &self.unreached) {
+            (Some(left), _) => left.clone(),
+            (None, Some(unreached)) => format!("followed {n} of {m} calls; {unreached}"),
+            (None, None) => format!("followed all {m} device calls"),
+        }
+    }
+}
+
+/// The simulated run again, on a device that answers every call exactly as the hardware did.
+fn run_following(args: &Args, trace: &Trace, hw: &HardwareRun) -> anyhow::Result<Following> {
+    let model = SimDevice::new(SimConfig {
+        total_bytes: hw.report.device_total_bytes,
+        free_bytes: hw.report.device_free_bytes,
+        ..SimConfig::default()
+    });
+    let mut device = ReplayCallsDevice::new(hw.calls.clone(), model);
+    let opts = RunOptions { fidelity: true, ..options(args) };
+    let report =
+        run_trace_on(&as_recorded(trace, hw), &opts, &mut device, "gpu-calls", &mut [], |_| {})?;
+    Ok(Following {
+        comparison: Comparison::of(&hw.report, &report),
+        logged_calls: device.logged_calls(),
+        followed_calls: device.followed_calls(),
+        left: device.divergence().map(|d| d.to_string()),
+        unreached: device
+            .unreached()
+            .map(|(n, first)| format!("{n} logged calls never made, the first: {first}")),
+        free_memory: device.free_check().to_string(),
+    })
 }
 
 /// One side-by-side comparison's outcome.
@@ -297,34 +357,35 @@ impl Comparison {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let trace = load_trace(&args.input)?;
     let hw = run_hardware(&args, &trace)?;
-    let model = Comparison::of(&hw.report, &run_simulated(&args, &trace, &hw, DeviceChoice::Sim)?);
-    let following = if model.exact() {
-        None
-    } else {
-        Some(Comparison::of(
-            &hw.report,
-            &run_simulated(&args, &trace, &hw, DeviceChoice::Recorded)?,
-        ))
-    };
+    let model = Comparison::of(&hw.report, &run_simulated(&args, &trace, &hw)?);
+    // Run always: it also compares the model's free memory with the driver's after each call.
+    let following = run_following(&args, &trace, &hw)?;
     let corrupted = hw
         .patterns
         .as_ref()
         .is_some_and(|p| p.mismatched_words > 0 || p.overlapping_allocs > 0 || p.unknown_frees > 0);
     let violations = hw.report.check.as_ref().map_or(0, |c| c.total_violations());
     let clean = !corrupted && violations == 0;
-    let verdict = match (&following, clean) {
-        (_, false) => "DIFFER",
-        (None, true) => "AGREE",
-        (Some(f), true) if f.exact() => "AGREE given the GPU's addresses",
-        (Some(_), true) => "DIFFER",
-    };
+    let verdict = verdict(clean, &model, &following);
     if args.json {
-        let value = json(&args, &trace, &hw, &model, following.as_ref(), violations, verdict);
+        let value = json(&args, &trace, &hw, &model, &following, violations, verdict);
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print(&args, &trace, &hw, &model, following.as_ref(), violations, verdict);
+        print(&args, &trace, &hw, &model, &following, violations, verdict);
     }
     Ok(if verdict == "DIFFER" { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// AGREE: the modelled device alone reproduces the hardware run; AGREE given the GPU's
+/// answers: answering every device call as the GPU did, it does; DIFFER otherwise, or on any
+/// corrupted word, overlap or checker violation.
+fn verdict(clean: bool, model: &Comparison, following: &Following) -> &'static str {
+    match (clean, model.exact(), following.comparison.exact()) {
+        (false, _, _) => "DIFFER",
+        (true, true, _) => "AGREE",
+        (true, false, true) => "AGREE given the GPU's answers",
+        (true, false, false) => "DIFFER",
+    }
 }
 
 fn per_op_us(wall: Duration, ops: u64) -> f64 {
@@ -350,7 +411,7 @@ fn print(
     trace: &Trace,
     hw: &HardwareRun,
     model: &Comparison,
-    following: Option<&Comparison>,
+    following: &Following,
     violations: u64,
     verdict: &str,
 ) {
@@ -406,9 +467,12 @@ fn print(
         None => println!("    patterns: not run"),
     }
     println!("  simulated, modelled device sized from the hardware: {}", model.summary());
-    if let Some(f) = following {
-        println!("  simulated, following the hardware's addresses: {}", f.summary());
-    }
+    println!(
+        "  simulated, answered as the hardware answered each device call: {}",
+        following.comparison.summary()
+    );
+    println!("    device calls: {}", following.calls_summary());
+    println!("    {}", following.free_memory);
     println!("  verdict: {verdict}");
 }
 
@@ -425,12 +489,24 @@ fn comparison_json(c: &Comparison) -> serde_json::Value {
     })
 }
 
+fn following_json(f: &Following) -> serde_json::Value {
+    let mut value = comparison_json(&f.comparison);
+    value["logged_calls"] = f.logged_calls.into();
+    value["followed_calls"] = f.followed_calls.into();
+    value["followed_all"] = f.followed_all().into();
+    value["calls_summary"] = f.calls_summary().into();
+    value["left"] = f.left.clone().into();
+    value["unreached"] = f.unreached.clone().into();
+    value["free_memory"] = f.free_memory.clone().into();
+    value
+}
+
 fn json(
     args: &Args,
     trace: &Trace,
     hw: &HardwareRun,
     model: &Comparison,
-    following: Option<&Comparison>,
+    following: &Following,
     violations: u64,
     verdict: &str,
 ) -> serde_json::Value {
@@ -476,7 +552,7 @@ fn json(
             "unknown_frees": p.unknown_frees,
         })),
         "model": comparison_json(model),
-        "following_addresses": following.map(comparison_json),
+        "following_device_calls": following_json(following),
         "verdict": verdict,
     })
 }
@@ -585,11 +661,13 @@ mod tests {
             let a = args(input, policy);
             let hw = run_hardware(&a, &trace).unwrap();
             assert!(!hw.recorded.is_empty());
-            let model = Comparison::of(
-                &hw.report,
-                &run_simulated(&a, &trace, &hw, DeviceChoice::Sim).unwrap(),
-            );
+            let model = Comparison::of(&hw.report, &run_simulated(&a, &trace, &hw).unwrap());
             assert!(model.exact(), "{policy}: {}", model.summary());
+            let f = run_following(&a, &trace, &hw).unwrap();
+            assert!(f.comparison.exact(), "{policy}: {}", f.comparison.summary());
+            assert!(f.followed_all(), "{policy}: {}", f.calls_summary());
+            assert!(f.free_memory.starts_with("free memory equal after"), "{}", f.free_memory);
+            assert!(!f.free_memory.contains("differs"), "{policy}: {}", f.free_memory);
         }
     }
 
@@ -644,9 +722,135 @@ mod tests {
             ..SimConfig::default()
         });
         let hw = run_stand_in(&a, &trace, &mut Mirrored(sim)).unwrap();
-        let model =
-            Comparison::of(&hw.report, &run_simulated(&a, &trace, &hw, DeviceChoice::Sim).unwrap());
+        let model = Comparison::of(&hw.report, &run_simulated(&a, &trace, &hw).unwrap());
         assert!(model.exact(), "{}", model.summary());
+    }
+
+    fn stand_in_sim(trace: &Trace, faults: Vec<allocsim_sim::Fault>) -> SimDevice {
+        let (total, free) = sim_capacity(trace);
+        SimDevice::new(SimConfig {
+            total_bytes: total,
+            free_bytes: free,
+            faults,
+            ..SimConfig::default()
+        })
+    }
+
+    /// A driver that packs mallocs smaller than a page side by side inside one 2 MiB page,
+    /// 512-byte aligned, as the H100's does; addresses mirrored as in [`Mirrored`].
+    struct Packing {
+        sim: Mirrored,
+        /// The page being filled: (address, next free offset).
+        open: Option<(u64, u64)>,
+        /// Page -> live segments packed into it.
+        users: std::collections::BTreeMap<u64, u32>,
+        packed: u64,
+    }
+
+    const PAGE: u64 = allocsim_sim::PAGE_BYTES;
+
+    impl allocsim_core::Device for Packing {
+        fn malloc(&mut self, size: u64) -> Result<u64, allocsim_core::DeviceError> {
+            if size >= PAGE {
+                return self.sim.malloc(size);
+            }
+            let (page, used) = match self.open {
+                Some((page, used)) if used + size <= PAGE => (page, used),
+                _ => (self.sim.malloc(PAGE)?, 0),
+            };
+            self.packed += u64::from(used > 0);
+            *self.users.entry(page).or_default() += 1;
+            self.open = Some((page, (used + size).div_ceil(512) * 512));
+            Ok(page + used)
+        }
+        fn free(&mut self, addr: u64, size: u64) {
+            if size >= PAGE {
+                return self.sim.free(addr, size);
+            }
+            let page = *self.users.range(..=addr).next_back().unwrap().0;
+            let users = self.users.get_mut(&page).unwrap();
+            *users -= 1;
+            if *users == 0 {
+                self.users.remove(&page);
+                if self.open.is_some_and(|(p, _)| p == page) {
+                    self.open = None;
+                }
+                self.sim.free(page, PAGE);
+            }
+        }
+        fn reserve_address(
+            &mut self,
+            size: u64,
+            alignment: u64,
+        ) -> Result<u64, allocsim_core::DeviceError> {
+            self.sim.reserve_address(size, alignment)
+        }
+        fn release_address(&mut self, addr: u64, size: u64) {
+            self.sim.release_address(addr, size)
+        }
+        fn map(&mut self, addr: u64, size: u64) -> Result<(), allocsim_core::DeviceError> {
+            self.sim.map(addr, size)
+        }
+        fn unmap(&mut self, addr: u64, size: u64) {
+            self.sim.unmap(addr, size)
+        }
+        fn mem_info(&self) -> allocsim_core::MemInfo {
+            self.sim.mem_info()
+        }
+        fn calls(&self) -> &allocsim_core::DeviceCalls {
+            self.sim.calls()
+        }
+    }
+
+    /// The rmm_pool runs on the H100 that the event-following device could not follow: the
+    /// driver packed small segments into one page. Answering the calls as the device did, with
+    /// exact byte ranges in the model's books, follows them to the end, exactly.
+    #[test]
+    fn a_driver_packing_small_segments_is_followed() {
+        let input = "workload:cnn-train?batch=2&image=64&steps=2";
+        let trace = load_trace(Path::new(input)).unwrap();
+        for policy in ["rmm_pool", "bfc", "rmm_binning", "async_pool"] {
+            let a = args(input, policy);
+            let mut device = Packing {
+                sim: Mirrored(stand_in_sim(&trace, vec![])),
+                open: None,
+                users: Default::default(),
+                packed: 0,
+            };
+            let hw = run_stand_in(&a, &trace, &mut device).unwrap();
+            if policy == "rmm_pool" {
+                assert!(device.packed > 0, "the test must pack something");
+            }
+            let f = run_following(&a, &trace, &hw).unwrap();
+            assert!(f.followed_all(), "{policy}: {}", f.calls_summary());
+            assert!(f.comparison.exact(), "{policy}: {}", f.comparison.summary());
+        }
+    }
+
+    /// The async_pool runs the event-following device could not follow: the driver refused a
+    /// malloc the model would have granted, and the policy went on without an event showing
+    /// it. Answering the calls as the device did reproduces the refusal.
+    #[test]
+    fn a_refusal_the_model_would_not_make_is_followed() {
+        let input =
+            "workload:transformer-train?layers=2&hidden=256&batch=2&seq=128&vocab=4096&steps=2";
+        let trace = load_trace(Path::new(input)).unwrap();
+        for policy in allocsim_policies::names() {
+            let a = args(input, policy);
+            let mut device = stand_in_sim(&trace, vec![allocsim_sim::Fault::FailNthMalloc(3)]);
+            let hw = run_stand_in(&a, &trace, &mut device).unwrap();
+            let calls = &hw.report.device_calls;
+            let (malloc, map) = (calls.get(CallKind::Malloc), calls.get(CallKind::Map));
+            let refused = malloc.failed + map.failed;
+            assert_eq!(refused, u64::from(malloc.calls + map.calls >= 3), "{policy}");
+            let f = run_following(&a, &trace, &hw).unwrap();
+            assert!(f.followed_all(), "{policy}: {}", f.calls_summary());
+            assert!(f.comparison.exact(), "{policy}: {}", f.comparison.summary());
+            if policy == "async_pool" {
+                let model = Comparison::of(&hw.report, &run_simulated(&a, &trace, &hw).unwrap());
+                assert!(!model.exact(), "the model alone grants the refused call");
+            }
+        }
     }
 
     #[test]

@@ -1,11 +1,19 @@
 //! The modelled device: memory accounting, address placement, costs and faults in one place.
 //!
 //! Free memory is `free at start − reserved − taken by faults`, where reserved counts every
-//! live `malloc` segment and every mapped page. The driver backs memory in whole 2 MiB pages
-//! ([`PAGE_BYTES`]), so a segment counts, and is compared against free memory, rounded up to a
-//! page. A request fails with `OutOfMemory` exactly when that rounded size exceeds free memory;
-//! PyTorch asks only for page multiples, and with this rule the OOMs of the recorded
-//! `synthetic_default` run fall exactly where they fell on the GPU.
+//! page under a live `malloc` segment and every mapped page. The driver backs memory in whole
+//! 2 MiB pages ([`PAGE_BYTES`]), so a segment the model places starts on a page and counts,
+//! and is compared against free memory, rounded up to whole pages. A request fails with
+//! `OutOfMemory` exactly when that rounded size exceeds free memory; PyTorch asks only for page
+//! multiples, and with this rule the OOMs of the recorded `synthetic_default` run fall exactly
+//! where they fell on the GPU.
+//!
+//! A real driver also packs `cudaMalloc`s smaller than a page side by side inside one page
+//! (512-byte aligned on an H100). Segments placed where a real device put them
+//! ([`SimDevice::malloc_at`], for the devices that follow one) therefore occupy their exact
+//! byte range, not whole pages, and a page under several live segments counts once: only a
+//! segment's first and last page can be shared (the pages between lie wholly inside it), so
+//! those two are reference-counted.
 //!
 //! Calls that break the driver's contract are policy bugs, not outcomes: those that can fail
 //! (`map` outside a reservation, a double map, a zero size) return `DeviceError::Driver`; those
@@ -41,8 +49,11 @@ pub struct SimDevice {
     va: AddressSpace,
     /// Live `malloc` segments: address -> size as asked.
     segments: BTreeMap<u64, u64>,
+    /// The first and last page of every live segment (page index -> live segments touching
+    /// it), so that a page shared by packed segments counts once.
+    edge_pages: BTreeMap<u64, u32>,
     reservations: BTreeMap<u64, Reservation>,
-    /// Page-rounded live segments plus mapped pages.
+    /// Pages under live segments plus mapped pages.
     reserved_bytes: u64,
     taken_bytes: u64,
     calls: DeviceCalls,
@@ -68,6 +79,7 @@ impl SimDevice {
             faults: FaultState::new(cfg.faults, cfg.seed),
             va: AddressSpace::default(),
             segments: BTreeMap::new(),
+            edge_pages: BTreeMap::new(),
             reservations: BTreeMap::new(),
             reserved_bytes: 0,
             taken_bytes: 0,
@@ -84,7 +96,7 @@ impl SimDevice {
         self.start_free_bytes.saturating_sub(self.reserved_bytes.saturating_add(self.taken_bytes))
     }
 
-    /// Page-rounded live segments plus mapped pages.
+    /// Pages under live segments (a page under several counted once) plus mapped pages.
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved_bytes
     }
@@ -133,9 +145,40 @@ impl SimDevice {
             return Err(self.oom(size_bytes));
         }
         let addr = self.va.place(footprint, PAGE_BYTES).ok_or_else(va_exhausted)?;
-        self.segments.insert(addr, size_bytes);
-        self.reserved_bytes += footprint;
+        self.insert_segment(addr, size_bytes);
         Ok(addr)
+    }
+
+    /// Book a placed segment: its pages, those at its ends only if no other segment has them.
+    fn insert_segment(&mut self, addr: u64, size_bytes: u64) {
+        self.segments.insert(addr, size_bytes);
+        let (first, last) = (addr / PAGE_BYTES, (addr + (size_bytes - 1)) / PAGE_BYTES);
+        let mut pages = last - first + 1;
+        for page in edges(first, last) {
+            let users = self.edge_pages.entry(page).or_insert(0);
+            if *users > 0 {
+                pages -= 1;
+            }
+            *users += 1;
+        }
+        self.reserved_bytes += pages * PAGE_BYTES;
+    }
+
+    /// Undo [`Self::insert_segment`] for the live segment `[addr, addr + size_bytes)`.
+    fn remove_segment(&mut self, addr: u64, size_bytes: u64) {
+        let (first, last) = (addr / PAGE_BYTES, (addr + (size_bytes - 1)) / PAGE_BYTES);
+        let mut pages = last - first + 1;
+        for page in edges(first, last) {
+            if let Some(users) = self.edge_pages.get_mut(&page) {
+                *users -= 1;
+                if *users > 0 {
+                    pages -= 1;
+                } else {
+                    self.edge_pages.remove(&page);
+                }
+            }
+        }
+        self.reserved_bytes -= pages * PAGE_BYTES;
     }
 
     fn try_free(&mut self, addr: u64, size_bytes: u64) -> bool {
@@ -144,7 +187,7 @@ impl SimDevice {
             return false;
         };
         self.va.release(addr);
-        self.reserved_bytes -= align_up(asked, PAGE_BYTES).unwrap_or(asked);
+        self.remove_segment(addr, asked);
         if asked != size_bytes {
             self.error(format!(
                 "free({addr:#x}, {size_bytes}): the segment there has {asked} bytes; freed it"
@@ -244,14 +287,14 @@ impl SimDevice {
 /// What the device needs to follow a recording: act as the recording says, keep the books.
 impl SimDevice {
     /// Place a `malloc` segment at `addr` regardless of free memory and faults (the recording
-    /// says the driver granted it there). False, with nothing recorded, if `addr` overlaps.
+    /// says the driver granted it there). It occupies exactly `[addr, addr + size_bytes)`, so
+    /// segments the driver packed into one page fit side by side. False, with nothing
+    /// recorded, if that overlaps a live range.
     pub(crate) fn malloc_at(&mut self, addr: u64, size_bytes: u64) -> bool {
-        let Ok(footprint) = page_footprint("malloc", size_bytes) else { return false };
-        if !self.va.place_at(addr, footprint) {
+        if size_bytes == 0 || !self.va.place_at(addr, size_bytes) {
             return false;
         }
-        self.segments.insert(addr, size_bytes);
-        self.reserved_bytes += footprint;
+        self.insert_segment(addr, size_bytes);
         self.record(CallKind::Malloc, true, size_bytes);
         true
     }
@@ -267,6 +310,18 @@ impl SimDevice {
         let result = self.try_map(addr, size_bytes, false);
         self.record(CallKind::Map, result.is_ok(), size_bytes);
         result
+    }
+
+    /// `reserve_address` at exactly `addr` regardless of alignment (a real device granted it
+    /// there), if that range is free; false records nothing.
+    pub(crate) fn reserve_address_granted(&mut self, addr: u64, size_bytes: u64) -> bool {
+        let Ok(footprint) = page_footprint("reserve_address", size_bytes) else { return false };
+        if !self.va.place_at(addr, footprint) {
+            return false;
+        }
+        self.insert_reservation(addr, size_bytes, footprint);
+        self.record(CallKind::ReserveAddress, true, size_bytes);
+        true
     }
 
     /// `reserve_address` at exactly `addr`, if it is aligned and free; `None` records nothing.
@@ -351,6 +406,11 @@ impl Device for SimDevice {
         }
         notes
     }
+}
+
+/// The first and last page of a segment, once each.
+fn edges(first: u64, last: u64) -> impl Iterator<Item = u64> {
+    std::iter::once(first).chain((last != first).then_some(last))
 }
 
 /// `size_bytes` rounded up to whole pages; a zero or overflowing size is a driver error.

@@ -219,3 +219,27 @@ fn reservations_take_any_alignment_and_stay_page_aligned() {
     let odd = d.reserve_address(PAGE, 3 * 4096).unwrap();
     assert_eq!((odd % (3 * 4096), odd % PAGE), (0, 0));
 }
+
+#[test]
+fn segments_packed_into_one_page_fit_and_share_it() {
+    // A driver packs small mallocs side by side, 512-byte aligned, inside one 2 MiB page.
+    let mut d = device(100, 10, vec![]);
+    let page = 0x7f00_0020_0000;
+    assert!(d.malloc_at(page, 1000));
+    assert!(d.malloc_at(page + 1024, 4096));
+    assert!(d.malloc_at(page + 1024 + 4096, 3 * PAGE), "spans into three more pages");
+    assert!(!d.malloc_at(page + 512, 512), "overlaps the first segment");
+    assert_eq!(d.reserved_bytes(), 4 * PAGE, "the shared page counts once");
+    d.free(page + 1024, 4096);
+    assert_eq!(d.reserved_bytes(), 4 * PAGE, "the page is still under two segments");
+    d.free(page + 1024 + 4096, 3 * PAGE);
+    assert_eq!(d.reserved_bytes(), PAGE);
+    // The model places its own segments on pages no live segment touches.
+    let own = d.malloc(PAGE).unwrap();
+    assert!(own >= page + PAGE || own + PAGE <= page, "{own:#x}");
+    d.free(page, 1000);
+    d.free(own, PAGE);
+    assert_eq!(d.reserved_bytes(), 0);
+    assert_eq!(d.live_ranges(), 0);
+    assert!(d.errors().is_empty(), "{:?}", d.errors());
+}

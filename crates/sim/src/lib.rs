@@ -9,11 +9,15 @@
 //! - [`RecordedDevice`], which answers each reservation as a recording shows the driver did,
 //!   at the recorded address, while the policy makes the recorded device calls, and hands over
 //!   to its `SimDevice` from the first call where it does not, saying where ([`Divergence`]).
+//! - [`ReplayCallsDevice`], which answers every call exactly as a device we drove ourselves
+//!   did (a GPU, logged by [`CallLogger`]): addresses, refusals and `mem_info`, then its model
+//!   from the first call the policy makes differently ([`CallDivergence`]).
 //!
-//! **Architecture Invariant:** both are deterministic: the same config, seed and calls give
+//! **Architecture Invariant:** all three are deterministic: the same config, seed and calls give
 //! the same answers, addresses and costs. Nothing here reads a clock or iterates a hash map.
 
 mod address;
+mod calls;
 mod config;
 mod cost;
 mod device;
@@ -21,6 +25,10 @@ mod faults;
 mod recorded;
 
 pub use address::VA_BASE;
+pub use calls::{
+    CallDivergence, CallLog, CallLogger, FreeMemoryCheck, LoggedCall, LoggedMemInfo,
+    ReplayCallsDevice,
+};
 pub use config::{SimConfig, H100_FREE_AT_START_BYTES, H100_TOTAL_BYTES};
 pub use cost::{CostModel, CostPoint, ADDRESS_CALL_NS, H100_FREE_NS, H100_MALLOC_NS};
 pub use device::{SimDevice, PAGE_BYTES};
