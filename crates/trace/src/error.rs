@@ -10,10 +10,7 @@ use std::path::PathBuf;
 /// message stands on its own and printing the chain never repeats it.
 pub enum TraceError {
     #[error("{}: {error}", path.display())]
-    Io {
-        path: PathBuf,
-        error: io::Error,
-    },
+    Io { path: PathBuf, error: io::Error },
 
     #[error("{}: empty file", path.display())]
     Empty { path: PathBuf },
@@ -27,10 +24,7 @@ pub enum TraceError {
 
     /// The pickle itself is bad: truncated, corrupt, or it tries to run code.
     #[error("{}: pickle {error}", path.display())]
-    Pickle {
-        path: PathBuf,
-        error: PickleError,
-    },
+    Pickle { path: PathBuf, error: PickleError },
 
     /// The pickle is fine but is not a snapshot we understand. `place` is a Python-like path
     /// such as `device_traces[0][17].size`.
@@ -53,10 +47,7 @@ pub enum TraceError {
     Native { path: PathBuf, message: String },
 
     #[error("{}: JSON: {error}", path.display())]
-    Json {
-        path: PathBuf,
-        error: serde_json::Error,
-    },
+    Json { path: PathBuf, error: serde_json::Error },
 
     /// The trace cannot be expressed in the format asked for.
     #[error("{}: cannot write: {message}", path.display())]

@@ -89,11 +89,19 @@ pub struct ReadOptions {
     pub stacks: bool,
     /// Bounds for the pickle reader.
     pub limits: pickle::Limits,
+    /// Read a snapshot's entries straight from the pickle stream (the fast path; the result
+    /// is the same). False always builds the whole pickle as values first: for comparisons.
+    pub streaming: bool,
 }
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { sidecar: true, stacks: true, limits: pickle::Limits::default() }
+        ReadOptions {
+            sidecar: true,
+            stacks: true,
+            limits: pickle::Limits::default(),
+            streaming: true,
+        }
     }
 }
 

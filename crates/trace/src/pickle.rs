@@ -15,10 +15,12 @@ mod memo;
 mod opcodes;
 mod read;
 mod step;
+mod stream;
 mod strings;
 mod value;
 mod write;
 
+pub use stream::{read_records, RecordSpec, Records};
 pub use value::Value;
 pub use write::{to_vec, write};
 

@@ -126,6 +126,30 @@ impl<R: Read> Input<R> {
         Ok(out)
     }
 
+    /// The buffered bytes at the cursor, at least `n` (at most the buffer size) of them unless
+    /// the input ends first. Read them in place, then [`Input::consume`] what was used.
+    #[inline]
+    pub fn window(&mut self, n: usize) -> InResult<&[u8]> {
+        if self.end - self.pos < n {
+            self.fill_up_to(n)?;
+        }
+        Ok(&self.buf[self.pos..self.end])
+    }
+
+    #[cold]
+    fn fill_up_to(&mut self, n: usize) -> InResult<()> {
+        debug_assert!(n <= BUF_BYTES);
+        while self.end - self.pos < n && self.refill()? > 0 {}
+        Ok(())
+    }
+
+    /// Skip `n` bytes of the last [`Input::window`].
+    #[inline]
+    pub fn consume(&mut self, n: usize) {
+        debug_assert!(n <= self.end - self.pos);
+        self.pos += n;
+    }
+
     /// Hand `n` bytes to `f` without copying when they are already buffered; otherwise gather
     /// them into `scratch` as they arrive.
     pub fn with_bytes<T>(

@@ -14,6 +14,9 @@ pub enum Memo {
     Value(Value, u32),
     /// A container still being built at this stack position.
     OnStack(usize),
+    /// A container the record streamer consumed without building it (see `stream`): a `GET`
+    /// of it sends the whole file back to the generic reader.
+    Streamed,
 }
 
 #[derive(Default)]

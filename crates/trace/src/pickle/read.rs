@@ -35,7 +35,7 @@ pub(super) struct Slot {
 
 pub(super) const NO_MEMO: u32 = u32::MAX;
 /// Estimated bytes of one value, charged against the memory limit.
-const VALUE_COST: u64 = 48;
+pub(super) const VALUE_COST: u64 = 48;
 
 impl Slot {
     pub(super) fn new(value: Value, depth: u32) -> Slot {
@@ -75,18 +75,7 @@ pub(super) struct Vm<'l, R> {
 /// is ignored, as Python does) so that a compressed stream's checksum is verified. See the
 /// module doc.
 pub fn read<R: Read>(reader: R, limits: &Limits) -> Result<Value, PickleError> {
-    let mut vm = Vm {
-        input: Input::new(reader),
-        limits,
-        stack: Vec::new(),
-        marks: Vec::new(),
-        memo: MemoTable::default(),
-        strings: StrCache::default(),
-        charged: 0,
-        scratch: Vec::new(),
-        at: 0,
-        opcode: 0,
-    };
+    let mut vm = Vm::new(reader, limits);
     vm.start()?;
     loop {
         vm.at = vm.input.offset();
@@ -108,6 +97,10 @@ pub fn read<R: Read>(reader: R, limits: &Limits) -> Result<Value, PickleError> {
             Ok(()) => {}
             Err(Failure::Input(e)) => return Err(vm.input_err(e)),
             Err(Failure::Pickle(e)) => return Err(e),
+            // Only the record streamer makes `Streamed` memos; never here.
+            Err(Failure::Unusual) => {
+                return Err(vm.err(K::Unsupported("a memo entry the record streamer consumed")))
+            }
         }
     }
 }
@@ -115,6 +108,8 @@ pub fn read<R: Read>(reader: R, limits: &Limits) -> Result<Value, PickleError> {
 pub(super) enum Failure {
     Input(InputError),
     Pickle(PickleError),
+    /// The record streamer met something it does not handle: read the file generically.
+    Unusual,
 }
 
 impl From<InputError> for Failure {
@@ -131,7 +126,22 @@ impl From<PickleError> for Failure {
 
 pub(super) type Step = Result<(), Failure>;
 
-impl<R: Read> Vm<'_, R> {
+impl<'l, R: Read> Vm<'l, R> {
+    pub(super) fn new(reader: R, limits: &'l Limits) -> Self {
+        Vm {
+            input: Input::new(reader),
+            limits,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: MemoTable::default(),
+            strings: StrCache::default(),
+            charged: 0,
+            scratch: Vec::new(),
+            at: 0,
+            opcode: 0,
+        }
+    }
+
     pub(super) fn err(&self, kind: K) -> PickleError {
         PickleError { offset: self.at, kind }
     }
@@ -351,6 +361,7 @@ impl<R: Read> Vm<'_, R> {
                 Slot::new(v, depth)
             }
             Some(Memo::OnStack(_)) => return Err(self.err(K::MemoMissing(key)).into()),
+            Some(Memo::Streamed) => return Err(Failure::Unusual),
             None => return Err(self.err(K::MemoMissing(key)).into()),
         };
         self.push(slot)

@@ -30,7 +30,7 @@ impl<R: Read> Vm<'_, R> {
         text.parse().map_err(|_| self.err(K::BadText(name(self.opcode), text.clone())).into())
     }
 
-    fn string(&mut self, n: u64, as_str: bool) -> Step {
+    fn string(&mut self, n: u64, as_str: bool) -> Result<Value, Failure> {
         self.charge(n)?;
         let mut scratch = std::mem::take(&mut self.scratch);
         let strings = &mut self.strings;
@@ -46,10 +46,10 @@ impl<R: Read> Vm<'_, R> {
             }
         });
         self.scratch = scratch;
-        self.push_value(v?)
+        Ok(v?)
     }
 
-    fn long(&mut self, n: u64) -> Step {
+    fn long(&mut self, n: u64) -> Result<Value, Failure> {
         if n > 8 {
             return Err(self.err(K::IntTooWide(n)).into());
         }
@@ -58,58 +58,21 @@ impl<R: Read> Vm<'_, R> {
         if n > 0 && bytes[n - 1] & 0x80 != 0 {
             bytes[n..].fill(0xff);
         }
-        self.push_value(Value::Int(i64::from_le_bytes(bytes)))
+        Ok(Value::Int(i64::from_le_bytes(bytes)))
     }
 
-    pub(super) fn step(&mut self) -> Step {
-        let code = self.opcode;
-        match code {
-            op::PROTO => {
-                let v = self.input.byte()?;
-                if !(2..=5).contains(&v) {
-                    return Err(self.err(K::Protocol(v)).into());
-                }
-            }
-            op::FRAME => {
-                // Framing only groups opcodes for buffered reading; the length is not needed.
-                self.input.array::<8>()?;
-            }
-            op::MARK => self.marks.push(self.stack.len()),
-            op::POP => {
-                // Python 3 pops a MARK when nothing was pushed after it.
-                if self.marks.last() == Some(&self.stack.len()) {
-                    self.marks.pop();
-                } else {
-                    let slot = self.pop()?;
-                    release(slot, &mut self.memo);
-                }
-            }
-            op::POP_MARK => {
-                let from = self.take_mark()?;
-                self.drain_values(from);
-            }
-            op::DUP => {
-                let Some(i) = self.stack.len().checked_sub(1).filter(|&i| i >= self.floor()) else {
-                    return Err(self.underflow().into());
-                };
-                let (v, depth) = self.share_at(i);
-                self.push(Slot::new(v, depth))?
-            }
-            op::NONE => self.push_value(Value::None)?,
-            op::NEWTRUE => self.push_value(Value::Bool(true))?,
-            op::NEWFALSE => self.push_value(Value::Bool(false))?,
-            op::BININT1 => {
-                let b = self.input.byte()?;
-                self.push_value(Value::Int(i64::from(b)))?
-            }
-            op::BININT2 => {
-                let b = self.input.array::<2>()?;
-                self.push_value(Value::Int(i64::from(u16::from_le_bytes(b))))?
-            }
-            op::BININT => {
-                let b = self.input.array::<4>()?;
-                self.push_value(Value::Int(i64::from(i32::from_le_bytes(b))))?
-            }
+    /// The value of an opcode that makes a scalar (an int, a float, a string, None, a bool)
+    /// from its arguments alone; `None` for every other opcode, whose arguments are left
+    /// unread. Shared by [`Vm::step`] and the record streamer.
+    #[inline]
+    pub(super) fn scalar(&mut self, code: u8) -> Result<Option<Value>, Failure> {
+        let v = match code {
+            op::NONE => Value::None,
+            op::NEWTRUE => Value::Bool(true),
+            op::NEWFALSE => Value::Bool(false),
+            op::BININT1 => Value::Int(i64::from(self.input.byte()?)),
+            op::BININT2 => Value::Int(i64::from(u16::from_le_bytes(self.input.array::<2>()?))),
+            op::BININT => Value::Int(i64::from(i32::from_le_bytes(self.input.array::<4>()?))),
             op::LONG1 => {
                 let n = self.input.byte()?;
                 self.long(u64::from(n))?
@@ -120,28 +83,20 @@ impl<R: Read> Vm<'_, R> {
             }
             op::INT => {
                 let text = self.text_arg()?;
-                let v = match text.as_str() {
+                match text.as_str() {
                     "00" => Value::Bool(false),
                     "01" => Value::Bool(true),
                     t => Value::Int(
                         t.parse().map_err(|_| self.err(K::BadText("INT", text.clone())))?,
                     ),
-                };
-                self.push_value(v)?
+                }
             }
-            op::LONG => {
-                let v = self.text_int()?;
-                self.push_value(Value::Int(v))?
-            }
+            op::LONG => Value::Int(self.text_int()?),
             op::FLOAT => {
                 let text = self.text_arg()?;
-                let v = text.parse().map_err(|_| self.err(K::BadText("FLOAT", text.clone())))?;
-                self.push_value(Value::Float(v))?
+                Value::Float(text.parse().map_err(|_| self.err(K::BadText("FLOAT", text.clone())))?)
             }
-            op::BINFLOAT => {
-                let b = self.input.array::<8>()?;
-                self.push_value(Value::Float(f64::from_be_bytes(b)))?
-            }
+            op::BINFLOAT => Value::Float(f64::from_be_bytes(self.input.array::<8>()?)),
             op::SHORT_BINUNICODE => {
                 let n = self.input.byte()?;
                 self.string(u64::from(n), true)?
@@ -175,6 +130,48 @@ impl<R: Read> Vm<'_, R> {
             op::BINBYTES8 | op::BYTEARRAY8 => {
                 let n = u64::from_le_bytes(self.input.array::<8>()?);
                 self.string(n, false)?
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(v))
+    }
+
+    pub(super) fn step(&mut self) -> Step {
+        let code = self.opcode;
+        if let Some(v) = self.scalar(code)? {
+            return self.push_value(v);
+        }
+        match code {
+            op::PROTO => {
+                let v = self.input.byte()?;
+                if !(2..=5).contains(&v) {
+                    return Err(self.err(K::Protocol(v)).into());
+                }
+            }
+            op::FRAME => {
+                // Framing only groups opcodes for buffered reading; the length is not needed.
+                self.input.array::<8>()?;
+            }
+            op::MARK => self.marks.push(self.stack.len()),
+            op::POP => {
+                // Python 3 pops a MARK when nothing was pushed after it.
+                if self.marks.last() == Some(&self.stack.len()) {
+                    self.marks.pop();
+                } else {
+                    let slot = self.pop()?;
+                    release(slot, &mut self.memo);
+                }
+            }
+            op::POP_MARK => {
+                let from = self.take_mark()?;
+                self.drain_values(from);
+            }
+            op::DUP => {
+                let Some(i) = self.stack.len().checked_sub(1).filter(|&i| i >= self.floor()) else {
+                    return Err(self.underflow().into());
+                };
+                let (v, depth) = self.share_at(i);
+                self.push(Slot::new(v, depth))?
             }
             op::EMPTY_LIST => self.push(Slot::new(Value::list(Vec::new()), 1))?,
             op::EMPTY_DICT => self.push(Slot::new(Value::dict(Vec::new()), 1))?,

@@ -66,7 +66,7 @@ enum Life {
 /// First pass: which frees name blocks the history never allocated.
 fn find_synthetic(
     ctx: Ctx<'_>,
-    entries: &[Entry<'_>],
+    entries: &[Entry],
     alive: &[AliveBlock],
     frees_complete_at_once: bool,
 ) -> Result<Vec<Synthetic>, TraceError> {
@@ -146,9 +146,9 @@ struct Builder<'a> {
     misplaced_device_events: usize,
 }
 
-pub fn convert<'v>(
-    ctx: Ctx<'v>,
-    entries: &[Entry<'v>],
+pub fn convert<'a>(
+    ctx: Ctx<'a>,
+    entries: &'a [Entry],
     alive: &[AliveBlock],
     with_stacks: bool,
 ) -> Result<Converted, TraceError> {
@@ -228,7 +228,7 @@ impl<'a> Builder<'a> {
         AllocId(self.next_id - 1)
     }
 
-    fn record(&mut self, op: u64, kind: RecordedKind, e: &Entry<'_>) {
+    fn record(&mut self, op: u64, kind: RecordedKind, e: &Entry) {
         let (addr, size, stream) = (e.addr, e.size, e.stream);
         self.recorded.push(RecordedEvent { op, kind, addr, size, stream });
     }
@@ -252,7 +252,7 @@ impl<'a> Builder<'a> {
     }
 
     /// The live id at `e.addr`, or the synthetic one made for entry `i`.
-    fn id_at(&self, i: usize, e: &Entry<'_>) -> Result<AllocId, TraceError> {
+    fn id_at(&self, i: usize, e: &Entry) -> Result<AllocId, TraceError> {
         self.ids.get(&e.addr).or_else(|| self.synthetic_ids.get(&i)).copied().ok_or_else(|| {
             let place = format!("device_traces[0][{i}]");
             self.ctx.err(place, format!("free of unknown address 0x{:x}", e.addr))
@@ -290,7 +290,7 @@ impl<'a> Builder<'a> {
 
     fn entries(
         &mut self,
-        entries: &[Entry<'a>],
+        entries: &'a [Entry],
         frees_complete_at_once: bool,
     ) -> Result<(), TraceError> {
         // The FreeRequested op of the free whose completion may come next, and its address.
@@ -326,7 +326,7 @@ impl<'a> Builder<'a> {
                     _ => {
                         let id = self.id_at(i, e)?;
                         self.ids.remove(&e.addr);
-                        let k = self.push_op(Op::FreeCompleted { id }, e.frames, i)?;
+                        let k = self.push_op(Op::FreeCompleted { id }, e.frames.as_ref(), i)?;
                         self.record(k, RecordedKind::FreeCompleted, e);
                     }
                 },
@@ -336,7 +336,7 @@ impl<'a> Builder<'a> {
     }
 
     /// A device call joins the pending run; its op is known when the run ends.
-    fn device_event(&mut self, i: usize, e: &Entry<'a>) {
+    fn device_event(&mut self, i: usize, e: &'a Entry) {
         let kind = match e.action {
             Action::SegmentAlloc => RecordedKind::SegmentAlloc,
             Action::SegmentMap => RecordedKind::SegmentMap,
@@ -344,7 +344,7 @@ impl<'a> Builder<'a> {
             _ => RecordedKind::SegmentUnmap,
         };
         if self.run.is_empty() {
-            self.run_frames = e.frames.map(|f| (f, i));
+            self.run_frames = e.frames.as_ref().map(|f| (f, i));
         }
         self.run_has_alloc_side |= matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
         self.run.push(self.recorded.len());
@@ -352,9 +352,10 @@ impl<'a> Builder<'a> {
     }
 
     /// `alloc` or `oom`: an allocation attempt, which the pending device calls belong to.
-    fn alloc(&mut self, i: usize, e: &Entry<'a>) -> Result<(), TraceError> {
+    fn alloc(&mut self, i: usize, e: &Entry) -> Result<(), TraceError> {
         let id = self.fresh_id();
-        let k = self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, e.frames, i)?;
+        let k =
+            self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, e.frames.as_ref(), i)?;
         self.tag_run(k);
         if e.action == Action::Alloc {
             self.ids.insert(e.addr, id);
@@ -371,7 +372,7 @@ impl<'a> Builder<'a> {
     fn free_requested(
         &mut self,
         i: usize,
-        e: &Entry<'a>,
+        e: &Entry,
         completes_next: bool,
         frees_complete_at_once: bool,
     ) -> Result<u64, TraceError> {
@@ -380,7 +381,7 @@ impl<'a> Builder<'a> {
         if !completes_next {
             self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, i)?;
         }
-        let k = self.push_op(Op::FreeRequested { id }, e.frames, i)?;
+        let k = self.push_op(Op::FreeRequested { id }, e.frames.as_ref(), i)?;
         self.record(k, RecordedKind::FreeRequested, e);
         if frees_complete_at_once {
             self.ids.remove(&e.addr);

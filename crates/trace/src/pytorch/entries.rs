@@ -44,14 +44,21 @@ impl Action {
 }
 
 /// One `device_traces[0]` entry. For `oom`, `addr` holds `device_free`.
-#[derive(Debug, Clone, Copy)]
-pub struct Entry<'v> {
+#[derive(Debug, Clone)]
+pub struct Entry {
     pub action: Action,
     pub addr: u64,
     pub size: u64,
     pub stream: StreamId,
-    pub frames: Option<&'v Value>,
+    /// The `frames` list, shared with the pickle's value (its `Rc` names the stack).
+    pub frames: Option<Value>,
 }
+
+/// The keys of an entry that the conversion reads, in the order of [`Fields`].
+pub const ENTRY_FIELDS: [&str; 6] = ["action", "addr", "device_free", "size", "stream", "frames"];
+
+/// An entry's values for [`ENTRY_FIELDS`], `None` where the key is absent.
+pub type Fields<'v> = [Option<&'v Value>; 6];
 
 /// A block the final `segments` list shows as allocated.
 #[derive(Debug, Clone, Copy)]
@@ -112,11 +119,13 @@ impl Ctx<'_> {
 }
 
 /// The top-level dict's `device_traces[0]`, checked, plus the devices beyond 0 that have
-/// entries (for a warning).
-pub fn device_trace<'v>(
+/// entries (for a warning). `streamed`: the entries of `device_traces[0]` as the record
+/// streamer read them, which left that list empty in `root`.
+pub fn device_trace(
     ctx: Ctx<'_>,
-    root: &'v Value,
-) -> Result<(Vec<Entry<'v>>, Vec<usize>), TraceError> {
+    root: &Value,
+    streamed: Option<Vec<Entry>>,
+) -> Result<(Vec<Entry>, Vec<usize>), TraceError> {
     if root.as_dict().is_none() {
         return Err(ctx.expected("top level", "a dict (a torch.cuda.memory._snapshot())", root));
     }
@@ -134,6 +143,9 @@ pub fn device_trace<'v>(
         return Ok((Vec::new(), others));
     };
     let list = ctx.seq(list, || "device_traces[0]".into())?;
+    if let Some(entries) = streamed {
+        return Ok((entries, others));
+    }
     let mut entries = Vec::with_capacity(list.len());
     for (i, e) in list.iter().enumerate() {
         entries.push(entry(ctx, i, e)?);
@@ -141,24 +153,25 @@ pub fn device_trace<'v>(
     Ok((entries, others))
 }
 
-fn entry<'v>(ctx: Ctx<'_>, i: usize, e: &'v Value) -> Result<Entry<'v>, TraceError> {
-    let place = |field: &str| format!("device_traces[0][{i}].{field}");
+fn entry(ctx: Ctx<'_>, i: usize, e: &Value) -> Result<Entry, TraceError> {
     let pairs =
         e.as_dict().ok_or_else(|| ctx.expected(format!("device_traces[0][{i}]"), "a dict", e))?;
-    let (mut action, mut addr, mut device_free, mut size, mut stream, mut frames) =
-        (None, None, None, None, None, None);
-    // One pass over the keys: a snapshot entry has about eight.
+    let mut fields: Fields<'_> = [None; 6];
+    // One pass over the keys: a snapshot entry has about eight. The last of repeated keys
+    // wins, as in the dict Python builds.
     for (k, v) in pairs {
-        match k.as_str() {
-            Some("action") => action = Some(v),
-            Some("addr") => addr = Some(v),
-            Some("device_free") => device_free = Some(v),
-            Some("size") => size = Some(v),
-            Some("stream") => stream = Some(v),
-            Some("frames") => frames = Some(v),
-            _ => {}
+        if let Some(f) = k.as_str().and_then(|k| ENTRY_FIELDS.iter().position(|f| *f == k)) {
+            fields[f] = Some(v);
         }
     }
+    entry_from_fields(ctx, i, &fields)
+}
+
+/// Entry `i` from its fields, checked. Shared by the tree reader and the record streamer, so
+/// both accept exactly the same entries.
+pub fn entry_from_fields(ctx: Ctx<'_>, i: usize, fields: &Fields<'_>) -> Result<Entry, TraceError> {
+    let place = |field: &str| format!("device_traces[0][{i}].{field}");
+    let [action, addr, device_free, size, stream, frames] = *fields;
     let action_v = action.ok_or_else(|| ctx.err(place("action"), "missing"))?;
     let name = action_v.as_str().ok_or_else(|| ctx.expected(place("action"), "a str", action_v))?;
     let action = Action::parse(name)
@@ -182,7 +195,7 @@ fn entry<'v>(ctx: Ctx<'_>, i: usize, e: &'v Value) -> Result<Entry<'v>, TraceErr
     if let Some(f) = frames {
         ctx.seq(f, || place("frames"))?;
     }
-    Ok(Entry { action, addr, size, stream, frames })
+    Ok(Entry { action, addr, size, stream, frames: frames.cloned() })
 }
 
 /// Blocks that `segments` shows as `active_allocated` on device 0.

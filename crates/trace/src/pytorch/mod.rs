@@ -31,28 +31,85 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// Read a snapshot file, gzipped or not (told by its first bytes, whatever its name), and its
 /// sidecar JSON if `opts.sidecar`.
+///
+/// With `opts.streaming` the entries are first read by the record streamer
+/// ([`pickle::read_records`]) without building them as values; anything it does not expect,
+/// including every error, makes the file be read again the generic way, which gives the same
+/// trace or the same error.
 pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
-    let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
-    let mut reader = BufReader::with_capacity(256 * 1024, file);
-    let head = reader.fill_buf().map_err(|e| TraceError::io(path, e))?;
-    if head.is_empty() {
-        return Err(TraceError::Empty { path: path.to_path_buf() });
-    }
-    let root = if head.starts_with(&GZIP_MAGIC) {
-        parse(flate2::bufread::MultiGzDecoder::new(reader), path, opts)?
-    } else {
-        parse(reader, path, opts)?
+    let streamed = if opts.streaming { read_snapshot_streaming(path, opts)? } else { None };
+    let mut trace = match streamed {
+        Some(trace) => trace,
+        None => {
+            let root = parse(open(path)?, path, opts)?;
+            snapshot_to_trace(&root, path, opts.stacks)?
+        }
     };
-    let mut trace = snapshot_to_trace(&root, path, opts.stacks)?;
     if opts.sidecar {
         sidecar::apply(path, &mut trace.meta)?;
     }
     Ok(trace)
 }
 
+/// The decompressed pickle stream of a snapshot file.
+enum Source {
+    Plain(BufReader<File>),
+    Gzip(Box<flate2::bufread::MultiGzDecoder<BufReader<File>>>),
+}
+
+impl Read for Source {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::Plain(r) => r.read(buf),
+            Source::Gzip(r) => r.read(buf),
+        }
+    }
+}
+
+fn open(path: &Path) -> Result<Source, TraceError> {
+    let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let mut reader = BufReader::with_capacity(256 * 1024, file);
+    let head = reader.fill_buf().map_err(|e| TraceError::io(path, e))?;
+    if head.is_empty() {
+        return Err(TraceError::Empty { path: path.to_path_buf() });
+    }
+    Ok(if head.starts_with(&GZIP_MAGIC) {
+        Source::Gzip(Box::new(flate2::bufread::MultiGzDecoder::new(reader)))
+    } else {
+        Source::Plain(reader)
+    })
+}
+
 fn parse<R: Read>(reader: R, path: &Path, opts: &ReadOptions) -> Result<Value, TraceError> {
     pickle::from_reader_with(reader, &opts.limits)
         .map_err(|error| TraceError::Pickle { path: path.to_path_buf(), error })
+}
+
+/// The trace by way of the record streamer alone, or `None` where [`read_snapshot`] would
+/// fall back to the generic reader (without the sidecar; for tests and benchmarks).
+pub fn read_snapshot_streaming(
+    path: &Path,
+    opts: &ReadOptions,
+) -> Result<Option<Trace>, TraceError> {
+    let source = open(path)?;
+    let ctx = Ctx { path };
+    let mut entries = Vec::new();
+    let spec = pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
+    let records = pickle::read_records(source, &opts.limits, spec, |fields| {
+        let [a, b, c, d, e, f] = fields else { return false };
+        let fields = [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()];
+        match entries::entry_from_fields(ctx, entries.len(), &fields) {
+            Ok(entry) => {
+                entries.push(entry);
+                true
+            }
+            Err(_) => false,
+        }
+    });
+    let Some(records) = records else { return Ok(None) };
+    let streamed = records.streamed.then_some(entries);
+    // An error here is left to the generic reader too, so every message comes from one place.
+    Ok(convert_root(&records.root, path, opts.stacks, streamed).ok())
 }
 
 /// Convert an unpickled snapshot. `path` only names the source in errors.
@@ -61,8 +118,17 @@ pub fn snapshot_to_trace(
     path: &Path,
     with_stacks: bool,
 ) -> Result<Trace, TraceError> {
+    convert_root(root, path, with_stacks, None)
+}
+
+fn convert_root(
+    root: &Value,
+    path: &Path,
+    with_stacks: bool,
+    streamed: Option<Vec<entries::Entry>>,
+) -> Result<Trace, TraceError> {
     let ctx = Ctx { path };
-    let (entries, other_devices) = entries::device_trace(ctx, root)?;
+    let (entries, other_devices) = entries::device_trace(ctx, root, streamed)?;
     let alive = entries::alive_blocks(ctx, root)?;
     let alloc_conf = entries::alloc_conf(ctx, root)?;
     let converted = convert::convert(ctx, &entries, &alive, with_stacks)?;

@@ -1,0 +1,565 @@
+//! Streaming the records of one list of flat dicts, without building them.
+//!
+//! A PyTorch snapshot is a dict whose `device_traces[0]` holds one small dict per allocator
+//! event, hundreds of thousands of them. Building each as a [`Value`], memoizing it and
+//! dropping the tree again was most of the time of reading a snapshot. [`read_records`] runs
+//! the same VM, but when it reaches that list it reads each dict's pairs straight from the
+//! stream, puts the values of the keys the caller asked for into a reused array, and hands the
+//! array to a sink; the list stays empty in the tree it returns.
+//!
+//! It is a shortcut, never a second reader with its own rules. Whatever it does not expect (a
+//! record that is not `EMPTY_DICT [memo] MARK pairs SETITEMS`, a `GET` of a streamed dict, a
+//! list that changes after streaming, a record the sink refuses, and every error) makes it
+//! give up with `None`, and the caller reads the file again with the generic reader, which
+//! gives the value or the error, with its byte offset, that it always gave. Nothing is ever
+//! executed here either: the only opcodes read in place are scalars, memo puts and gets,
+//! `MARK`, `SETITEMS` and `FRAME`; a value that is anything else (a new `frames` list) goes
+//! through the generic [`Vm::step`], which refuses the code-running opcodes.
+
+use super::memo::{Memo, MemoTable};
+use super::opcodes as op;
+use super::read::{release, Failure, Slot, Vm, VALUE_COST};
+use super::strings::StrCache;
+use super::{Limits, Value};
+use std::io::Read;
+use std::rc::Rc;
+
+/// Which list to stream and what to keep of each record.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordSpec<'a> {
+    /// A key of the top-level dict whose value is a list of lists: the first of those lists
+    /// is streamed (`device_traces` streams `device_traces[0]`).
+    pub top_key: &'a str,
+    /// The keys whose values the sink receives, in this order; other keys are read and
+    /// dropped. At most 255.
+    pub fields: &'a [&'a str],
+}
+
+/// What [`read_records`] returns when it could stream.
+#[derive(Debug)]
+pub struct Records {
+    /// The whole pickle, with the streamed list left empty.
+    pub root: Value,
+    /// Whether the list was found and its records went to the sink; when false the tree is
+    /// complete and the sink was never called.
+    pub streamed: bool,
+}
+
+/// A key that is none of the spec's fields.
+const IGNORED: u8 = u8::MAX;
+/// Keys remembered by their position in a record: records repeat their keys in one order.
+const KEY_CACHE: usize = 16;
+
+struct State<'k, F> {
+    spec: RecordSpec<'k>,
+    sink: F,
+    fields: Vec<Option<Value>>,
+    /// The key string last seen at each position of a record, and its field. The `Rc` is
+    /// kept so its address names this string for as long as it is cached.
+    key_cache: Vec<Option<(Rc<String>, u8)>>,
+    /// The memo key of the key string last read at each position of a flat record, and its
+    /// field. Valid while memo entries only get added, so the opcode reader clears it.
+    memo_key_cache: [(u64, u8); KEY_CACHE],
+    /// The string value last read at each position of a record: most repeat (`"N/A"`).
+    value_cache: Vec<Option<Rc<String>>>,
+    /// Memo entries a flat record makes, applied only once all of it was read.
+    puts: Vec<Memo>,
+    /// The streamed list, once found (for the identity check at the end).
+    list: Option<*const Vec<Value>>,
+}
+
+impl<F: FnMut(&mut [Option<Value>]) -> bool> State<'_, F> {
+    /// The spec field that `key`, the key at position `at` of its record, names; `IGNORED`
+    /// for any other key.
+    #[inline]
+    fn field_of(&mut self, key: &Value, at: usize) -> u8 {
+        match key {
+            Value::Str(s) => self.field_of_str(s, at),
+            _ => IGNORED,
+        }
+    }
+
+    /// [`State::field_of`] for a key known to be a string.
+    #[inline]
+    fn field_of_str(&mut self, s: &Rc<String>, at: usize) -> u8 {
+        let slot = at % KEY_CACHE;
+        if let Some((cached, field)) = &self.key_cache[slot] {
+            if Rc::ptr_eq(cached, s) {
+                return *field;
+            }
+        }
+        self.field_of_slow(s, slot)
+    }
+
+    #[cold]
+    fn field_of_slow(&mut self, s: &Rc<String>, slot: usize) -> u8 {
+        let field = self.spec.fields.iter().position(|f| *f == s.as_str());
+        let field = field.map_or(IGNORED, |f| f as u8);
+        self.key_cache[slot] = Some((s.clone(), field));
+        field
+    }
+
+    /// The string `bytes`, shared with the one last read at key position `at` when equal.
+    #[inline]
+    fn string_at(&mut self, at: usize, bytes: &[u8], strings: &mut StrCache) -> Option<Value> {
+        let slot = &mut self.value_cache[at % KEY_CACHE];
+        if let Some(s) = slot {
+            if s.as_bytes() == bytes {
+                return Some(Value::Str(s.clone()));
+            }
+        }
+        let s = strings.get(std::str::from_utf8(bytes).ok()?);
+        *slot = Some(s.clone());
+        Some(Value::Str(s))
+    }
+
+    fn deliver(&mut self) -> Result<(), Failure> {
+        let ok = (self.sink)(&mut self.fields);
+        self.fields.iter_mut().for_each(|f| *f = None);
+        if ok {
+            Ok(())
+        } else {
+            Err(Failure::Unusual)
+        }
+    }
+}
+
+/// Read one pickle like [`super::from_reader_with`], streaming the records of the list that
+/// `spec` names into `sink`. `None`: read the file with the generic reader instead (see the
+/// module doc); the sink may have seen records by then.
+///
+/// The sink gets the fields of one record (`None` where the key is absent; the last of
+/// repeated keys wins, as in Python) and returns false to refuse it, which sends the file
+/// back to the generic reader. What it leaves in the array is cleared before the next record.
+pub fn read_records<R: Read>(
+    reader: R,
+    limits: &Limits,
+    spec: RecordSpec<'_>,
+    sink: impl FnMut(&mut [Option<Value>]) -> bool,
+) -> Option<Records> {
+    if spec.fields.len() >= usize::from(IGNORED) {
+        return None;
+    }
+    let mut state = State {
+        spec,
+        sink,
+        fields: vec![None; spec.fields.len()],
+        key_cache: vec![None; KEY_CACHE],
+        memo_key_cache: [(u64::MAX, IGNORED); KEY_CACHE],
+        value_cache: vec![None; KEY_CACHE],
+        puts: Vec::new(),
+        list: None,
+    };
+    let mut vm = Vm::new(reader, limits);
+    vm.start().ok()?;
+    // An opcode the list streamer read but left to the generic loop.
+    let mut pending = None;
+    loop {
+        let code = match pending.take() {
+            Some(code) => code,
+            None => {
+                vm.at = vm.input.offset();
+                vm.input.next_byte().ok()??
+            }
+        };
+        vm.opcode = code;
+        if code == op::STOP {
+            let top = vm.pop().ok()?;
+            let root = release(top, &mut vm.memo);
+            vm.input.drain().ok()?;
+            let streamed = match state.list {
+                Some(list) => still_the_empty_list(&root, spec.top_key, list).then_some(true)?,
+                None => false,
+            };
+            return Some(Records { root, streamed });
+        }
+        vm.step().ok()?;
+        if code == op::EMPTY_LIST && state.list.is_none() && vm.at_record_list(spec.top_key) {
+            pending = Some(vm.stream_list(&mut state).ok()?);
+        }
+    }
+}
+
+/// `root[top_key][0]` is the list that was streamed, and nothing was added to it after.
+fn still_the_empty_list(root: &Value, top_key: &str, list: *const Vec<Value>) -> bool {
+    let first = root.get(top_key).and_then(Value::as_seq).and_then(|lists| lists.first());
+    matches!(first, Some(Value::List(l)) if Rc::as_ptr(l) == list && l.is_empty())
+}
+
+fn is_memo_put(code: u8) -> bool {
+    matches!(code, op::MEMOIZE | op::BINPUT | op::LONG_BINPUT)
+}
+
+impl<R: Read> Vm<'_, R> {
+    /// Just after `EMPTY_LIST`: is the new list the first item of the list that is the value
+    /// of `top_key` in the top-level dict, with both lists still empty and open?
+    fn at_record_list(&self, top_key: &str) -> bool {
+        let n = self.stack.len();
+        if n < 4 {
+            return false;
+        }
+        let open_empty_list = |i: usize| matches!(&self.stack[i].value, Value::List(l) if l.is_empty() && Rc::strong_count(l) == 1);
+        let root_open = matches!(&self.stack[0].value, Value::Dict(d) if Rc::strong_count(d) == 1);
+        let key = matches!(&self.stack[n - 3].value, Value::Str(s) if s.as_str() == top_key);
+        // The key is an item of the root dict: whole pairs lie between the root's MARK (if
+        // any) and the key; the outer list may have its own MARK right before the new list.
+        let items_before_key = n - 4;
+        let marks_fit = match *self.marks.as_slice() {
+            [] => items_before_key == 0,
+            [1] => items_before_key.is_multiple_of(2),
+            [m] => m == n - 1 && items_before_key == 0,
+            [1, m] => m == n - 1 && items_before_key.is_multiple_of(2),
+            _ => false,
+        };
+        root_open && key && marks_fit && open_empty_list(n - 2) && open_empty_list(n - 1)
+    }
+
+    /// The next opcode, skipping `FRAME`s (which only group opcodes for buffering).
+    #[inline]
+    fn next_op(&mut self) -> Result<u8, Failure> {
+        loop {
+            self.at = self.input.offset();
+            let code = self.input.byte()?;
+            if code != op::FRAME {
+                self.opcode = code;
+                return Ok(code);
+            }
+            self.input.array::<8>()?;
+        }
+    }
+
+    /// The key a memo put (`MEMOIZE`, `BINPUT`, `LONG_BINPUT`) stores under.
+    fn memo_key(&mut self, code: u8) -> Result<u64, Failure> {
+        Ok(match code {
+            op::MEMOIZE => self.memo.len() as u64,
+            op::BINPUT => u64::from(self.input.byte()?),
+            _ => u64::from(u32::from_le_bytes(self.input.array::<4>()?)),
+        })
+    }
+
+    fn memo_store(&mut self, key: u64, memo: Memo) -> Result<(), Failure> {
+        self.memo.set(key, memo);
+        if self.memo.len() > self.limits.max_memo {
+            return Err(Failure::Unusual);
+        }
+        self.charge(VALUE_COST)?;
+        Ok(())
+    }
+
+    /// The items of the record list: `MARK` records `APPENDS` batches or single records with
+    /// `APPEND`, as CPython writes them. Returns the first opcode after the list, unread
+    /// otherwise, for the generic loop.
+    fn stream_list(
+        &mut self,
+        state: &mut State<'_, impl FnMut(&mut [Option<Value>]) -> bool>,
+    ) -> Result<u8, Failure> {
+        let at = self.stack.len() - 1;
+        if let Value::List(l) = &self.stack[at].value {
+            state.list = Some(Rc::as_ptr(l));
+        }
+        let (mut in_batch, mut single, mut started) = (false, false, false);
+        loop {
+            let code = self.next_op()?;
+            match code {
+                // The list's own memo entry: any GET of it sends the file to the generic reader.
+                _ if is_memo_put(code) && !started && !in_batch => {
+                    let key = self.memo_key(code)?;
+                    self.memo_store(key, Memo::Streamed)?;
+                    started = true;
+                }
+                op::MARK if !in_batch && !single => {
+                    in_batch = true;
+                    started = true;
+                }
+                op::EMPTY_DICT if !single => {
+                    started = true;
+                    self.flat_or_record(state)?;
+                    single = !in_batch;
+                }
+                op::APPENDS if in_batch => in_batch = false,
+                op::APPEND if single => single = false,
+                _ if in_batch || single => return Err(Failure::Unusual),
+                _ => return Ok(code),
+            }
+        }
+    }
+
+    /// One record, just after its `EMPTY_DICT`: read in place from the buffer when it is
+    /// flat and lies in the buffer whole ([`flat_record`]), else an opcode at a time.
+    fn flat_or_record(
+        &mut self,
+        state: &mut State<'_, impl FnMut(&mut [Option<Value>]) -> bool>,
+    ) -> Result<(), Failure> {
+        let window = self.input.window(FLAT_WINDOW_BYTES)?;
+        match flat_record(window, &self.memo, &mut self.strings, state) {
+            Some((used, cost)) => {
+                self.input.consume(used);
+                for memo in state.puts.drain(..) {
+                    let key = self.memo.len() as u64;
+                    self.memo.set(key, memo);
+                }
+                if self.memo.len() > self.limits.max_memo {
+                    return Err(Failure::Unusual);
+                }
+                self.charge(cost)?;
+                state.deliver()
+            }
+            None => {
+                state.puts.clear();
+                state.fields.iter_mut().for_each(|f| *f = None);
+                self.record(state)
+            }
+        }
+    }
+
+    /// One record, just after its `EMPTY_DICT`: `[memo] MARK (key value [memo])* SETITEMS`.
+    fn record(
+        &mut self,
+        state: &mut State<'_, impl FnMut(&mut [Option<Value>]) -> bool>,
+    ) -> Result<(), Failure> {
+        // Memo entries may be replaced from here on.
+        state.memo_key_cache = [(u64::MAX, IGNORED); KEY_CACHE];
+        self.charge(VALUE_COST)?;
+        let mut code = self.next_op()?;
+        if is_memo_put(code) {
+            // The dict is never built: a GET of it sends the file to the generic reader.
+            let key = self.memo_key(code)?;
+            self.memo_store(key, Memo::Streamed)?;
+            code = self.next_op()?;
+        }
+        if code != op::MARK {
+            return Err(Failure::Unusual);
+        }
+        // A key read, waiting for its value: (field, key, depth).
+        let mut key: Option<(u8, Value, u32)> = None;
+        let mut keys = 0;
+        code = self.next_op()?;
+        loop {
+            let (value, depth) = match code {
+                op::SETITEMS if key.is_none() => break,
+                op::BINGET | op::LONG_BINGET => {
+                    let k = match code {
+                        op::BINGET => u64::from(self.input.byte()?),
+                        _ => u64::from(u32::from_le_bytes(self.input.array::<4>()?)),
+                    };
+                    match self.memo.get(k) {
+                        Some(Memo::Value(v, depth)) => (v.clone(), *depth),
+                        _ => return Err(Failure::Unusual),
+                    }
+                }
+                op::BININT1 => (Value::Int(i64::from(self.input.byte()?)), 0),
+                op::BININT2 => {
+                    (Value::Int(i64::from(u16::from_le_bytes(self.input.array::<2>()?))), 0)
+                }
+                op::BININT => {
+                    (Value::Int(i64::from(i32::from_le_bytes(self.input.array::<4>()?))), 0)
+                }
+                _ => match self.scalar(code)? {
+                    Some(v) => (v, 0),
+                    None => return self.record_generic(state, key, keys, code),
+                },
+            };
+            self.charge(VALUE_COST)?;
+            code = self.next_op()?;
+            while is_memo_put(code) {
+                let k = self.memo_key(code)?;
+                self.memo_store(k, Memo::Value(value.clone(), depth))?;
+                code = self.next_op()?;
+            }
+            match key.take() {
+                None => {
+                    key = Some((state.field_of(&value, keys), value, depth));
+                    keys += 1;
+                }
+                Some((field, _, _)) => {
+                    if field != IGNORED {
+                        state.fields[usize::from(field)] = Some(value);
+                    }
+                }
+            }
+        }
+        state.deliver()
+    }
+
+    /// Finish a record the flat reader cannot (a value that is a container, say a new
+    /// `frames` list): put an empty dict, its MARK and the key waiting for its value on the
+    /// stack, run the generic VM until `SETITEMS` closes the dict, and take the fields of the
+    /// pairs it got, which come after those already read. The dict is not the whole record,
+    /// but its memo entry (if any) stays `Streamed`, so nothing can see it.
+    fn record_generic(
+        &mut self,
+        state: &mut State<'_, impl FnMut(&mut [Option<Value>]) -> bool>,
+        key: Option<(u8, Value, u32)>,
+        keys: usize,
+        mut code: u8,
+    ) -> Result<(), Failure> {
+        let base = self.stack.len();
+        let base_marks = self.marks.len();
+        self.stack.push(Slot::new(Value::dict(Vec::new()), 1));
+        self.marks.push(base + 1);
+        if let Some((_, k, depth)) = key {
+            self.stack.push(Slot::new(k, depth));
+        }
+        loop {
+            if code == op::STOP {
+                return Err(Failure::Unusual);
+            }
+            self.step()?;
+            if self.marks.len() <= base_marks {
+                // The record's MARK was taken: only SETITEMS into the dict closes it.
+                if code != op::SETITEMS || self.stack.len() != base + 1 {
+                    return Err(Failure::Unusual);
+                }
+                break;
+            }
+            code = self.next_op()?;
+        }
+        let dict = self.stack.pop().map(|slot| release(slot, &mut self.memo));
+        let Some(Value::Dict(pairs)) = dict else { return Err(Failure::Unusual) };
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            let field = state.field_of(k, keys + i);
+            if field != IGNORED {
+                state.fields[usize::from(field)] = Some(v.clone());
+            }
+        }
+        state.deliver()
+    }
+}
+
+/// Bytes a record may take to be read in place: records of a snapshot take about 60.
+const FLAT_WINDOW_BYTES: usize = 1024;
+
+/// One record read in place from `w` (the buffered bytes after its `EMPTY_DICT`) when it is
+/// flat: `[MEMOIZE] MARK (GET-key value [MEMOIZE])* SETITEMS`, with values that are ints,
+/// short strings, None, bools or GETs of finished values. Fills `state.fields` and
+/// `state.puts` (the memo entries, in `MEMOIZE` order) and returns the bytes used and the
+/// memory to charge; `None` when the record is anything else or runs past `w`, having changed
+/// nothing but the field array and the string caches, so the opcode reader can start over.
+fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
+    w: &[u8],
+    memo: &MemoTable,
+    strings: &mut StrCache,
+    state: &mut State<'_, F>,
+) -> Option<(usize, u64)> {
+    let mut p = 0;
+    let mut cost = VALUE_COST;
+    // The next opcode, skipping FRAMEs.
+    macro_rules! next_op {
+        () => {
+            loop {
+                let c = *w.get(p)?;
+                p += 1;
+                if c != op::FRAME {
+                    break c;
+                }
+                p += 8;
+            }
+        };
+    }
+    macro_rules! bytes {
+        ($n:expr) => {{
+            let b = w.get(p..p + $n)?;
+            p += $n;
+            b
+        }};
+    }
+    // A MEMOIZE stores under the memo's length: deferred entries count, and the key must be
+    // new (it always is in what CPython writes).
+    let put = |puts: &mut Vec<Memo>, m: Memo| -> Option<()> {
+        let key = (memo.len() + puts.len()) as u64;
+        if memo.get(key).is_some() {
+            return None;
+        }
+        puts.push(m);
+        Some(())
+    };
+    let get = |key: u64| match memo.get(key) {
+        Some(Memo::Value(v, depth)) => Some((v, *depth)),
+        _ => None,
+    };
+    let mut c = next_op!();
+    if c == op::MEMOIZE {
+        put(&mut state.puts, Memo::Streamed)?;
+        c = next_op!();
+    }
+    if c != op::MARK {
+        return None;
+    }
+    let mut at = 0;
+    c = next_op!();
+    while c != op::SETITEMS {
+        let key = match c {
+            op::BINGET => u64::from(bytes!(1)[0]),
+            op::LONG_BINGET => u64::from(u32::from_le_bytes(bytes!(4).try_into().ok()?)),
+            // A key string seen for the first time (the first record): the opcode reader.
+            _ => return None,
+        };
+        let slot = at % KEY_CACHE;
+        let field = match state.memo_key_cache[slot] {
+            (k, field) if k == key => field,
+            _ => {
+                let field = match get(key)? {
+                    (Value::Str(s), _) => state.field_of_str(s, at),
+                    _ => IGNORED,
+                };
+                state.memo_key_cache[slot] = (key, field);
+                field
+            }
+        };
+        // A value made here, or one in the memo (cloned only if kept).
+        let (made, shared) = match next_op!() {
+            op::BININT1 => (Value::Int(i64::from(bytes!(1)[0])), None),
+            op::BININT2 => {
+                (Value::Int(i64::from(u16::from_le_bytes(bytes!(2).try_into().ok()?))), None)
+            }
+            op::BININT => {
+                (Value::Int(i64::from(i32::from_le_bytes(bytes!(4).try_into().ok()?))), None)
+            }
+            op::LONG1 => {
+                let n = usize::from(bytes!(1)[0]);
+                if n > 8 {
+                    return None;
+                }
+                let mut le = [0u8; 8];
+                le[..n].copy_from_slice(bytes!(n));
+                if n > 0 && le[n - 1] & 0x80 != 0 {
+                    le[n..].fill(0xff);
+                }
+                (Value::Int(i64::from_le_bytes(le)), None)
+            }
+            op::SHORT_BINUNICODE => {
+                let n = usize::from(bytes!(1)[0]);
+                cost += n as u64;
+                (state.string_at(at, bytes!(n), strings)?, None)
+            }
+            op::NONE => (Value::None, None),
+            op::NEWTRUE => (Value::Bool(true), None),
+            op::NEWFALSE => (Value::Bool(false), None),
+            op::BINGET => (Value::None, Some(get(u64::from(bytes!(1)[0]))?)),
+            op::LONG_BINGET => {
+                let key = u64::from(u32::from_le_bytes(bytes!(4).try_into().ok()?));
+                (Value::None, Some(get(key)?))
+            }
+            _ => return None,
+        };
+        cost += 2 * VALUE_COST;
+        c = next_op!();
+        if c == op::MEMOIZE {
+            let memo = match shared {
+                Some((v, depth)) => Memo::Value(v.clone(), depth),
+                None => Memo::Value(made.clone(), 0),
+            };
+            put(&mut state.puts, memo)?;
+            cost += VALUE_COST;
+            c = next_op!();
+        }
+        if field != IGNORED {
+            state.fields[usize::from(field)] = Some(match shared {
+                Some((v, _)) => v.clone(),
+                None => made,
+            });
+        }
+        at += 1;
+    }
+    Some((p, cost))
+}

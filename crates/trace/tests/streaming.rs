@@ -1,0 +1,228 @@
+//! The record streamer (`pickle::read_records`, the fast path of reading a snapshot) against
+//! the generic reader: the same trace or the same error on every real trace, on a small
+//! snapshot as CPython pickles it, on unusual shapes that must send it back to the generic
+//! reader, and on thousands of corrupted files.
+
+mod common;
+
+use allocsim_trace::pickle::{self, RecordSpec, Value};
+use allocsim_trace::{pytorch, read_trace_with, ReadOptions};
+use std::path::{Path, PathBuf};
+
+fn generic() -> ReadOptions {
+    ReadOptions { streaming: false, ..ReadOptions::without_sidecar() }
+}
+
+fn streaming() -> ReadOptions {
+    ReadOptions::without_sidecar()
+}
+
+/// Both readers agree on `path`: the same trace, or errors with the same message.
+fn agree(path: &Path) -> Result<(), String> {
+    let fast = read_trace_with(path, &streaming());
+    let slow = read_trace_with(path, &generic());
+    match (fast, slow) {
+        (Ok(a), Ok(b)) => {
+            common::assert_same(&a, &b);
+            Ok(())
+        }
+        (Err(a), Err(b)) => {
+            assert_eq!(a.to_string(), b.to_string(), "{}", path.display());
+            Err(a.to_string())
+        }
+        (a, b) => panic!("{}: streaming {:?} vs generic {:?}", path.display(), a.err(), b.err()),
+    }
+}
+
+fn real_traces() -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra"] {
+        let dir = common::traces_dir().join("..").join(dir);
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.to_string_lossy().ends_with(".pickle.gz") {
+                paths.push(path);
+            }
+        }
+    }
+    paths.sort();
+    assert!(paths.len() >= 13, "{paths:?}");
+    paths
+}
+
+#[test]
+fn every_real_trace_streams_and_gives_the_generic_trace() {
+    for path in real_traces() {
+        let fast = pytorch::read_snapshot_streaming(&path, &streaming()).unwrap();
+        let fast = fast.unwrap_or_else(|| panic!("{}: fell back", path.display()));
+        let slow = read_trace_with(&path, &generic()).unwrap();
+        common::assert_same(&fast, &slow);
+    }
+}
+
+fn fixture() -> PathBuf {
+    common::data_dir().join("snapshot_cpython.pickle")
+}
+
+#[test]
+fn cpython_snapshot_with_frames_and_two_devices_streams() {
+    let path = fixture();
+    let fast = pytorch::read_snapshot_streaming(&path, &streaming()).unwrap().expect("streams");
+    let slow = read_trace_with(&path, &generic()).unwrap();
+    common::assert_same(&fast, &slow);
+    assert!(fast.stacks.len() > 100, "fresh and shared frames: {}", fast.stacks.len());
+    assert!(fast.warnings.iter().any(|w| w.contains("devices [1]")), "{:?}", fast.warnings);
+}
+
+#[test]
+fn records_reach_the_sink_with_the_last_of_repeated_keys() {
+    let entries = vec![
+        Value::dict(vec![
+            (Value::str("a"), Value::Int(1)),
+            (Value::str("x"), Value::list(vec![Value::Int(5)])),
+            (Value::str("a"), Value::Int(2)),
+            (Value::Int(7), Value::str("non-str key")),
+        ]),
+        Value::str_dict([("b", Value::str("s")), ("a", Value::None)]),
+    ];
+    let root = Value::str_dict([("top", Value::list(vec![Value::list(entries)]))]);
+    let bytes = pickle::to_vec(&root).unwrap();
+    let mut got = Vec::new();
+    let spec = RecordSpec { top_key: "top", fields: &["a", "b", "x"] };
+    let records = pickle::read_records(&bytes[..], &Default::default(), spec, |f| {
+        got.push(f.to_vec());
+        true
+    })
+    .expect("streams");
+    assert!(records.streamed);
+    let top = records.root.get("top").unwrap().as_seq().unwrap();
+    assert_eq!(top, &[Value::list(vec![])][..], "the streamed list is left empty");
+    assert_eq!(
+        got,
+        vec![
+            vec![Some(Value::Int(2)), None, Some(Value::list(vec![Value::Int(5)]))],
+            vec![Some(Value::None), Some(Value::str("s")), None],
+        ]
+    );
+    // A refused record sends the caller to the generic reader.
+    assert!(pickle::read_records(&bytes[..], &Default::default(), spec, |_| false).is_none());
+}
+
+fn write(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = common::scratch("stream");
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Hand-written pickles: opcodes as bytes, so each shape is exactly the one meant.
+mod shapes {
+    pub const HEAD: &[u8] = b"\x80\x04}\x94(\x8c\rdevice_traces\x94]\x94]\x94";
+    /// `{'action': 'alloc', 'addr': 4096, 'size': 512}`, memoized, as CPython writes it.
+    pub fn entry(action: &str) -> Vec<u8> {
+        let mut e = b"}\x94(\x8c\x06action\x94".to_vec();
+        e.push(0x8c);
+        e.push(action.len() as u8);
+        e.extend_from_slice(action.as_bytes());
+        e.extend_from_slice(b"\x94\x8c\x04addrM\x00\x10\x8c\x04sizeM\x00\x02u");
+        e
+    }
+}
+
+#[test]
+fn unusual_shapes_give_what_the_generic_reader_gives() {
+    use shapes::{entry, HEAD};
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    // One entry, with a lone APPEND; then the devices list takes it with APPEND.
+    let one = [HEAD, &entry("alloc"), b"aau."].concat();
+    cases.push(("one", one));
+    // Two entries in a MARK ... APPENDS batch.
+    let two = [HEAD, b"(", &entry("alloc"), &entry("free_requested"), b"eau."].concat();
+    cases.push(("two", two));
+    // A GET of a streamed entry dict later in the file (memo 4 is the first entry).
+    let get =
+        [HEAD, b"(", &entry("alloc"), &entry("free_requested"), b"ea\x8c\x01kh\x04u."].concat();
+    cases.push(("get-entry", get));
+    // A GET of the streamed list itself (memo 3).
+    let get_list = [HEAD, b"(", &entry("alloc"), b"ea\x8c\x01kh\x03u."].concat();
+    cases.push(("get-list", get_list));
+    // Something appended to the list after streaming ended.
+    let appended = [HEAD, &entry("alloc"), b"a", b"K\x05a", b"au."].concat();
+    cases.push(("appended", appended));
+    // A list item that is not a dict.
+    let not_dict = [HEAD, b"(", &entry("alloc"), b"K\x05e", b"au."].concat();
+    cases.push(("not-dict", not_dict));
+    // An entry with a code-running opcode inside.
+    let evil =
+        [HEAD, b"(}\x94(\x8c\x06action\x94\x8c\x05posix\x8c\x06system\x93", b"ueau."].concat();
+    cases.push(("evil", evil));
+    // Unknown action, wrong types, truncation.
+    cases.push(("bogus", [HEAD, &entry("bogus"), b"aau."].concat()));
+    let bad_size =
+        [HEAD, b"(", &entry("alloc")[..entry("alloc").len() - 4], b"N", b"ueau."].concat();
+    cases.push(("bad-size", bad_size));
+    cases.push(("truncated", [HEAD, b"(", &entry("alloc")].concat()));
+    // `device_traces` twice in the root dict: the last one counts.
+    let twice =
+        [HEAD, &entry("alloc"), b"aa", b"\x8c\rdevice_traces]]", &entry("free_requested"), b"aau."]
+            .concat();
+    cases.push(("twice", twice));
+    // `device_traces` not in the root dict but in a nested one: not streamed, and missing.
+    let nested =
+        [b"\x80\x04}\x94(\x8c\x01x", &HEAD[2..], &entry("alloc"), b"aau", b"\x8c\x01yNu."].concat();
+    cases.push(("nested", nested));
+    let mut streamed = Vec::new();
+    for (name, bytes) in &cases {
+        let path = write(&format!("{name}.pickle"), bytes);
+        let outcome = agree(&path);
+        let fast = pytorch::read_snapshot_streaming(&path, &streaming()).unwrap();
+        if fast.is_some() {
+            streamed.push(*name);
+        }
+        match *name {
+            "one" | "two" | "twice" | "get-entry" | "get-list" => {
+                outcome.unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+            "evil" => assert!(outcome.unwrap_err().contains("STACK_GLOBAL"), "{name}"),
+            "bogus" => assert!(outcome.unwrap_err().contains("device_traces[0][0].action")),
+            "bad-size" => assert!(outcome.unwrap_err().contains("device_traces[0][0].size")),
+            "truncated" => assert!(outcome.unwrap_err().contains("truncated")),
+            "nested" => assert!(outcome.unwrap_err().contains("device_traces: missing")),
+            "appended" | "not-dict" => {
+                assert!(outcome.unwrap_err().contains("device_traces[0][1]: expected a dict"))
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(streamed, ["one", "two"], "only the plain shapes stream");
+}
+
+#[test]
+fn corrupted_snapshots_give_what_the_generic_reader_gives() {
+    let good = std::fs::read(fixture()).unwrap();
+    let dir = common::scratch("stream-mut");
+    let path = dir.join("m.pickle");
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (mut ok, mut err) = (0, 0);
+    for round in 0..600 {
+        let mut bytes = good.clone();
+        // Mostly in the entries (where the streamer works), sometimes anywhere.
+        for _ in 0..1 + round % 3 {
+            let r = next();
+            let i = if r % 4 == 0 { r as usize % bytes.len() } else { 2000 + r as usize % 3000 };
+            bytes[i] = (r >> 40) as u8;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        match agree(&path) {
+            Ok(()) => ok += 1,
+            Err(_) => err += 1,
+        }
+    }
+    assert!(ok > 50 && err > 50, "both outcomes exercised: {ok} ok, {err} errors");
+}
