@@ -240,9 +240,8 @@ pub struct FreeMemoryCheck {
     pub equal: u64,
     /// The first call after which they differed: (index in the log, device free, model free).
     pub first_difference: Option<(usize, LoggedCall, u64, u64)>,
-    /// The smallest and largest `device free − model free` seen (0, 0 when always equal).
-    pub min_delta: i64,
-    pub max_delta: i64,
+    /// The smallest and largest `device free − model free` seen; `None` before any compare.
+    pub delta_range: Option<(i64, i64)>,
 }
 
 impl FreeMemoryCheck {
@@ -256,8 +255,8 @@ impl FreeMemoryCheck {
         } else if self.first_difference.is_none() {
             self.first_difference = Some((index, call.clone(), device_free, model_free));
         }
-        self.min_delta = self.min_delta.min(delta);
-        self.max_delta = self.max_delta.max(delta);
+        let (lo, hi) = self.delta_range.unwrap_or((delta, delta));
+        self.delta_range = Some((lo.min(delta), hi.max(delta)));
     }
 }
 
@@ -269,11 +268,11 @@ impl fmt::Display for FreeMemoryCheck {
         write!(f, "free memory equal after {} of {} calls", self.equal, self.compared)?;
         if let Some((index, call, device, model)) = &self.first_difference {
             let op = call.op.map_or("before the first op".to_string(), |o| format!("op {o}"));
+            let (lo, hi) = self.delta_range.unwrap_or_default();
             write!(
                 f,
                 "; first differs after call {index} ({op}, {call}): device {device}, model \
-                 {model}; device − model from {} to {} bytes",
-                self.min_delta, self.max_delta
+                 {model}; device − model from {lo} to {hi} bytes"
             )?;
         }
         Ok(())

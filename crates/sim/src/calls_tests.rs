@@ -61,6 +61,7 @@ fn answers_as_the_logged_device_did_refusals_included() {
     assert_eq!(replay.calls().get(CallKind::Malloc).failed, 1);
     let check = replay.free_check();
     assert_eq!((check.compared, check.equal), (7, 7), "{check}");
+    assert_eq!(check.delta_range, Some((0, 0)));
     assert_eq!(replay.notes()[0], "followed the device for all 7 calls");
 }
 
@@ -137,4 +138,21 @@ fn mem_info_answers_the_logged_ones_of_the_op_then_the_model() {
     d.begin_op(1);
     assert_eq!(d.mem_info(), big);
     assert_eq!(d.mem_info(), model, "the op's logged answers are used up");
+}
+
+#[test]
+fn free_memory_differences_are_reported_with_their_range() {
+    let call = |free_after| LoggedCall {
+        op: Some(0),
+        call: DeviceCall { kind: CallKind::Malloc, addr: 0, size: 512 },
+        alignment: 0,
+        answer: Ok(0x7f00_0000_0200),
+        free_after: Some(free_after),
+    };
+    let mut check = FreeMemoryCheck::default();
+    check.compare(0, &call(3 * PAGE), PAGE);
+    check.compare(1, &call(2 * PAGE), PAGE);
+    assert_eq!((check.compared, check.equal), (2, 0));
+    assert_eq!(check.delta_range, Some((PAGE as i64, 2 * PAGE as i64)));
+    assert!(check.to_string().ends_with("device − model from 2097152 to 4194304 bytes"), "{check}");
 }
