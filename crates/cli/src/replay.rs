@@ -4,7 +4,8 @@ use crate::output::{bytes, memory_summary, stat_differences};
 use crate::output::{emit, outln};
 use allocsim_core::CallKind;
 use allocsim_replay::{
-    run_trace, DeviceChoice, EventLog, Observer, Recorder, RunOptions, RunReport,
+    run_trace, run_trace_streamed, DeviceChoice, EventLog, Observer, Recorder, RunOptions,
+    RunReport,
 };
 use allocsim_sim::Fault;
 use anyhow::Context;
@@ -139,7 +140,17 @@ pub fn progress_bar(ops: u64) -> impl FnMut(u64) {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::validate::load_trace(&args.trace)?;
+    // A native binary trace streams its ops, so memory stays bounded however long it is;
+    // exporting a snapshot and replaying on a GPU want the whole trace.
+    let streams = args.export_snapshot.is_none()
+        && args.device != DeviceArg::Cuda
+        && allocsim_trace::Format::from_path(&args.trace) == Some(allocsim_trace::Format::Native);
+    let mut stream =
+        if streams { Some(allocsim_trace::native::read_native_ops(&args.trace)?) } else { None };
+    let trace = match stream.as_mut() {
+        Some(s) => std::mem::take(&mut s.head),
+        None => crate::validate::load_trace(&args.trace)?,
+    };
     let opts = args.options();
     let mut log = match &args.event_log {
         Some(path) => Some(EventLog::new(BufWriter::new(
@@ -155,9 +166,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(r) = recorder.as_mut() {
         extra.push(r);
     }
-    let progress = progress_bar(trace.ops.len() as u64);
+    let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
+    let progress = progress_bar(ops_len);
     let mut cuda_lines = Vec::new();
-    let report = if args.device == DeviceArg::Cuda {
+    let report = if let Some(s) = stream {
+        let mut failure = None;
+        let ops = s.ops.map_while(|op| op.map_err(|e| failure = Some(e)).ok());
+        let report =
+            run_trace_streamed(&trace, s.recorded_len, ops_len, ops, &opts, &mut extra, progress)
+                .with_context(|| format!("setting up the {} policy", opts.policy))?;
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
+        report
+    } else if args.device == DeviceArg::Cuda {
         let (report, wall, gpu) =
             crate::validate::replay_on_cuda(&trace, &opts, &mut extra, progress)?;
         cuda_lines = crate::validate::cuda_timing_lines(&report, wall, &gpu);

@@ -31,7 +31,10 @@ pub struct Skipped {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 enum IdState {
+    /// Never allocated, or freed and completed.
+    Unknown,
     Live,
     /// Freed by the program, waiting for other streams' work.
     Pending,
@@ -39,7 +42,7 @@ enum IdState {
 }
 
 /// Allocation ids are mostly dense counters: a multiplicative hash is enough and much cheaper
-/// than SipHash on the hot path. Iteration order is never used for decisions.
+/// than SipHash for the few that do not fit the dense table. Iteration order is never used.
 #[derive(Default)]
 struct IdHasher(u64);
 
@@ -59,14 +62,54 @@ impl Hasher for IdHasher {
 
 /// Keep at most this many refusal messages.
 const MAX_NOTES: usize = 16;
+/// Ids below this have their state in a table indexed by id (a byte each); every trace reader
+/// numbers allocations from 0, so a hash map only takes ids of hand-made traces.
+const DENSE_IDS: u64 = 1 << 26;
 
-type IdMap = HashMap<AllocId, IdState, BuildHasherDefault<IdHasher>>;
+/// The state of every allocation id.
+#[derive(Default)]
+struct IdStates {
+    dense: Vec<IdState>,
+    sparse: HashMap<AllocId, IdState, BuildHasherDefault<IdHasher>>,
+}
+
+impl IdStates {
+    #[inline]
+    fn get(&self, id: AllocId) -> IdState {
+        if id.0 < DENSE_IDS {
+            self.dense.get(id.0 as usize).copied().unwrap_or(IdState::Unknown)
+        } else {
+            self.sparse.get(&id).copied().unwrap_or(IdState::Unknown)
+        }
+    }
+
+    #[inline]
+    fn set(&mut self, id: AllocId, state: IdState) {
+        if id.0 < DENSE_IDS {
+            let i = id.0 as usize;
+            if i >= self.dense.len() {
+                self.grow(i);
+            }
+            self.dense[i] = state;
+        } else if state == IdState::Unknown {
+            self.sparse.remove(&id);
+        } else {
+            self.sparse.insert(id, state);
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self, i: usize) {
+        let len = (i + 1).max(self.dense.len() * 2).max(1024).min(DENSE_IDS as usize);
+        self.dense.resize(len, IdState::Unknown);
+    }
+}
 
 /// The engine: owns nothing but bookkeeping; borrows the allocator and the device.
 pub struct Engine<'a> {
     allocator: &'a mut dyn Allocator,
     device: &'a mut dyn Device,
-    ids: IdMap,
+    ids: IdStates,
     events: Vec<Event>,
     op_index: u64,
     event_index: u64,
@@ -89,7 +132,7 @@ impl<'a> Engine<'a> {
         Engine {
             allocator,
             device,
-            ids: IdMap::default(),
+            ids: IdStates::default(),
             events: Vec::with_capacity(64),
             op_index: 0,
             event_index: 0,
@@ -112,66 +155,70 @@ impl<'a> Engine<'a> {
 
     /// Run one op and notify the observers. Returns false when an observer asked to stop.
     pub fn step(&mut self, op: &Op, observers: &mut [&mut dyn Observer]) -> bool {
+        self.step_with(op, observers)
+    }
+
+    /// [`Engine::step`] with one observer of a known type, called without dynamic dispatch
+    /// (a slice of `&mut dyn Observer` is one observer too).
+    #[inline]
+    pub fn step_with<O: Observer + ?Sized>(&mut self, op: &Op, observer: &mut O) -> bool {
         self.device.begin_op(self.op_index);
         let outcome = self.apply(op);
         let mut keep_going = true;
         for event in &self.events {
             if let Event::FreeCompleted { id, .. } = event {
-                self.ids.remove(id);
+                self.ids.set(*id, IdState::Unknown);
             }
-            for o in observers.iter_mut() {
-                keep_going &= o.on_event(self.event_index, self.op_index, event);
-            }
+            keep_going &= observer.on_event(self.event_index, self.op_index, event);
             self.event_index += 1;
         }
         self.events.clear();
-        for o in observers.iter_mut() {
-            keep_going &= o.on_op(self.op_index, op, &outcome, &*self.allocator, &*self.device);
-        }
+        keep_going &= observer.on_op(self.op_index, op, &outcome, &*self.allocator, &*self.device);
         self.op_index += 1;
         keep_going
     }
 
+    #[inline]
     fn apply(&mut self, op: &Op) -> OpOutcome {
         let mut env = Env { device: &mut *self.device, events: &mut self.events };
         match *op {
             Op::Alloc { id, size, stream } => {
-                if matches!(self.ids.get(&id), Some(IdState::Live | IdState::Pending)) {
+                if matches!(self.ids.get(id), IdState::Live | IdState::Pending) {
                     self.skipped.duplicate_allocs += 1;
                     return OpOutcome::Skipped;
                 }
                 match self.allocator.malloc(&mut env, id, size, stream) {
                     Ok(granted) => {
-                        self.ids.insert(id, IdState::Live);
+                        self.ids.set(id, IdState::Live);
                         OpOutcome::Allocated(granted)
                     }
                     Err(info) => {
-                        self.ids.insert(id, IdState::Failed);
+                        self.ids.set(id, IdState::Failed);
                         OpOutcome::OutOfMemory(info)
                     }
                 }
             }
-            Op::FreeRequested { id } => match self.ids.get(&id).copied() {
-                Some(IdState::Live) => {
-                    self.ids.insert(id, IdState::Pending);
+            Op::FreeRequested { id } => match self.ids.get(id) {
+                IdState::Live => {
+                    self.ids.set(id, IdState::Pending);
                     self.allocator.free(&mut env, id);
                     OpOutcome::Done
                 }
                 other => skip(&mut self.skipped, other),
             },
-            Op::RecordStream { id, stream } => match self.ids.get(&id) {
-                Some(IdState::Live) => {
+            Op::RecordStream { id, stream } => match self.ids.get(id) {
+                IdState::Live => {
                     self.allocator.record_stream(id, stream);
                     OpOutcome::Done
                 }
-                other => skip(&mut self.skipped, other.copied()),
+                other => skip(&mut self.skipped, other),
             },
-            Op::FreeCompleted { id } => match self.ids.get(&id) {
-                Some(IdState::Pending) => {
+            Op::FreeCompleted { id } => match self.ids.get(id) {
+                IdState::Pending => {
                     self.allocator.free_completed(&mut env, id);
                     OpOutcome::Done
                 }
-                other => skip(&mut self.skipped, other.copied()),
+                other => skip(&mut self.skipped, other),
             },
             Op::EmptyCache => {
                 self.allocator.empty_cache(&mut env);
@@ -207,9 +254,10 @@ impl<'a> Engine<'a> {
     }
 }
 
-fn skip(skipped: &mut Skipped, state: Option<IdState>) -> OpOutcome {
+#[cold]
+fn skip(skipped: &mut Skipped, state: IdState) -> OpOutcome {
     match state {
-        Some(IdState::Failed) => skipped.of_failed_allocs += 1,
+        IdState::Failed => skipped.of_failed_allocs += 1,
         _ => skipped.of_unknown_ids += 1,
     }
     OpOutcome::Skipped

@@ -23,7 +23,8 @@ pub use grid::{compare, min_feasible_capacity, GridCell, CAPACITY_RESOLUTION_BYT
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
 pub use observers::{format_event, CheckObserver, EventLog, Observer, Recorder};
 pub use run::{
-    run_trace, run_trace_on, DeviceChoice, RunOptions, RunReport, H100_FREE_BYTES, H100_TOTAL_BYTES,
+    run_trace, run_trace_on, run_trace_streamed, DeviceChoice, RunOptions, RunReport,
+    H100_FREE_BYTES, H100_TOTAL_BYTES,
 };
 
 use allocsim_core::{Allocator, Device, Op};
@@ -37,12 +38,23 @@ pub fn replay<O: Borrow<Op>>(
     allocator: &mut dyn Allocator,
     device: &mut dyn Device,
     observers: &mut [&mut dyn Observer],
+    progress: impl FnMut(u64),
+) -> (u64, Skipped) {
+    replay_with(ops, allocator, device, observers, progress)
+}
+
+/// [`replay`] with one observer of a known type (see [`Engine::step_with`]).
+pub fn replay_with<O: Borrow<Op>, B: Observer + ?Sized>(
+    ops: impl IntoIterator<Item = O>,
+    allocator: &mut dyn Allocator,
+    device: &mut dyn Device,
+    observer: &mut B,
     mut progress: impl FnMut(u64),
 ) -> (u64, Skipped) {
     let mut engine = Engine::new(allocator, device);
     let mut ran = 0;
     for op in ops {
-        let keep_going = engine.step(op.borrow(), observers);
+        let keep_going = engine.step_with(op.borrow(), observer);
         ran += 1;
         if ran % 4096 == 0 {
             progress(ran);

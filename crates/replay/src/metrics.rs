@@ -50,9 +50,12 @@ pub struct Metrics {
     active: u64,
     requested: u64,
     stride: u64,
+    /// Ops until the next sample.
+    until_sample: u64,
     frag_sum: f64,
     frag_samples: u64,
-    last_point: Option<TimelinePoint>,
+    /// The last op seen: the timeline ends with the state after it.
+    last_op: u64,
 }
 
 /// How many timeline points and fragmentation samples to aim for.
@@ -67,9 +70,10 @@ impl Metrics {
             active: 0,
             requested: 0,
             stride: (expected_ops / SAMPLES).max(1),
+            until_sample: 0,
             frag_sum: 0.0,
             frag_samples: 0,
-            last_point: None,
+            last_op: 0,
         }
     }
 
@@ -82,7 +86,12 @@ impl Metrics {
         if self.frag_samples > 0 {
             r.external_fragmentation_mean = self.frag_sum / self.frag_samples as f64;
         }
-        if let Some(p) = self.last_point {
+        if r.ops > 0 {
+            let p = TimelinePoint {
+                op_index: self.last_op,
+                allocated_bytes: self.allocated,
+                reserved_bytes: self.reserved,
+            };
             if r.timeline.last() != Some(&p) {
                 r.timeline.push(p);
             }
@@ -156,15 +165,14 @@ impl Observer for Metrics {
         if let OpOutcome::OutOfMemory(info) = outcome {
             self.report.ooms.push(OomRecord { op_index, info: *info });
         }
-        if op_index.is_multiple_of(self.stride) {
+        // Every `stride`-th op from op 0, counted down rather than divided.
+        if self.until_sample == 0 {
+            self.until_sample = self.stride - 1;
             self.sample(op_index, allocator);
         } else {
-            self.last_point = Some(TimelinePoint {
-                op_index,
-                allocated_bytes: self.allocated,
-                reserved_bytes: self.reserved,
-            });
+            self.until_sample -= 1;
         }
+        self.last_op = op_index;
         true
     }
 }

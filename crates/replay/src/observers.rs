@@ -29,6 +29,32 @@ pub trait Observer {
     }
 }
 
+/// A list of observers is one observer: each sees everything, and any of them can stop the run.
+impl Observer for [&mut dyn Observer] {
+    fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
+        let mut keep_going = true;
+        for o in self.iter_mut() {
+            keep_going &= o.on_event(event_index, op_index, event);
+        }
+        keep_going
+    }
+
+    fn on_op(
+        &mut self,
+        op_index: u64,
+        op: &Op,
+        outcome: &OpOutcome,
+        allocator: &dyn Allocator,
+        device: &dyn Device,
+    ) -> bool {
+        let mut keep_going = true;
+        for o in self.iter_mut() {
+            keep_going &= o.on_op(op_index, op, outcome, allocator, device);
+        }
+        keep_going
+    }
+}
+
 /// Writes every event as one line of text. The format is stable and byte-identical for the
 /// same trace, policy, device and seed: the determinism oracle compares these logs.
 #[derive(Debug)]

@@ -3,11 +3,16 @@
 //! thing by "replay this trace under this policy".
 
 use crate::{
-    replay, CheckObserver, Divergence, Fidelity, Metrics, MetricsReport, Observer, Skipped,
+    replay_with, CheckObserver, Divergence, Fidelity, Metrics, MetricsReport, Observer, OpOutcome,
+    Skipped,
 };
 use allocsim_check::{CheckConfig, CheckReport, Checker};
-use allocsim_core::{ConfigError, Device, DeviceCalls, Env, MemoryStats, SnapshotSegment, Trace};
+use allocsim_core::{
+    Allocator, ConfigError, Device, DeviceCalls, Env, Event, MemoryStats, Op, RecordedEvent,
+    SnapshotSegment, Trace, TraceMeta,
+};
 use allocsim_sim::{Fault, RecordedDevice, SimConfig, SimDevice};
+use std::borrow::Borrow;
 
 /// Which device a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,6 +75,27 @@ pub struct RunReport {
 pub const H100_TOTAL_BYTES: u64 = 85_017_493_504;
 pub const H100_FREE_BYTES: u64 = 84_465_090_560;
 
+/// What a run takes from a trace besides its ops.
+#[derive(Clone, Copy)]
+struct Head<'t> {
+    meta: &'t TraceMeta,
+    /// The recording, or (streaming) at least its device events.
+    recorded: &'t [RecordedEvent],
+    has_recording: bool,
+    ops: u64,
+}
+
+impl<'t> Head<'t> {
+    fn of(trace: &'t Trace) -> Self {
+        Head {
+            meta: &trace.meta,
+            recorded: &trace.recorded,
+            has_recording: !trace.recorded.is_empty(),
+            ops: trace.ops.len() as u64,
+        }
+    }
+}
+
 /// Replay `trace` as `opts` say, with `extra` observers watching too.
 pub fn run_trace(
     trace: &Trace,
@@ -77,12 +103,48 @@ pub fn run_trace(
     extra: &mut [&mut dyn Observer],
     progress: impl FnMut(u64),
 ) -> Result<RunReport, ConfigError> {
-    let total =
-        opts.device_total_bytes.or(trace.meta.device_total_bytes).unwrap_or(H100_TOTAL_BYTES);
-    let free = opts
-        .device_free_bytes
-        .or(trace.meta.device_free_bytes)
-        .unwrap_or(H100_FREE_BYTES.min(total));
+    run_head(Head::of(trace), &trace.ops, opts, extra, progress)
+}
+
+/// Replay a trace whose ops stream in (from `allocsim_trace::native::read_native_ops`, say)
+/// instead of lying in memory: `head` is the trace without its ops, whose `recorded` may hold
+/// only the device events (segment events and ooms) of a recording of `recorded_len` events;
+/// `ops` yields the `ops_len` ops. The fidelity comparison needs the whole recording, so
+/// `opts.fidelity` is refused.
+pub fn run_trace_streamed<O: Borrow<Op>>(
+    head: &Trace,
+    recorded_len: u64,
+    ops_len: u64,
+    ops: impl IntoIterator<Item = O>,
+    opts: &RunOptions,
+    extra: &mut [&mut dyn Observer],
+    progress: impl FnMut(u64),
+) -> Result<RunReport, ConfigError> {
+    if opts.fidelity {
+        return Err(ConfigError(
+            "the fidelity comparison needs the whole recording, not a stream of ops".to_string(),
+        ));
+    }
+    let head = Head {
+        meta: &head.meta,
+        recorded: &head.recorded,
+        has_recording: recorded_len > 0,
+        ops: ops_len,
+    };
+    run_head(head, ops, opts, extra, progress)
+}
+
+fn run_head<O: Borrow<Op>>(
+    trace: Head<'_>,
+    ops: impl IntoIterator<Item = O>,
+    opts: &RunOptions,
+    extra: &mut [&mut dyn Observer],
+    progress: impl FnMut(u64),
+) -> Result<RunReport, ConfigError> {
+    let meta = trace.meta;
+    let total = opts.device_total_bytes.or(meta.device_total_bytes).unwrap_or(H100_TOTAL_BYTES);
+    let free =
+        opts.device_free_bytes.or(meta.device_free_bytes).unwrap_or(H100_FREE_BYTES.min(total));
     let sim = SimDevice::new(SimConfig {
         total_bytes: total,
         free_bytes: free,
@@ -90,28 +152,27 @@ pub fn run_trace(
         faults: opts.faults.clone(),
         ..SimConfig::default()
     });
-    let what_if =
-        opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != trace.meta.alloc_conf.as_ref())
-            || !opts.faults.is_empty()
-            || opts.memory_fraction.is_some_and(|f| Some(f) != trace.meta.memory_fraction)
-            || opts.device_total_bytes.is_some_and(|t| Some(t) != trace.meta.device_total_bytes)
-            || opts.device_free_bytes.is_some_and(|f| Some(f) != trace.meta.device_free_bytes);
+    let what_if = opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != meta.alloc_conf.as_ref())
+        || !opts.faults.is_empty()
+        || opts.memory_fraction.is_some_and(|f| Some(f) != meta.memory_fraction)
+        || opts.device_total_bytes.is_some_and(|t| Some(t) != meta.device_total_bytes)
+        || opts.device_free_bytes.is_some_and(|f| Some(f) != meta.device_free_bytes);
     let follow = match opts.device {
         DeviceChoice::Recorded => true,
         DeviceChoice::Sim => false,
-        DeviceChoice::Auto => !trace.recorded.is_empty() && opts.policy == "pytorch" && !what_if,
+        DeviceChoice::Auto => trace.has_recording && opts.policy == "pytorch" && !what_if,
     };
     let mut recorded;
     let mut modelled;
     let device: &mut dyn Device = if follow {
-        recorded = RecordedDevice::new(&trace.recorded, sim);
+        recorded = RecordedDevice::new(trace.recorded, sim);
         &mut recorded
     } else {
         modelled = sim;
         &mut modelled
     };
     let name = if follow { "recorded" } else { "sim" };
-    run_on(trace, opts, device, name, total, free, extra, progress)
+    run_on(trace, ops, opts, device, name, total, free, extra, progress)
 }
 
 /// Replay `trace` as `opts` say on a device the caller built (a real GPU, say), so this crate
@@ -126,12 +187,15 @@ pub fn run_trace_on(
     progress: impl FnMut(u64),
 ) -> Result<RunReport, ConfigError> {
     let mem = device.mem_info();
-    run_on(trace, opts, device, device_name, mem.total_bytes, mem.free_bytes, extra, progress)
+    let (total, free) = (mem.total_bytes, mem.free_bytes);
+    let head = Head::of(trace);
+    run_on(head, &trace.ops, opts, device, device_name, total, free, extra, progress)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_on(
-    trace: &Trace,
+fn run_on<O: Borrow<Op>>(
+    trace: Head<'_>,
+    ops: impl IntoIterator<Item = O>,
     opts: &RunOptions,
     device: &mut dyn Device,
     device_name: &'static str,
@@ -153,26 +217,19 @@ fn run_on(
         allocator.set_memory_fraction(&mut env, fraction)?;
     }
 
-    let mut metrics = Metrics::new(trace.ops.len() as u64);
-    let mut checker = opts.check.then(|| {
-        CheckObserver::new(Checker::new(CheckConfig {
-            device_total_bytes: total,
-            alignment_bytes: allocator.block_alignment(),
-            ..CheckConfig::default()
-        }))
-    });
-    let mut fidelity = opts.fidelity.then(|| Fidelity::new(&trace.recorded));
-    let mut own: Vec<&mut dyn Observer> = vec![&mut metrics];
-    if let Some(c) = checker.as_mut() {
-        own.push(c);
-    }
-    if let Some(f) = fidelity.as_mut() {
-        own.push(f);
-    }
-    let mut fanout = Fanout { own, extra };
-    let (ops_run, skipped) =
-        replay(&trace.ops, &mut *allocator, device, &mut [&mut fanout], progress);
-    drop(fanout);
+    let mut observers = RunObservers {
+        metrics: Metrics::new(trace.ops),
+        checker: opts.check.then(|| {
+            CheckObserver::new(Checker::new(CheckConfig {
+                device_total_bytes: total,
+                alignment_bytes: allocator.block_alignment(),
+                ..CheckConfig::default()
+            }))
+        }),
+        fidelity: opts.fidelity.then(|| Fidelity::new(trace.recorded)),
+        extra,
+    };
+    let (ops_run, skipped) = replay_with(ops, &mut *allocator, device, &mut observers, progress);
 
     Ok(RunReport {
         policy: opts.policy.clone(),
@@ -182,50 +239,60 @@ fn run_on(
         device_total_bytes: total,
         device_free_bytes: free,
         ops_run,
-        metrics: metrics.finish(),
+        metrics: observers.metrics.finish(),
         stats: allocator.stats(),
         skipped,
         device_calls: device.calls().clone(),
         device_notes: device.notes(),
-        check: checker.map(|c| c.checker.finish()),
-        fidelity: fidelity.map(Fidelity::finish),
+        check: observers.checker.map(|c| c.checker.finish()),
+        fidelity: observers.fidelity.map(Fidelity::finish),
         snapshot: allocator.snapshot(),
     })
 }
 
-/// The run's own observers and the caller's, as one. (Two lists because the caller's
-/// observers live longer than the run's, and `&mut dyn` lists cannot mix lifetimes.)
-struct Fanout<'a, 'b> {
-    own: Vec<&'a mut dyn Observer>,
+/// The run's own observers and the caller's, as one observer: the metrics always, the checker
+/// and the fidelity comparison when asked for, each called directly; then the caller's.
+struct RunObservers<'r, 'a, 'b> {
+    metrics: Metrics,
+    checker: Option<CheckObserver>,
+    fidelity: Option<Fidelity<'r>>,
     extra: &'a mut [&'b mut dyn Observer],
 }
 
-impl Observer for Fanout<'_, '_> {
-    fn on_event(&mut self, event_index: u64, op_index: u64, event: &allocsim_core::Event) -> bool {
-        let mut keep_going = true;
-        for o in self.own.iter_mut() {
-            keep_going &= o.on_event(event_index, op_index, event);
+impl Observer for RunObservers<'_, '_, '_> {
+    #[inline]
+    fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
+        let mut keep_going = self.metrics.on_event(event_index, op_index, event);
+        if let Some(c) = self.checker.as_mut() {
+            keep_going &= c.on_event(event_index, op_index, event);
         }
-        for o in self.extra.iter_mut() {
-            keep_going &= o.on_event(event_index, op_index, event);
+        if let Some(f) = self.fidelity.as_mut() {
+            keep_going &= f.on_event(event_index, op_index, event);
+        }
+        if !self.extra.is_empty() {
+            keep_going &= self.extra.on_event(event_index, op_index, event);
         }
         keep_going
     }
 
+    #[inline]
     fn on_op(
         &mut self,
         op_index: u64,
-        op: &allocsim_core::Op,
-        outcome: &crate::OpOutcome,
-        allocator: &dyn allocsim_core::Allocator,
+        op: &Op,
+        outcome: &OpOutcome,
+        allocator: &dyn Allocator,
         device: &dyn Device,
     ) -> bool {
-        let mut keep_going = true;
-        for o in self.own.iter_mut() {
-            keep_going &= o.on_op(op_index, op, outcome, allocator, device);
+        let mut keep_going = self.metrics.on_op(op_index, op, outcome, allocator, device);
+        if let Some(c) = self.checker.as_mut() {
+            keep_going &= c.on_op(op_index, op, outcome, allocator, device);
         }
-        for o in self.extra.iter_mut() {
-            keep_going &= o.on_op(op_index, op, outcome, allocator, device);
+        if let Some(f) = self.fidelity.as_mut() {
+            keep_going &= f.on_op(op_index, op, outcome, allocator, device);
+        }
+        if !self.extra.is_empty() {
+            keep_going &= self.extra.on_op(op_index, op, outcome, allocator, device);
         }
         keep_going
     }

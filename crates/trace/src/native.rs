@@ -1,8 +1,11 @@
 //! allocsim's own format: everything a `Trace` holds, losslessly, two ways.
 //!
-//! - `.allocsim`: `b"ALLOCSIM"`, a little-endian `u32` version, then bincode 2 (standard
-//!   config) of [`NativeFile`]: compact and fast for large traces.
-//! - `.allocsim.json`: the same [`NativeFile`] as JSON, for people and other tools.
+//! - `.allocsim`: `b"ALLOCSIM"`, a little-endian `u32` version, then the trace. Version 2
+//!   (written) is a header and chunks ([`chunked`]): compact, fast, and streamed, so a trace
+//!   of any length replays in bounded memory ([`read_native_ops`]). Version 1 (still read) is
+//!   bincode 2 (standard config) of [`NativeFile`] in one piece.
+//! - `.allocsim.json`: [`NativeFile`] as JSON (schema [`VERSION`]), for people and other
+//!   tools.
 //!
 //! Core types are deliberately not serde (so a file format can change without touching the
 //! vocabulary every policy is written in): the schema is this module's mirror structs, and the
@@ -18,7 +21,12 @@ use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
+mod chunked;
+
+pub use chunked::{NativeHeader, NativeOps, NativeWriter, BINARY_VERSION};
+
 pub const MAGIC: &[u8; 8] = b"ALLOCSIM";
+/// The version of the [`NativeFile`] schema: of the JSON form and of binary version 1.
 pub const VERSION: u32 = 1;
 pub const FORMAT_NAME: &str = "allocsim";
 /// `source_format` of a native file that does not name its origin.
@@ -28,7 +36,7 @@ pub const SOURCE_FORMAT: &str = "allocsim-native";
 /// cannot make bincode allocate without bound.
 const MAX_STRING_BYTES: usize = 1 << 30;
 
-fn bincode_config() -> impl bincode::config::Config {
+pub(crate) fn bincode_config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_STRING_BYTES>()
 }
 
@@ -96,20 +104,42 @@ pub struct NativeFrame {
     pub line: u32,
 }
 
+impl NativeMeta {
+    pub fn from_meta(m: &TraceMeta) -> NativeMeta {
+        NativeMeta {
+            source_format: m.source_format.clone(),
+            alloc_conf: m.alloc_conf.clone(),
+            memory_fraction: m.memory_fraction,
+            device_total_bytes: m.device_total_bytes,
+            device_free_bytes: m.device_free_bytes,
+            expected_stats: m.expected_stats.clone(),
+        }
+    }
+
+    /// The meta; an empty `source_format` becomes [`SOURCE_FORMAT`].
+    pub fn into_meta(self) -> TraceMeta {
+        let source_format = if self.source_format.is_empty() {
+            SOURCE_FORMAT.to_string()
+        } else {
+            self.source_format
+        };
+        TraceMeta {
+            source_format,
+            alloc_conf: self.alloc_conf,
+            memory_fraction: self.memory_fraction,
+            device_total_bytes: self.device_total_bytes,
+            device_free_bytes: self.device_free_bytes,
+            expected_stats: self.expected_stats,
+        }
+    }
+}
+
 impl NativeFile {
     pub fn from_trace(t: &Trace) -> NativeFile {
-        let m = &t.meta;
         NativeFile {
             format: FORMAT_NAME.to_string(),
             version: VERSION,
-            meta: NativeMeta {
-                source_format: m.source_format.clone(),
-                alloc_conf: m.alloc_conf.clone(),
-                memory_fraction: m.memory_fraction,
-                device_total_bytes: m.device_total_bytes,
-                device_free_bytes: m.device_free_bytes,
-                expected_stats: m.expected_stats.clone(),
-            },
+            meta: NativeMeta::from_meta(&t.meta),
             ops: t.ops.iter().map(op_out).collect(),
             recorded: t.recorded.iter().map(recorded_out).collect(),
             stacks: t.stacks.iter().map(|s| s.frames.iter().map(frame_out).collect()).collect(),
@@ -132,18 +162,8 @@ impl NativeFile {
                 ));
             }
         }
-        let m = self.meta;
-        let source_format =
-            if m.source_format.is_empty() { SOURCE_FORMAT.to_string() } else { m.source_format };
         Ok(Trace {
-            meta: TraceMeta {
-                source_format,
-                alloc_conf: m.alloc_conf,
-                memory_fraction: m.memory_fraction,
-                device_total_bytes: m.device_total_bytes,
-                device_free_bytes: m.device_free_bytes,
-                expected_stats: m.expected_stats,
-            },
+            meta: self.meta.into_meta(),
             ops: self.ops.into_iter().map(op_in).collect(),
             recorded: self.recorded.into_iter().map(recorded_in).collect(),
             stacks: self
@@ -187,6 +207,19 @@ fn op_in(op: NativeOp) -> Op {
     }
 }
 
+/// An op from the parts the binary layout stores: `tag` 0 alloc (id, size, stream),
+/// 1 free_requested, 2 free_completed (id), 3 record_stream (id, stream).
+#[inline]
+fn op_in_parts(tag: u8, id: u64, size: u64, stream: u64) -> Op {
+    let id = AllocId(id);
+    match tag {
+        0 => Op::Alloc { id, size, stream: StreamId(stream) },
+        1 => Op::FreeRequested { id },
+        2 => Op::FreeCompleted { id },
+        _ => Op::RecordStream { id, stream: StreamId(stream) },
+    }
+}
+
 fn recorded_out(r: &RecordedEvent) -> NativeRecorded {
     let kind = match r.kind {
         RecordedKind::SegmentAlloc => NativeKind::SegmentAlloc,
@@ -227,16 +260,13 @@ fn native_err(path: &Path, message: impl Into<String>) -> TraceError {
     TraceError::Native { path: path.to_path_buf(), message: message.into() }
 }
 
-/// Write the binary form.
-pub fn write_native<W: Write>(trace: &Trace, mut out: W, path: &Path) -> Result<(), TraceError> {
-    out.write_all(MAGIC).map_err(|e| TraceError::io(path, e))?;
-    out.write_all(&VERSION.to_le_bytes()).map_err(|e| TraceError::io(path, e))?;
-    bincode::serde::encode_into_std_write(
-        NativeFile::from_trace(trace),
-        &mut out,
-        bincode_config(),
-    )
-    .map_err(|e| native_err(path, format!("encoding: {e}")))?;
+/// Write the binary form (version 2).
+pub fn write_native<W: Write>(trace: &Trace, out: W, path: &Path) -> Result<(), TraceError> {
+    let mut w = NativeWriter::new(out, trace, trace.ops.len() as u64, path)?;
+    for op in &trace.ops {
+        w.op(op)?;
+    }
+    w.finish()?;
     Ok(())
 }
 
@@ -246,10 +276,10 @@ pub fn read_native(path: &Path) -> Result<Trace, TraceError> {
     read_native_from(BufReader::with_capacity(256 * 1024, file), path)
 }
 
-/// Read the binary form from any reader; `path` names it in errors.
-pub fn read_native_from<R: Read>(mut input: R, path: &Path) -> Result<Trace, TraceError> {
+/// The magic and the version, checked.
+fn read_version<R: Read>(input: &mut R, path: &Path) -> Result<u32, TraceError> {
     let mut header = Vec::with_capacity(12);
-    (&mut input).take(12).read_to_end(&mut header).map_err(|e| TraceError::io(path, e))?;
+    input.take(12).read_to_end(&mut header).map_err(|e| TraceError::io(path, e))?;
     if header.is_empty() {
         return Err(TraceError::Empty { path: path.to_path_buf() });
     }
@@ -257,15 +287,71 @@ pub fn read_native_from<R: Read>(mut input: R, path: &Path) -> Result<Trace, Tra
         return Err(native_err(path, "not an allocsim file (no ALLOCSIM magic at the start)"));
     }
     let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-    if version != VERSION {
+    if version != VERSION && version != BINARY_VERSION {
         return Err(native_err(
             path,
-            format!("unsupported allocsim format version {version} (this build reads {VERSION})"),
+            format!(
+                "unsupported allocsim format version {version} (this build reads {VERSION} and \
+                 {BINARY_VERSION})"
+            ),
         ));
     }
-    let file: NativeFile = bincode::serde::decode_from_std_read(&mut input, bincode_config())
-        .map_err(|e| native_err(path, format!("corrupt or truncated: {e}")))?;
-    file.into_trace().map_err(|m| native_err(path, m))
+    Ok(version)
+}
+
+/// Read the binary form (either version) from any reader; `path` names it in errors.
+pub fn read_native_from<R: Read>(mut input: R, path: &Path) -> Result<Trace, TraceError> {
+    if read_version(&mut input, path)? == VERSION {
+        let file: NativeFile =
+            bincode::serde::decode_from_std_read(&mut input, bincode_config())
+                .map_err(|e| native_err(path, format!("corrupt or truncated: {e}")))?;
+        return file.into_trace().map_err(|m| native_err(path, m));
+    }
+    let (header, mut trace, ops) = chunked::read_head(input, path, chunked::KeepRecorded::All)?;
+    // The count is a claim until the ops arrive: reserve no more than a chunk's worth on it.
+    trace.ops.reserve_exact(usize::try_from(header.ops).unwrap_or(0).min(1 << 16));
+    for op in ops {
+        trace.ops.push(op?);
+    }
+    Ok(trace)
+}
+
+/// A native trace opened for streaming: everything but the ops in `head`, the ops in `ops`.
+#[derive(Debug)]
+pub struct NativeStream {
+    /// The trace without its ops. Its `recorded` holds only the segment events and ooms (what
+    /// a device following the recording needs), so memory stays bounded; [`read_native`]
+    /// reads every recorded event.
+    pub head: Trace,
+    /// How many recorded events the file holds.
+    pub recorded_len: u64,
+    pub ops: NativeOps<Box<dyn Read>>,
+}
+
+/// Open a binary native trace for streaming its ops. A version 1 file (one piece, not
+/// streamable) is read whole first; a version 2 file streams a chunk at a time.
+pub fn read_native_ops(path: &Path) -> Result<NativeStream, TraceError> {
+    let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let mut input = BufReader::with_capacity(256 * 1024, file);
+    if read_version(&mut input, path)? == VERSION {
+        let file: NativeFile =
+            bincode::serde::decode_from_std_read(&mut input, bincode_config())
+                .map_err(|e| native_err(path, format!("corrupt or truncated: {e}")))?;
+        let mut trace = file.into_trace().map_err(|m| native_err(path, m))?;
+        let ops = std::mem::take(&mut trace.ops);
+        // Re-encoded in memory, so both versions share one decoder.
+        let mut bytes = Vec::new();
+        let mut w = NativeWriter::new(&mut bytes, &trace, ops.len() as u64, path)?;
+        ops.iter().try_for_each(|op| w.op(op))?;
+        w.finish()?;
+        let mut input: Box<dyn Read> = Box::new(std::io::Cursor::new(bytes));
+        read_version(&mut input, path)?;
+        let (_, head, ops) = chunked::read_head(input, path, chunked::KeepRecorded::DeviceEvents)?;
+        return Ok(NativeStream { head, recorded_len: trace.recorded.len() as u64, ops });
+    }
+    let input: Box<dyn Read> = Box::new(input);
+    let (header, head, ops) = chunked::read_head(input, path, chunked::KeepRecorded::DeviceEvents)?;
+    Ok(NativeStream { head, recorded_len: header.recorded, ops })
 }
 
 /// Write the JSON form.

@@ -77,7 +77,7 @@ fn snapshot_to_native_binary_and_back() {
     for t in [real("gpt2_train"), real("synthetic_multistream"), everything()] {
         let path = dir.join("t.allocsim");
         write_trace(&t, &path).unwrap();
-        assert!(std::fs::read(&path).unwrap().starts_with(b"ALLOCSIM\x01\0\0\0"));
+        assert!(std::fs::read(&path).unwrap().starts_with(b"ALLOCSIM\x02\0\0\0"));
         common::assert_same(&read_trace(&path).unwrap(), &t);
     }
 }
@@ -106,7 +106,7 @@ fn native_bad_input() {
     };
     assert!(err(b"").contains("empty"));
     assert!(err(b"NOTALLOCSIM").contains("no ALLOCSIM magic"));
-    assert!(err(b"ALLOCSIM\x02\0\0\0").contains("unsupported allocsim format version 2"));
+    assert!(err(b"ALLOCSIM\x03\0\0\0").contains("unsupported allocsim format version 3"));
     write_trace(&everything(), &path).unwrap();
     let good = std::fs::read(&path).unwrap();
     for cut in [12, good.len() / 2, good.len() - 1] {

@@ -1,0 +1,129 @@
+//! A run whose ops stream from a native file reports exactly what a run of the whole trace in
+//! memory reports, on the recorded device and on the model; an observer list and a single
+//! observer see the same run; and the engine's id bookkeeping skips what it must.
+
+use allocsim_core::{AllocId, Op, StreamId, Trace};
+use allocsim_replay::{
+    replay, replay_with, run_trace, run_trace_streamed, DeviceChoice, EventLog, Observer,
+    RunOptions, RunReport,
+};
+use allocsim_sim::{SimConfig, SimDevice};
+use std::path::PathBuf;
+
+fn traces() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces")
+}
+
+fn same(a: &RunReport, b: &RunReport, what: &str) {
+    assert_eq!(a.device, b.device, "{what}");
+    assert_eq!(a.ops_run, b.ops_run, "{what}");
+    assert_eq!(a.metrics, b.metrics, "{what}");
+    assert_eq!(a.stats, b.stats, "{what}");
+    assert_eq!(a.skipped, b.skipped, "{what}");
+    assert_eq!(a.device_calls, b.device_calls, "{what}");
+    assert_eq!(a.device_notes, b.device_notes, "{what}");
+    assert_eq!(a.snapshot, b.snapshot, "{what}");
+    assert_eq!(
+        a.check.as_ref().map(|c| c.total_violations()),
+        b.check.as_ref().map(|c| c.total_violations()),
+        "{what}"
+    );
+}
+
+#[test]
+fn streamed_runs_report_what_whole_runs_report() {
+    let dir = std::env::temp_dir().join(format!("allocsim-replay-streamed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in [
+        "pytorch-2.11-h100/synthetic_oom.pickle.gz",
+        "pytorch-2.11-h100/varlen_train_expandable.pickle.gz",
+        "pytorch-2.11-h100-extra/varlen_train_tuned.pickle.gz",
+    ] {
+        let trace = allocsim_trace::read_trace(traces().join(name)).unwrap();
+        let path = dir.join("t.allocsim");
+        allocsim_trace::write_trace(&trace, &path).unwrap();
+        for (policy, device, check) in [
+            ("pytorch", DeviceChoice::Auto, true),
+            ("pytorch", DeviceChoice::Sim, false),
+            ("bfc", DeviceChoice::Auto, true),
+        ] {
+            let opts = RunOptions { policy: policy.into(), device, check, ..RunOptions::default() };
+            let whole = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
+            let stream = allocsim_trace::native::read_native_ops(&path).unwrap();
+            let total = stream.ops.total();
+            let ops = stream.ops.map(Result::unwrap);
+            let streamed = run_trace_streamed(
+                &stream.head,
+                stream.recorded_len,
+                total,
+                ops,
+                &opts,
+                &mut [],
+                |_| {},
+            )
+            .unwrap();
+            same(&whole, &streamed, &format!("{name} {policy} {device:?}"));
+        }
+        let fidelity = RunOptions { fidelity: true, ..RunOptions::default() };
+        let stream = allocsim_trace::native::read_native_ops(&path).unwrap();
+        let refused = run_trace_streamed(
+            &stream.head,
+            1,
+            1,
+            stream.ops.map(Result::unwrap),
+            &fidelity,
+            &mut [],
+            |_| {},
+        );
+        assert!(refused.unwrap_err().0.contains("whole recording"));
+    }
+}
+
+fn log_of(trace: &Trace, list: bool) -> String {
+    let mut allocator = allocsim_policies::by_name("pytorch", None).unwrap();
+    let mut device = SimDevice::new(SimConfig::default());
+    let mut log = EventLog::new(Vec::new());
+    if list {
+        let mut observers: Vec<&mut dyn Observer> = vec![&mut log];
+        replay(&trace.ops, &mut *allocator, &mut device, &mut observers, |_| {});
+    } else {
+        replay_with(&trace.ops, &mut *allocator, &mut device, &mut log, |_| {});
+    }
+    String::from_utf8(log.finish().unwrap()).unwrap()
+}
+
+#[test]
+fn one_observer_or_a_list_see_the_same_run() {
+    let trace = allocsim_trace::read_trace(traces().join("pytorch-2.11-h100/gpt2_train.pickle.gz"))
+        .unwrap();
+    let (a, b) = (log_of(&trace, true), log_of(&trace, false));
+    assert!(a.lines().count() > 10_000);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn ids_dense_and_sparse_are_kept_apart() {
+    let id = AllocId;
+    let s = StreamId(0);
+    let big = u64::MAX - 1;
+    let ops = vec![
+        Op::Alloc { id: id(3), size: 1 << 20, stream: s },
+        Op::Alloc { id: id(big), size: 1 << 20, stream: s },
+        Op::Alloc { id: id(3), size: 1 << 20, stream: s }, // duplicate of a live id
+        Op::FreeRequested { id: id(big) },
+        Op::FreeRequested { id: id(big) },     // already freed
+        Op::FreeRequested { id: id(1 << 40) }, // never allocated
+        Op::Alloc { id: id(9), size: 1 << 60, stream: s }, // refused before rounding: OOM
+        Op::FreeRequested { id: id(9) },       // free of a failed allocation
+        Op::FreeRequested { id: id(3) },
+        Op::Alloc { id: id(big), size: 512, stream: s }, // a freed id may come back
+    ];
+    let trace = Trace { ops, ..Trace::default() };
+    let opts = RunOptions { policy: "pytorch".into(), ..RunOptions::default() };
+    let r = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
+    assert_eq!(r.skipped.duplicate_allocs, 1);
+    assert_eq!(r.skipped.of_unknown_ids, 2);
+    assert_eq!(r.skipped.of_failed_allocs, 1);
+    assert_eq!(r.metrics.ooms.len(), 1);
+    assert_eq!(r.stats.allocation.all.current, 1);
+}

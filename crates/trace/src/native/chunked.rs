@@ -1,0 +1,640 @@
+//! The binary layout of `.allocsim` version 2: a header, then length-prefixed chunks, so a
+//! trace of any length is written and replayed without holding its ops in memory.
+//!
+//! ```text
+//! b"ALLOCSIM"  u32 LE 2
+//! u32 LE n, then n bytes: bincode (standard) of [`NativeHeader`] (meta, counts, warnings)
+//! chunks, each: u8 kind, u32 LE item count, u32 LE n, n bytes of items; in this order:
+//!   RECORDED*  STACKS*  OP_STACKS*  OPS*  END
+//! ```
+//!
+//! Recorded events and ops are the bulk of a trace, so their items have a layout of their
+//! own, a tag byte and LEB128 varints, that decodes in a few nanoseconds (an op through
+//! bincode's serde path costs several times that); ids and op indices are stored as zigzag
+//! deltas from the previous one, so most take one byte:
+//! - op: tag (0 alloc, 1 free_requested, 2 free_completed, 3 record_stream, 4 empty_cache,
+//!   5 set_memory_fraction, 6 set_allocator_settings), then for 0: id, size, stream; 1, 2:
+//!   id; 3: id, stream; 5: f64 LE; 6: length, UTF-8 bytes.
+//! - recorded event: kind (0..8 in [`super::NativeKind`] order), op, addr, size, stream.
+//!
+//! Stacks and op-stack pairs are rare enough for bincode (a `Vec` of them per chunk). `END`
+//! holds nothing: a file that stops before it is truncated, and the counts read must equal
+//! the header's. Ops come last so that a reader has the recording (which a device following
+//! it needs before the first op) and can then stream the ops.
+
+use super::{
+    bincode_config, frame_in, frame_out, native_err, op_in_parts, recorded_in, recorded_out,
+    NativeFrame, NativeKind, NativeMeta, NativeRecorded, FORMAT_NAME,
+};
+use crate::error::TraceError;
+use allocsim_core::{Op, RecordedEvent, Stack, Trace};
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+pub const BINARY_VERSION: u32 = 2;
+
+const RECORDED: u8 = 1;
+const STACKS: u8 = 2;
+const OP_STACKS: u8 = 3;
+const OPS: u8 = 4;
+const END: u8 = 0xff;
+
+/// Items per chunk as written: a chunk of ops is a few hundred KiB.
+const OPS_PER_CHUNK: usize = 1 << 16;
+const STACKS_PER_CHUNK: usize = 1 << 12;
+/// A chunk (or the header) claiming more is corrupt: readers never allocate more than this
+/// from a length they were told.
+const MAX_CHUNK_BYTES: u32 = 64 << 20;
+
+/// Everything but the lists, with their lengths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NativeHeader {
+    pub format: String,
+    pub version: u32,
+    pub meta: NativeMeta,
+    pub ops: u64,
+    pub recorded: u64,
+    pub stacks: u64,
+    pub op_stacks: u64,
+    pub warnings: Vec<String>,
+}
+
+impl NativeHeader {
+    /// The header of `trace` as it is, with `ops` ops (its own when streaming none).
+    pub fn of(trace: &Trace, ops: u64) -> NativeHeader {
+        NativeHeader {
+            format: FORMAT_NAME.to_string(),
+            version: BINARY_VERSION,
+            meta: NativeMeta::from_meta(&trace.meta),
+            ops,
+            recorded: trace.recorded.len() as u64,
+            stacks: trace.stacks.len() as u64,
+            op_stacks: trace.op_stacks.len() as u64,
+            warnings: trace.warnings.clone(),
+        }
+    }
+}
+
+fn zigzag(delta: i64) -> u64 {
+    ((delta << 1) ^ (delta >> 63)) as u64
+}
+
+fn unzigzag(z: u64) -> i64 {
+    ((z >> 1) as i64) ^ -((z & 1) as i64)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut x: u64) {
+    while x >= 0x80 {
+        out.push(x as u8 | 0x80);
+        x >>= 7;
+    }
+    out.push(x as u8);
+}
+
+/// Writes a trace in this layout, its ops one at a time (see the module doc).
+#[derive(Debug)]
+pub struct NativeWriter<W: Write> {
+    out: W,
+    path: PathBuf,
+    chunk: Vec<u8>,
+    items: usize,
+    ops_left: u64,
+    last_id: u64,
+}
+
+impl<W: Write> NativeWriter<W> {
+    /// Write the header and everything of `trace` but its ops, which [`NativeWriter::op`]
+    /// then takes, `ops` of them. `path` names the file in errors.
+    pub fn new(mut out: W, trace: &Trace, ops: u64, path: &Path) -> Result<Self, TraceError> {
+        let io = |e| TraceError::io(path, e);
+        let header = bincode::serde::encode_to_vec(NativeHeader::of(trace, ops), bincode_config())
+            .map_err(|e| native_err(path, format!("encoding: {e}")))?;
+        out.write_all(super::MAGIC).map_err(io)?;
+        out.write_all(&BINARY_VERSION.to_le_bytes()).map_err(io)?;
+        out.write_all(&(header.len() as u32).to_le_bytes()).map_err(io)?;
+        out.write_all(&header).map_err(io)?;
+        let mut w = NativeWriter {
+            out,
+            path: path.to_path_buf(),
+            chunk: Vec::new(),
+            items: 0,
+            ops_left: ops,
+            last_id: 0,
+        };
+        let mut last_op = 0;
+        for r in &trace.recorded {
+            let n = recorded_out(r);
+            w.chunk.push(n.kind as u8);
+            put_varint(&mut w.chunk, zigzag(n.op.wrapping_sub(last_op) as i64));
+            last_op = n.op;
+            for x in [n.addr, n.size, n.stream] {
+                put_varint(&mut w.chunk, x);
+            }
+            w.item(RECORDED, OPS_PER_CHUNK)?;
+        }
+        w.flush(RECORDED)?;
+        for part in trace.stacks.chunks(STACKS_PER_CHUNK) {
+            let frames: Vec<Vec<NativeFrame>> =
+                part.iter().map(|s| s.frames.iter().map(frame_out).collect()).collect();
+            w.bincode_chunk(STACKS, part.len(), &frames)?;
+        }
+        for part in trace.op_stacks.chunks(OPS_PER_CHUNK) {
+            w.bincode_chunk(OP_STACKS, part.len(), &part)?;
+        }
+        Ok(w)
+    }
+
+    fn err(&self, message: String) -> TraceError {
+        native_err(&self.path, message)
+    }
+
+    /// One item was appended to the chunk: write the chunk when full.
+    fn item(&mut self, kind: u8, per_chunk: usize) -> Result<(), TraceError> {
+        self.items += 1;
+        if self.items == per_chunk {
+            self.flush(kind)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, kind: u8) -> Result<(), TraceError> {
+        if self.items == 0 {
+            return Ok(());
+        }
+        let len = u32::try_from(self.chunk.len())
+            .ok()
+            .filter(|&n| n <= MAX_CHUNK_BYTES)
+            .ok_or_else(|| self.err(format!("a chunk of {} bytes", self.chunk.len())))?;
+        let mut head = [0u8; 9];
+        head[0] = kind;
+        head[1..5].copy_from_slice(&(self.items as u32).to_le_bytes());
+        head[5..9].copy_from_slice(&len.to_le_bytes());
+        let io = |e| TraceError::io(&self.path, e);
+        self.out.write_all(&head).map_err(io)?;
+        self.out.write_all(&self.chunk).map_err(io)?;
+        self.chunk.clear();
+        self.items = 0;
+        Ok(())
+    }
+
+    fn bincode_chunk<T: Serialize>(
+        &mut self,
+        kind: u8,
+        items: usize,
+        value: &T,
+    ) -> Result<(), TraceError> {
+        self.chunk = bincode::serde::encode_to_vec(value, bincode_config())
+            .map_err(|e| self.err(format!("encoding: {e}")))?;
+        self.items = items;
+        self.flush(kind)
+    }
+
+    /// The next op.
+    pub fn op(&mut self, op: &Op) -> Result<(), TraceError> {
+        if self.ops_left == 0 {
+            return Err(self.err("more ops than the header announced".to_string()));
+        }
+        self.ops_left -= 1;
+        let c = &mut self.chunk;
+        let mut id = |c: &mut Vec<u8>, id: u64| {
+            put_varint(c, zigzag(id.wrapping_sub(self.last_id) as i64));
+            self.last_id = id;
+        };
+        match op {
+            Op::Alloc { id: i, size, stream } => {
+                c.push(0);
+                id(c, i.0);
+                put_varint(c, *size);
+                put_varint(c, stream.0);
+            }
+            Op::FreeRequested { id: i } => {
+                c.push(1);
+                id(c, i.0);
+            }
+            Op::FreeCompleted { id: i } => {
+                c.push(2);
+                id(c, i.0);
+            }
+            Op::RecordStream { id: i, stream } => {
+                c.push(3);
+                id(c, i.0);
+                put_varint(c, stream.0);
+            }
+            Op::EmptyCache => c.push(4),
+            Op::SetMemoryFraction { fraction } => {
+                c.push(5);
+                c.extend_from_slice(&fraction.to_le_bytes());
+            }
+            Op::SetAllocatorSettings { conf } => {
+                c.push(6);
+                put_varint(c, conf.len() as u64);
+                c.extend_from_slice(conf.as_bytes());
+            }
+        }
+        self.item(OPS, OPS_PER_CHUNK)
+    }
+
+    /// Write the end marker, after exactly the ops the header announced.
+    pub fn finish(mut self) -> Result<W, TraceError> {
+        if self.ops_left != 0 {
+            return Err(self.err(format!("{} ops fewer than the header announced", self.ops_left)));
+        }
+        self.flush(OPS)?;
+        let io = |e| TraceError::io(&self.path, e);
+        self.out.write_all(&[END, 0, 0, 0, 0, 0, 0, 0, 0]).map_err(io)?;
+        Ok(self.out)
+    }
+}
+
+/// A chunk read from the input: its kind and items, and a cursor over its bytes.
+#[derive(Debug, Default)]
+struct Chunk {
+    kind: u8,
+    items: u32,
+    bytes: Vec<u8>,
+    pos: usize,
+}
+
+impl Chunk {
+    #[inline]
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.bytes.get(self.pos)?;
+        self.pos += 1;
+        Some(b)
+    }
+
+    #[inline]
+    fn varint(&mut self) -> Option<u64> {
+        let mut x = 0u64;
+        let mut shift = 0;
+        loop {
+            let b = self.byte()?;
+            if shift == 63 && b > 1 {
+                return None;
+            }
+            x |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Some(x);
+            }
+            shift += 7;
+        }
+    }
+}
+
+/// Reads the chunks of one file in order, checking each against the header's counts.
+struct ChunkReader<R> {
+    input: R,
+    path: PathBuf,
+    /// The chunk whose kind was read ahead.
+    peeked: Option<(u8, u32, u32)>,
+}
+
+impl<R: Read> ChunkReader<R> {
+    fn corrupt(&self, what: impl std::fmt::Display) -> TraceError {
+        native_err(&self.path, format!("corrupt or truncated: {what}"))
+    }
+
+    fn exact(&mut self, buf: &mut [u8], what: &str) -> Result<(), TraceError> {
+        self.input.read_exact(buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => self.corrupt(format!("the file ends in {what}")),
+            _ => TraceError::io(&self.path, e),
+        })
+    }
+
+    fn next_head(&mut self) -> Result<(u8, u32, u32), TraceError> {
+        if let Some(head) = self.peeked.take() {
+            return Ok(head);
+        }
+        let mut head = [0u8; 9];
+        self.exact(&mut head, "a chunk header")?;
+        let items = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+        let len = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
+        if len > MAX_CHUNK_BYTES {
+            return Err(self.corrupt(format!("a chunk claims {len} bytes")));
+        }
+        Ok((head[0], items, len))
+    }
+
+    fn peek_kind(&mut self) -> Result<u8, TraceError> {
+        let head = self.next_head()?;
+        self.peeked = Some(head);
+        Ok(head.0)
+    }
+
+    /// The next chunk, which must be of `kind`, into `chunk`.
+    fn read(&mut self, chunk: &mut Chunk) -> Result<(), TraceError> {
+        let (kind, items, len) = self.next_head()?;
+        chunk.kind = kind;
+        chunk.items = items;
+        chunk.pos = 0;
+        chunk.bytes.clear();
+        chunk.bytes.resize(len as usize, 0);
+        let mut bytes = std::mem::take(&mut chunk.bytes);
+        let read = self.exact(&mut bytes, "a chunk");
+        chunk.bytes = bytes;
+        read
+    }
+
+    fn bincode<T: for<'de> Deserialize<'de>>(&self, chunk: &Chunk) -> Result<T, TraceError> {
+        let (value, used) = bincode::serde::decode_from_slice(&chunk.bytes, bincode_config())
+            .map_err(|e| self.corrupt(e))?;
+        if used != chunk.bytes.len() {
+            return Err(self.corrupt("bytes left over in a chunk"));
+        }
+        Ok(value)
+    }
+}
+
+/// What [`read_head`] keeps of the recorded events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepRecorded {
+    All,
+    /// Only segment events and ooms: what a device following the recording needs.
+    DeviceEvents,
+}
+
+/// The header and every list but the ops, read; the reader is left at the first op chunk.
+pub(super) fn read_head<R: Read>(
+    mut input: R,
+    path: &Path,
+    keep: KeepRecorded,
+) -> Result<(NativeHeader, Trace, NativeOps<R>), TraceError> {
+    let mut reader = ChunkReader { input: &mut input, path: path.to_path_buf(), peeked: None };
+    let mut len = [0u8; 4];
+    reader.exact(&mut len, "the header")?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_CHUNK_BYTES {
+        return Err(reader.corrupt(format!("the header claims {len} bytes")));
+    }
+    let mut chunk = Chunk { bytes: vec![0; len as usize], ..Chunk::default() };
+    reader.exact(&mut chunk.bytes, "the header")?;
+    let header: NativeHeader = reader.bincode(&chunk)?;
+    if header.format != FORMAT_NAME || header.version != BINARY_VERSION {
+        return Err(reader.corrupt("the header does not name allocsim version 2"));
+    }
+    let mut trace = Trace {
+        meta: header.meta.clone().into_meta(),
+        warnings: header.warnings.clone(),
+        ..Trace::default()
+    };
+    let (mut recorded, mut stacks) = (0u64, 0u64);
+    let mut last_op = 0u64;
+    while reader.peek_kind()? == RECORDED {
+        reader.read(&mut chunk)?;
+        for _ in 0..chunk.items {
+            let r = decode_recorded(&mut chunk, &mut last_op)
+                .ok_or_else(|| reader.corrupt(format!("recorded[{recorded}]")))?;
+            if r.op >= header.ops {
+                let msg =
+                    format!("recorded[{recorded}].op is {} but there are {} ops", r.op, header.ops);
+                return Err(native_err(path, msg));
+            }
+            if keep == KeepRecorded::All || r.kind.is_segment_event() {
+                trace.recorded.push(r);
+            }
+            recorded += 1;
+        }
+        if chunk.pos != chunk.bytes.len() {
+            return Err(reader.corrupt("bytes left over in a recorded chunk"));
+        }
+    }
+    while reader.peek_kind()? == STACKS {
+        reader.read(&mut chunk)?;
+        let part: Vec<Vec<NativeFrame>> = reader.bincode(&chunk)?;
+        stacks += part.len() as u64;
+        trace.stacks.extend(
+            part.into_iter().map(|f| Stack { frames: f.into_iter().map(frame_in).collect() }),
+        );
+    }
+    while reader.peek_kind()? == OP_STACKS {
+        reader.read(&mut chunk)?;
+        let part: Vec<(u64, u32)> = reader.bincode(&chunk)?;
+        for &(op, s) in &part {
+            if op >= header.ops || u64::from(s) >= header.stacks {
+                let i = trace.op_stacks.len();
+                let msg = format!(
+                    "op_stacks[{i}] = ({op}, {s}) but there are {} ops and {} stacks",
+                    header.ops, header.stacks
+                );
+                return Err(native_err(path, msg));
+            }
+            trace.op_stacks.push((op, s));
+        }
+    }
+    if recorded != header.recorded
+        || stacks != header.stacks
+        || trace.op_stacks.len() as u64 != header.op_stacks
+    {
+        return Err(reader.corrupt("fewer recorded events, stacks or op stacks than announced"));
+    }
+    let peeked = reader.peeked.take();
+    let ops = NativeOps {
+        reader: ChunkReader { input, path: path.to_path_buf(), peeked },
+        chunk: Chunk { bytes: Vec::with_capacity(1 << 20), ..Chunk::default() },
+        ops: Vec::new(),
+        at: 0,
+        error: None,
+        total: header.ops,
+        read: 0,
+        last_id: 0,
+        done: false,
+    };
+    Ok((header, trace, ops))
+}
+
+fn decode_recorded(c: &mut Chunk, last_op: &mut u64) -> Option<RecordedEvent> {
+    let kind = match c.byte()? {
+        0 => NativeKind::SegmentAlloc,
+        1 => NativeKind::SegmentFree,
+        2 => NativeKind::SegmentMap,
+        3 => NativeKind::SegmentUnmap,
+        4 => NativeKind::Alloc,
+        5 => NativeKind::FreeRequested,
+        6 => NativeKind::FreeCompleted,
+        7 => NativeKind::Oom,
+        _ => return None,
+    };
+    let op = last_op.wrapping_add(unzigzag(c.varint()?) as u64);
+    *last_op = op;
+    let (addr, size, stream) = (c.varint()?, c.varint()?, c.varint()?);
+    Some(recorded_in(NativeRecorded { op, kind, addr, size, stream }))
+}
+
+/// The ops of a version 2 file, decoded a chunk at a time: memory stays at one chunk however
+/// long the trace. Yields an error (and then nothing) for a corrupt or truncated file.
+pub struct NativeOps<R> {
+    reader: ChunkReader<R>,
+    chunk: Chunk,
+    /// The current chunk, decoded in one tight loop; `ops[at..]` are still to be yielded.
+    ops: Vec<Op>,
+    at: usize,
+    /// Why decoding stopped inside the current chunk, yielded after its good ops.
+    error: Option<TraceError>,
+    total: u64,
+    read: u64,
+    last_id: u64,
+    done: bool,
+}
+
+impl<R> std::fmt::Debug for NativeOps<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NativeOps")
+            .field("path", &self.reader.path)
+            .field("total", &self.total)
+            .field("read", &self.read)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Read> NativeOps<R> {
+    /// How many ops the file holds.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Decode the next chunk of ops into `ops` (`Ok(false)` at the end marker, after all the
+    /// ops announced).
+    fn next_chunk(&mut self) -> Result<bool, TraceError> {
+        self.reader.read(&mut self.chunk)?;
+        match self.chunk.kind {
+            OPS if u64::from(self.chunk.items) <= self.total - self.read => {}
+            OPS => return Err(self.reader.corrupt("more ops than the header announced")),
+            END if self.read == self.total => return Ok(false),
+            END => {
+                return Err(self.reader.corrupt(format!(
+                    "{} ops where the header announced {}",
+                    self.read, self.total
+                )))
+            }
+            kind => {
+                return Err(self.reader.corrupt(format!("a chunk of kind {kind} among the ops")))
+            }
+        }
+        self.ops.clear();
+        self.at = 0;
+        let items = self.chunk.items as usize;
+        self.ops.reserve(items);
+        let (bytes, pos) = (&self.chunk.bytes, &mut self.chunk.pos);
+        for _ in 0..items {
+            match decode_op(bytes, pos, &mut self.last_id) {
+                Some(op) => self.ops.push(op),
+                None => break,
+            }
+        }
+        let index = self.read + self.ops.len() as u64;
+        self.read += u64::from(self.chunk.items);
+        if self.ops.len() < items {
+            self.error = Some(self.reader.corrupt(format!("op {index}")));
+        } else if *pos != bytes.len() {
+            self.error = Some(self.reader.corrupt("bytes left over in an op chunk"));
+        }
+        Ok(true)
+    }
+
+    /// At the end of a chunk: the next chunk's first op, the end, or an error.
+    #[cold]
+    fn next_slow(&mut self) -> Option<Result<Op, TraceError>> {
+        loop {
+            if let Some(e) = self.error.take() {
+                self.done = true;
+                return Some(Err(e));
+            }
+            if self.done {
+                return None;
+            }
+            match self.next_chunk() {
+                Ok(true) if self.at < self.ops.len() => return self.next(),
+                Ok(true) => {}
+                Ok(false) => {
+                    self.done = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// One op at `*pos` of `b` (the layout in the module doc); `None` if it is not one.
+#[inline(always)]
+fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
+    #[inline(always)]
+    fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+        let first = *b.get(*pos)?;
+        *pos += 1;
+        if first < 0x80 {
+            return Some(u64::from(first));
+        }
+        let mut x = u64::from(first & 0x7f);
+        let mut shift = 7;
+        loop {
+            let byte = *b.get(*pos)?;
+            *pos += 1;
+            if shift == 63 && byte > 1 {
+                return None;
+            }
+            x |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return Some(x);
+            }
+            shift += 7;
+        }
+    }
+    let tag = *b.get(*pos)?;
+    *pos += 1;
+    let mut id = |pos: &mut usize| -> Option<u64> {
+        let id = last_id.wrapping_add(unzigzag(varint(b, pos)?) as u64);
+        *last_id = id;
+        Some(id)
+    };
+    Some(match tag {
+        0 => {
+            let id = id(pos)?;
+            let size = varint(b, pos)?;
+            op_in_parts(0, id, size, varint(b, pos)?)
+        }
+        1 | 2 => op_in_parts(tag, id(pos)?, 0, 0),
+        3 => {
+            let id = id(pos)?;
+            op_in_parts(3, id, 0, varint(b, pos)?)
+        }
+        4 => Op::EmptyCache,
+        5 => {
+            let bytes = b.get(*pos..*pos + 8)?;
+            *pos += 8;
+            Op::SetMemoryFraction { fraction: f64::from_le_bytes(bytes.try_into().ok()?) }
+        }
+        6 => {
+            let n = usize::try_from(varint(b, pos)?).ok()?;
+            let bytes = b.get(*pos..pos.checked_add(n)?)?;
+            *pos += n;
+            Op::SetAllocatorSettings { conf: String::from_utf8(bytes.to_vec()).ok()? }
+        }
+        _ => return None,
+    })
+}
+
+impl<R: Read> Iterator for NativeOps<R> {
+    type Item = Result<Op, TraceError>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.ops.get_mut(self.at) {
+            Some(op) => {
+                self.at += 1;
+                Some(Ok(std::mem::replace(op, Op::EmptyCache)))
+            }
+            None => self.next_slow(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.total - self.read + (self.ops.len() - self.at) as u64;
+        let left = usize::try_from(left).unwrap_or(usize::MAX);
+        (0, Some(left))
+    }
+}
