@@ -28,9 +28,10 @@ pub struct Args {
     /// At most this many steps per program.
     #[arg(long, default_value_t = 200)]
     pub steps: usize,
-    /// Also request 1 EiB to u64::MAX bytes now and then, as a corrupt trace may.
+    /// Never request 1 EiB or more (by default a few requests up to u64::MAX are made, as a
+    /// corrupt trace may hold).
     #[arg(long)]
-    pub absurd_sizes: bool,
+    pub no_absurd_sizes: bool,
     /// Where a failing case's minimized trace is written.
     #[arg(long, default_value = ".")]
     pub out: PathBuf,
@@ -51,13 +52,16 @@ fn quiet_panics() {
     }));
 }
 
-/// Every oracle for `policy` on `trace`, with a panic's place added to its message.
+/// Every oracle for `policy` on `trace` (with both format round trips), with a panic's place
+/// added to its message.
 fn oracles(policy: &str, program_trace: &allocsim_core::Trace) -> Result<(), Failure> {
     let result = check_trace_catching(policy, program_trace).and_then(|()| {
-        formats::roundtrip_native(program_trace).map_err(|mut f| {
-            f.policy = policy.to_string();
-            f
-        })
+        formats::roundtrip_native(program_trace)
+            .map_err(|mut f| {
+                f.policy = policy.to_string();
+                f
+            })
+            .and_then(|()| formats::roundtrip_snapshot(policy, program_trace))
     });
     result.map_err(|mut f| {
         if f.oracle == Oracle::Panic {
@@ -98,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let base = args.seed.unwrap_or_else(clock_seed);
     let limits = Limits {
         max_steps: args.steps.max(1),
-        absurd_sizes: args.absurd_sizes,
+        absurd_sizes: !args.no_absurd_sizes,
         ..Limits::default()
     };
     println!(
@@ -141,8 +145,8 @@ fn report(args: &Args, seed: u64, program: &Program, failure: Failure) -> anyhow
         .with_context(|| format!("writing the minimal case to {}", args.out.display()))?;
     let mut steps =
         if args.steps == 200 { String::new() } else { format!(" --steps {}", args.steps) };
-    if args.absurd_sizes {
-        steps.push_str(" --absurd-sizes");
+    if args.no_absurd_sizes {
+        steps.push_str(" --no-absurd-sizes");
     }
     println!("minimal failure: {small_failure}");
     println!("minimal program ({} ops):\n{small}", small.ops().len());

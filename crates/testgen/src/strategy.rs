@@ -7,7 +7,7 @@ use crate::conf::{
     MAX_NON_SPLIT_ROUNDING_MB, MAX_SPLIT_MB,
 };
 use crate::program::{DeviceSpec, Program, Step, STREAMS};
-use crate::swarm::{align, Limits, Shape, BOUNDARY_SIZES, DEVICE_BYTES, FRACTIONS};
+use crate::swarm::{align, Limits, Shape, ABSURD_BYTES, BOUNDARY_SIZES, DEVICE_BYTES, FRACTIONS};
 use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
@@ -152,7 +152,7 @@ fn size(shape: &Shape) -> BoxedStrategy<u64> {
         }
         let far = (36u32..60, any::<u64>()).prop_map(|(k, r)| (1u64 << k) + r % (1u64 << k));
         let far = if shape.absurd_sizes {
-            prop_oneof![far, (1u64 << 60)..=u64::MAX].boxed()
+            prop_oneof![far, ABSURD_BYTES..=u64::MAX].boxed()
         } else {
             far.boxed()
         };

@@ -1,6 +1,6 @@
 //! The property suites' runner: proptest over generated programs for one policy and one
 //! oracle, with a fixed seed per (suite, policy) so CI sees the same cases every run. A
-//! failure is shrunk by proptest, then printed as an op listing, written as a trace file, and
+//! failure is shrunk by proptest and then by [`crate::shrink`], printed as an op listing, written as a trace file, and
 //! reported with the command that reproduces it:
 //! `allocsim replay FILE --policy P --check` for what the checker sees, otherwise
 //! `allocsim fuzz --trace FILE --policy P`, which runs every oracle on one trace.
@@ -90,6 +90,9 @@ impl Suite {
                 let failure = oracle(policy, &program.trace()).err().unwrap_or_else(|| {
                     Failure::new(crate::oracles::Oracle::Panic, policy, None, reason.to_string())
                 });
+                // Proptest shrinks value by value; delta debugging then drops what it kept.
+                let fails = |p: &Program| oracle(policy, &p.trace()).err();
+                let (program, failure) = crate::shrink::shrink(&program, &failure, fails);
                 let stem = format!("{}-{policy}", self.name);
                 panic!(
                     "{} suite: {}",

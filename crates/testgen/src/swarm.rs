@@ -79,20 +79,20 @@ pub struct Limits {
     /// Allow settings strings PyTorch refuses in `SetAllocatorSettings` steps.
     pub invalid_settings: bool,
     /// Allow requests of 1 EiB (2^60, where PyTorch refuses outright) up to `u64::MAX`, as a
-    /// corrupt trace may hold. Off by default: see `tests/known_bugs.rs`.
+    /// corrupt trace may hold.
     pub absurd_sizes: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_steps: 200, expandable: true, invalid_settings: true, absurd_sizes: false }
+        Limits { max_steps: 200, expandable: true, invalid_settings: true, absurd_sizes: true }
     }
 }
 
 impl Limits {
     /// What the reference model follows: no expandable segments, only valid settings.
     pub fn for_reference(max_steps: usize) -> Self {
-        Limits { max_steps, expandable: false, invalid_settings: false, absurd_sizes: false }
+        Limits { max_steps, expandable: false, invalid_settings: false, absurd_sizes: true }
     }
 }
 
@@ -102,11 +102,14 @@ pub fn huge(e: &mut impl Entropy) -> u64 {
     (1u64 << k) + e.below(1u64 << k)
 }
 
+/// 1 EiB: PyTorch refuses any request this large outright ("more than 1EB").
+pub const ABSURD_BYTES: u64 = 1 << 60;
+
 /// Requests from 1 EiB to `u64::MAX`.
 pub fn absurd(e: &mut impl Entropy) -> u64 {
     match e.below(4) {
         0 => u64::MAX - e.below(1 << 12),
-        _ => (1u64 << 60) + e.below(u64::MAX - (1 << 60)),
+        _ => ABSURD_BYTES + e.below(u64::MAX - ABSURD_BYTES),
     }
 }
 

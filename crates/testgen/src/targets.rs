@@ -14,7 +14,7 @@ pub fn policy_for(data: &[u8]) -> &'static str {
 
 /// Limits for fuzzed programs: short, so one execution stays in the milliseconds.
 pub const FUZZ_LIMITS: Limits =
-    Limits { max_steps: 64, expandable: true, invalid_settings: true, absurd_sizes: false };
+    Limits { max_steps: 64, expandable: true, invalid_settings: true, absurd_sizes: true };
 
 /// `program`: bytes → a program ([`crate::swarm::from_bytes`]) → every oracle for one policy,
 /// plus the native round trip of its trace.

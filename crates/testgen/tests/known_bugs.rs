@@ -1,8 +1,11 @@
-//! Bugs this crate's generators found in other crates, as the minimal programs that showed
-//! them, kept as regression tests now that they are fixed.
+//! Bugs this crate's generators and fuzz targets found in other crates, as the minimal
+//! programs that showed them: regression tests once fixed, `#[ignore]`d while open (run those
+//! with `cargo test -p allocsim-testgen --test known_bugs -- --ignored`).
 
+use allocsim_core::{Op, Trace};
 use allocsim_testgen::oracles::check_trace;
 use allocsim_testgen::{DeviceSpec, Program, Step};
+use std::path::Path;
 
 fn one_alloc(size: u64) -> Program {
     Program {
@@ -29,4 +32,42 @@ fn pytorch_counts_the_oom_it_reports_for_an_exabyte_request() {
 fn uncached_refuses_a_request_near_u64_max() {
     let r = check_trace("uncached", &one_alloc(u64::MAX).trace());
     assert!(r.is_ok(), "{}", r.unwrap_err());
+}
+
+/// `allocsim-trace` native JSON: a memory fraction written as `2.1805410472768694e-289` (the
+/// shortest form that reads back exactly) reads back as `2.18054104727687e-289`, one ULP off:
+/// serde_json parses floats exactly only with its `float_roundtrip` feature. Found by the
+/// `native_decode` fuzz target. The round-trip oracle tolerates 1 ULP until this is fixed.
+#[test]
+#[ignore = "open bug in allocsim-trace: native JSON loses the last bit of some floats"]
+fn native_json_gives_back_every_float() {
+    let fraction = 2.1805410472768694e-289;
+    let trace = Trace { ops: vec![Op::SetMemoryFraction { fraction }], ..Trace::default() };
+    let mut json = Vec::new();
+    allocsim_trace::native::write_native_json(&trace, &mut json, Path::new("<memory>")).unwrap();
+    let back = allocsim_testgen::oracles::formats::read_native_json_bytes(&json).unwrap();
+    assert_eq!(back.ops, trace.ops, "{}", String::from_utf8_lossy(&json));
+}
+
+/// `allocsim-trace` snapshots: a simulated run with a request above 2^62 bytes (recorded as an
+/// `oom` entry of that size) is written without complaint, and the same crate's reader then
+/// refuses the file: `device_traces[0][0].size: size ... is larger than 2^62 bytes`. Found by
+/// the `formats` property suite. `roundtrip_snapshot` skips such runs until this is fixed.
+#[test]
+#[ignore = "open bug in allocsim-trace: the snapshot writer writes sizes its reader refuses"]
+fn a_snapshot_we_write_reads_back() {
+    let mut program = one_alloc(5_057_416_258_585_344_512);
+    program.device.total_bytes = 64 << 20;
+    program.device.free_bytes = 64 << 20;
+    let trace = program.trace();
+    let mut recorder = allocsim_replay::Recorder::default();
+    let opts = allocsim_testgen::oracles::run_options("pytorch");
+    allocsim_replay::run_trace(&trace, &opts, &mut [&mut recorder], |_| {}).unwrap();
+    let run = Trace { ops: trace.ops.clone(), recorded: recorder.events, ..Trace::default() };
+    let mut bytes = Vec::new();
+    allocsim_trace::pytorch::write_snapshot(&run, &mut bytes, false, Path::new("<memory>"))
+        .unwrap();
+    let root = allocsim_trace::pickle::from_slice(&bytes).unwrap();
+    let back = allocsim_trace::pytorch::snapshot_to_trace(&root, Path::new("<memory>"), true);
+    assert!(back.is_ok(), "{}", back.unwrap_err());
 }

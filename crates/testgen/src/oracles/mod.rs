@@ -20,5 +20,6 @@ pub use consistency::{implied_free_space, stat_consistency, PYTORCH_ACCOUNTING};
 pub use contract::Contract;
 pub use differential::{compare_with_reference, reference_applies};
 pub use run::{
-    check_trace, check_trace_catching, checked_run, determinism, run_options, Failure, Oracle,
+    check_trace, check_trace_catching, checked_run, determinism, observed_run, run_options,
+    Failure, Oracle,
 };

@@ -3,8 +3,11 @@
 
 use super::contract::Contract;
 use super::differential::compare_with_reference;
-use allocsim_core::Trace;
-use allocsim_replay::{run_trace, DeviceChoice, EventLog, RunOptions};
+use allocsim_check::{CheckConfig, Checker};
+use allocsim_core::{Allocator, Device, Event, Op, Trace};
+use allocsim_replay::{
+    run_trace, DeviceChoice, EventLog, Observer, OpOutcome, RunOptions, H100_TOTAL_BYTES,
+};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -90,28 +93,66 @@ pub fn run_options(policy: &str) -> RunOptions {
     }
 }
 
-/// Run `trace` under `policy` with the checker and the op contract; the event log on success.
-pub fn checked_run(policy: &str, trace: &Trace) -> Result<Vec<u8>, Failure> {
+/// `allocsim-check`, stopping the run at its first violation: a broken policy's later state
+/// is garbage, and walking it (snapshots after every op) can take without bound.
+#[derive(Debug)]
+struct StoppingChecker {
+    checker: Checker,
+    last_event_index: u64,
+}
+
+impl Observer for StoppingChecker {
+    fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
+        self.checker.on_event(event_index, op_index, event);
+        self.last_event_index = event_index;
+        self.checker.total_violations() == 0
+    }
+
+    fn on_op(
+        &mut self,
+        op_index: u64,
+        _op: &Op,
+        _outcome: &OpOutcome,
+        allocator: &dyn Allocator,
+        _device: &dyn Device,
+    ) -> bool {
+        self.checker.on_stats(self.last_event_index, op_index, &allocator.stats());
+        self.checker.total_violations() == 0
+    }
+}
+
+/// The checker as `run_trace` configures it for `--check`: the trace's device, the policy's
+/// own alignment.
+fn checker_for(policy: &str, trace: &Trace) -> Checker {
+    let conf = if policy == "pytorch" { trace.meta.alloc_conf.clone() } else { None };
+    let alignment_bytes = allocsim_policies::by_name(policy, Some(conf.as_deref().unwrap_or("")))
+        .map_or(CheckConfig::default().alignment_bytes, |a| a.block_alignment());
+    let device_total_bytes = trace.meta.device_total_bytes.unwrap_or(H100_TOTAL_BYTES);
+    Checker::new(CheckConfig { device_total_bytes, alignment_bytes, ..CheckConfig::default() })
+}
+
+/// Run `trace` under `policy` with the checker and the op contract (both stop the run at
+/// their first finding) and `extra` watching too.
+pub fn observed_run(policy: &str, trace: &Trace, extra: &mut dyn Observer) -> Result<(), Failure> {
+    let mut checker = StoppingChecker { checker: checker_for(policy, trace), last_event_index: 0 };
     let mut contract = Contract::new(policy);
-    let mut log = EventLog::new(Vec::new());
-    let report = run_trace(trace, &run_options(policy), &mut [&mut contract, &mut log], |_| {})
+    let opts = RunOptions { check: false, ..run_options(policy) };
+    run_trace(trace, &opts, &mut [&mut checker, &mut contract, extra], |_| {})
         .map_err(|e| Failure::new(Oracle::Setup, policy, None, e.to_string()))?;
-    if let Some(check) = report.check.as_ref().filter(|c| !c.is_ok()) {
-        let first = &check.violations[0];
-        let more = check.total_violations - 1;
-        return Err(Failure::new(
-            Oracle::Checker,
-            policy,
-            Some(first.op_index),
-            format!(
-                "{first}{}",
-                if more > 0 { format!(" (and {more} more)") } else { String::new() }
-            ),
-        ));
+    let check = checker.checker.finish();
+    if let Some(first) = check.violations.first() {
+        return Err(Failure::new(Oracle::Checker, policy, Some(first.op_index), first.to_string()));
     }
     if let Some((op, message)) = contract.finish() {
         return Err(Failure::new(Oracle::Contract, policy, Some(op), message));
     }
+    Ok(())
+}
+
+/// Run `trace` under `policy` with the checker and the op contract; the event log on success.
+pub fn checked_run(policy: &str, trace: &Trace) -> Result<Vec<u8>, Failure> {
+    let mut log = EventLog::new(Vec::new());
+    observed_run(policy, trace, &mut log)?;
     log.finish().map_err(|e| Failure::new(Oracle::Determinism, policy, None, e.to_string()))
 }
 

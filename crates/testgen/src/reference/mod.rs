@@ -33,6 +33,8 @@ const SMALL_BUFFER: u64 = 2 * MIB;
 const LARGE_BUFFER: u64 = 20 * MIB;
 const MIN_LARGE_ALLOC: u64 = 10 * MIB;
 const ROUND_LARGE: u64 = 2 * MIB;
+/// `NativeCachingAllocator::allocate` refuses 1 EiB and more before anything else.
+const MAX_REQUEST: u64 = 1 << 60;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -460,6 +462,24 @@ impl Reference {
         s.requested_bytes.decrease(pool, requested);
     }
 
+    /// The OOM outcome (spec §4.5): `size` is the rounded request.
+    fn oom(&mut self, env: &mut Env<'_>, id: AllocId, size: u64, stream: StreamId) -> OomInfo {
+        let mem = env.device.mem_info();
+        let info = OomInfo {
+            rounded_bytes: size,
+            device_free_bytes: mem.free_bytes,
+            device_total_bytes: mem.total_bytes,
+            allowed_bytes: self.allowed,
+            allocated_bytes: self.stats.allocated_bytes.all.current as u64,
+            reserved_bytes: self.stats.reserved_bytes.all.current as u64,
+            largest_free_small_bytes: self.largest_free(Pool::Small),
+            largest_free_large_bytes: self.largest_free(Pool::Large),
+        };
+        self.stats.num_ooms += 1;
+        env.events.push(Event::Oom { id, size, stream, info });
+        info
+    }
+
     fn largest_free(&self, pool: Pool) -> u64 {
         self.free_in_order(pool).iter().map(|e| e.1).max().unwrap_or(0)
     }
@@ -481,16 +501,15 @@ impl Allocator for Reference {
             // `NativeCachingAllocator::allocate(0)`: a null pointer, no stats, no trace.
             return Ok(Granted { addr: 0, size: 0 });
         }
-        // "Tried to allocate more than 1EB memory": refused before rounding, reported as an OOM.
-        let refused = orig >= 1 << 60;
-        let size = if refused { orig } else { round_size(&self.settings, orig) };
+        if orig >= MAX_REQUEST {
+            // PyTorch throws before rounding ("more than 1EB"); reported as a counted OOM.
+            return Err(self.oom(env, id, orig, stream));
+        }
+        let size = round_size(&self.settings, orig);
         let pool = Pool::for_size(size);
         let alloc_size = allocation_size(size);
-        let mut found = None;
-        if !refused {
-            found = self.get_free_block(pool, stream, size);
-        }
-        if found.is_none() && !refused {
+        let mut found = self.get_free_block(pool, stream, size);
+        if found.is_none() {
             if self.gc_enabled() {
                 self.garbage_collect(env);
             }
@@ -504,20 +523,7 @@ impl Allocator for Reference {
             }
         }
         let Some(addr) = found else {
-            let mem = env.device.mem_info();
-            let info = OomInfo {
-                rounded_bytes: size,
-                device_free_bytes: mem.free_bytes,
-                device_total_bytes: mem.total_bytes,
-                allowed_bytes: self.allowed,
-                allocated_bytes: self.stats.allocated_bytes.all.current as u64,
-                reserved_bytes: self.stats.reserved_bytes.all.current as u64,
-                largest_free_small_bytes: self.largest_free(Pool::Small),
-                largest_free_large_bytes: self.largest_free(Pool::Large),
-            };
-            self.stats.num_ooms += 1;
-            env.events.push(Event::Oom { id, size, stream, info });
-            return Err(info);
+            return Err(self.oom(env, id, size, stream));
         };
         let granted = self.alloc_found_block(addr, size, orig, id);
         env.events.push(Event::Alloc {
