@@ -36,6 +36,7 @@ impl MemoTable {
     pub fn get(&self, key: u64) -> Option<&Memo> {
         match usize::try_from(key).ok().and_then(|i| self.dense.get(i)) {
             Some(slot) => slot.as_ref(),
+            None if self.sparse.is_empty() => None,
             None => self.sparse.get(&key),
         }
     }

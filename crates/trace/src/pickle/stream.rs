@@ -426,6 +426,43 @@ impl<R: Read> Vm<'_, R> {
     }
 }
 
+/// The `Value` of a flat value read as `(kind, x)`; `before` is the window up to the value's
+/// end. Inlined so the value is built where it goes (a `Value` returned through memory piece
+/// by piece and read back whole stalls the store buffer).
+#[inline(always)]
+fn make<F: FnMut(&mut [Option<Value>]) -> bool>(
+    kind: u8,
+    x: u64,
+    before: &[u8],
+    at: usize,
+    memo: &MemoTable,
+    strings: &mut StrCache,
+    state: &mut State<'_, F>,
+) -> Option<(Value, u32)> {
+    Some(match kind {
+        RAW_INT => (Value::Int(x as i64), 0),
+        RAW_STR => {
+            let bytes = before.get(before.len().checked_sub(x as usize)?..)?;
+            (state.string_at(at, bytes, strings)?, 0)
+        }
+        RAW_NONE => (Value::None, 0),
+        RAW_BOOL => (Value::Bool(x != 0), 0),
+        _ => match memo.get(x) {
+            Some(Memo::Value(v, depth)) => (v.clone(), *depth),
+            _ => return None,
+        },
+    })
+}
+
+/// What a flat value is before a `Value` is made of it (see `flat_record`).
+const RAW_INT: u8 = 0;
+/// `x` is the string's length; its bytes end where the value does.
+const RAW_STR: u8 = 1;
+const RAW_NONE: u8 = 2;
+const RAW_BOOL: u8 = 3;
+/// `x` is a memo key.
+const RAW_GET: u8 = 4;
+
 /// Bytes a record may take to be read in place: records of a snapshot take about 60.
 const FLAT_WINDOW_BYTES: usize = 1024;
 
@@ -473,10 +510,14 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
         puts.push(m);
         Some(())
     };
-    let get = |key: u64| match memo.get(key) {
-        Some(Memo::Value(v, depth)) => Some((v, *depth)),
-        _ => None,
-    };
+    #[inline(always)]
+    fn memo_value(memo: &MemoTable, key: u64) -> Option<(&Value, u32)> {
+        match memo.get(key) {
+            Some(Memo::Value(v, depth)) => Some((v, *depth)),
+            _ => None,
+        }
+    }
+    let get = |key: u64| memo_value(memo, key);
     let mut c = next_op!();
     if c == op::MEMOIZE {
         put(&mut state.puts, Memo::Streamed)?;
@@ -506,58 +547,77 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
                 field
             }
         };
-        // A value made here, or one in the memo (cloned only if kept).
-        let (made, shared) = match next_op!() {
-            op::BININT1 => (Value::Int(i64::from(bytes!(1)[0])), None),
-            op::BININT2 => {
-                (Value::Int(i64::from(u16::from_le_bytes(bytes!(2).try_into().ok()?))), None)
-            }
+        // The value as plain scalars first: a `Value` is made only where one is kept (a
+        // field, a memo entry), and written in place there.
+        let (kind, x) = match next_op!() {
+            op::BININT1 => (RAW_INT, u64::from(bytes!(1)[0])),
+            op::BININT2 => (RAW_INT, u64::from(u16::from_le_bytes(bytes!(2).try_into().ok()?))),
             op::BININT => {
-                (Value::Int(i64::from(i32::from_le_bytes(bytes!(4).try_into().ok()?))), None)
+                (RAW_INT, i64::from(i32::from_le_bytes(bytes!(4).try_into().ok()?)) as u64)
             }
             op::LONG1 => {
                 let n = usize::from(bytes!(1)[0]);
-                if n > 8 {
+                if n == 0 || n > 8 {
+                    // Zero bytes (the int 0) is rare; more than 8 is not an i64.
                     return None;
                 }
-                let mut le = [0u8; 8];
-                le[..n].copy_from_slice(bytes!(n));
-                if n > 0 && le[n - 1] & 0x80 != 0 {
-                    le[n..].fill(0xff);
-                }
-                (Value::Int(i64::from_le_bytes(le)), None)
+                // Little-endian two's complement of n bytes: read 8 and sign-extend from
+                // byte n (a whole-word read where the window allows, to avoid a memcpy).
+                let word = match w.get(p..p + 8) {
+                    Some(b) => u64::from_le_bytes(b.try_into().ok()?),
+                    None => {
+                        let mut le = [0u8; 8];
+                        le[..n].copy_from_slice(w.get(p..p + n)?);
+                        u64::from_le_bytes(le)
+                    }
+                };
+                bytes!(n);
+                let shift = 64 - 8 * n as u32;
+                (RAW_INT, (((word << shift) as i64) >> shift) as u64)
             }
             op::SHORT_BINUNICODE => {
                 let n = usize::from(bytes!(1)[0]);
+                bytes!(n);
                 cost += n as u64;
-                (state.string_at(at, bytes!(n), strings)?, None)
+                (RAW_STR, n as u64)
             }
-            op::NONE => (Value::None, None),
-            op::NEWTRUE => (Value::Bool(true), None),
-            op::NEWFALSE => (Value::Bool(false), None),
-            op::BINGET => (Value::None, Some(get(u64::from(bytes!(1)[0]))?)),
-            op::LONG_BINGET => {
-                let key = u64::from(u32::from_le_bytes(bytes!(4).try_into().ok()?));
-                (Value::None, Some(get(key)?))
-            }
+            op::NONE => (RAW_NONE, 0),
+            op::NEWTRUE => (RAW_BOOL, 1),
+            op::NEWFALSE => (RAW_BOOL, 0),
+            op::BINGET => (RAW_GET, u64::from(bytes!(1)[0])),
+            op::LONG_BINGET => (RAW_GET, u64::from(u32::from_le_bytes(bytes!(4).try_into().ok()?))),
             _ => return None,
         };
+        if kind == RAW_GET {
+            // A GET of nothing (or of a streamed dict) is for the opcode reader to judge.
+            get(x)?;
+        }
+        // `p` is past the value: a string's bytes end there.
+        let end = p;
         cost += 2 * VALUE_COST;
         c = next_op!();
         if c == op::MEMOIZE {
-            let memo = match shared {
-                Some((v, depth)) => Memo::Value(v.clone(), depth),
-                None => Memo::Value(made.clone(), 0),
-            };
-            put(&mut state.puts, memo)?;
+            let (v, depth) = make(kind, x, &w[..end], at, memo, strings, state)?;
+            put(&mut state.puts, Memo::Value(v, depth))?;
             cost += VALUE_COST;
             c = next_op!();
         }
         if field != IGNORED {
-            state.fields[usize::from(field)] = Some(match shared {
-                Some((v, _)) => v.clone(),
-                None => made,
-            });
+            // Each kind written straight into the field, the old value (a repeated key)
+            // dropped after: see `make`.
+            let f = usize::from(field);
+            let old = match kind {
+                RAW_INT => state.fields[f].replace(Value::Int(x as i64)),
+                RAW_GET => match memo.get(x) {
+                    Some(Memo::Value(v, _)) => state.fields[f].replace(v.clone()),
+                    _ => return None,
+                },
+                _ => {
+                    let (v, _) = make(kind, x, &w[..end], at, memo, strings, state)?;
+                    state.fields[f].replace(v)
+                }
+            };
+            drop(old);
         }
         at += 1;
     }
