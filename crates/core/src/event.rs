@@ -46,6 +46,9 @@ impl Event {
     /// True for the events that are device calls or their refusal (`oom`): the sequence the
     /// fidelity check compares with a recording.
     pub fn is_segment_event(&self) -> bool {
-        !matches!(self, Event::Alloc { .. } | Event::FreeRequested { .. } | Event::FreeCompleted { .. })
+        !matches!(
+            self,
+            Event::Alloc { .. } | Event::FreeRequested { .. } | Event::FreeCompleted { .. }
+        )
     }
 }

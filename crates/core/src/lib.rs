@@ -19,7 +19,7 @@ mod trace;
 pub use allocator::{Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo};
 pub use device::{CallKind, CallStats, Device, DeviceCalls, DeviceError, MemInfo};
 pub use event::Event;
-pub use ids::{AllocId, Pool, StreamId, KIB, MIB, GIB};
+pub use ids::{AllocId, Pool, StreamId, GIB, KIB, MIB};
 pub use op::Op;
 pub use snapshot::{BlockState, SnapshotBlock, SnapshotSegment};
 pub use stats::{MemoryStats, Stat, StatArray};

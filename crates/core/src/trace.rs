@@ -65,7 +65,10 @@ impl RecordedKind {
     }
 
     pub fn is_segment_event(self) -> bool {
-        !matches!(self, RecordedKind::Alloc | RecordedKind::FreeRequested | RecordedKind::FreeCompleted)
+        !matches!(
+            self,
+            RecordedKind::Alloc | RecordedKind::FreeRequested | RecordedKind::FreeCompleted
+        )
     }
 }
 
