@@ -34,12 +34,11 @@ fn uncached_refuses_a_request_near_u64_max() {
     assert!(r.is_ok(), "{}", r.unwrap_err());
 }
 
-/// `allocsim-trace` native JSON: a memory fraction written as `2.1805410472768694e-289` (the
-/// shortest form that reads back exactly) reads back as `2.18054104727687e-289`, one ULP off:
-/// serde_json parses floats exactly only with its `float_roundtrip` feature. Found by the
-/// `native_decode` fuzz target. The round-trip oracle tolerates 1 ULP until this is fixed.
+/// `allocsim-trace` native JSON (fixed): a memory fraction written as `2.1805410472768694e-289`
+/// (the shortest form that reads back exactly) read back as `2.18054104727687e-289`, one ULP
+/// off: serde_json parses floats exactly only with its `float_roundtrip` feature, now on.
+/// Found by the `native_decode` fuzz target.
 #[test]
-#[ignore = "open bug in allocsim-trace: native JSON loses the last bit of some floats"]
 fn native_json_gives_back_every_float() {
     let fraction = 2.1805410472768694e-289;
     let trace = Trace { ops: vec![Op::SetMemoryFraction { fraction }], ..Trace::default() };
@@ -49,12 +48,11 @@ fn native_json_gives_back_every_float() {
     assert_eq!(back.ops, trace.ops, "{}", String::from_utf8_lossy(&json));
 }
 
-/// `allocsim-trace` snapshots: a simulated run with a request above 2^62 bytes (recorded as an
-/// `oom` entry of that size) is written without complaint, and the same crate's reader then
-/// refuses the file: `device_traces[0][0].size: size ... is larger than 2^62 bytes`. Found by
-/// the `formats` property suite. `roundtrip_snapshot` skips such runs until this is fixed.
+/// `allocsim-trace` snapshots (fixed): a simulated run with a request above 2^62 bytes
+/// (recorded as an `oom` entry of that size) was written without complaint, and the same
+/// crate's reader then refused the file. The writer now refuses such sizes itself, naming them.
+/// Found by the `formats` property suite.
 #[test]
-#[ignore = "open bug in allocsim-trace: the snapshot writer writes sizes its reader refuses"]
 fn a_snapshot_we_write_reads_back() {
     let mut program = one_alloc(5_057_416_258_585_344_512);
     program.device.total_bytes = 64 << 20;
@@ -65,8 +63,12 @@ fn a_snapshot_we_write_reads_back() {
     allocsim_replay::run_trace(&trace, &opts, &mut [&mut recorder], |_| {}).unwrap();
     let run = Trace { ops: trace.ops.clone(), recorded: recorder.events, ..Trace::default() };
     let mut bytes = Vec::new();
-    allocsim_trace::pytorch::write_snapshot(&run, &mut bytes, false, Path::new("<memory>"))
-        .unwrap();
+    let written =
+        allocsim_trace::pytorch::write_snapshot(&run, &mut bytes, false, Path::new("<memory>"));
+    if let Err(e) = written {
+        assert!(e.to_string().contains("larger than 2^62"), "{e}");
+        return;
+    }
     let root = allocsim_trace::pickle::from_slice(&bytes).unwrap();
     let back = allocsim_trace::pytorch::snapshot_to_trace(&root, Path::new("<memory>"), true);
     assert!(back.is_ok(), "{}", back.unwrap_err());

@@ -46,8 +46,13 @@ impl Keys {
     }
 }
 
-fn int(v: u64, what: &str) -> Result<Value, String> {
-    i64::try_from(v).map(Value::Int).map_err(|_| format!("{what} {v} does not fit in int64"))
+/// Sizes as the reader accepts them: no larger than `MAX_SIZE_BYTES` (below `i64::MAX`), so
+/// every snapshot this crate writes reads back.
+fn size_value(size: u64) -> Result<Value, String> {
+    if size > super::entries::MAX_SIZE_BYTES {
+        return Err(format!("size {size} is larger than 2^62 bytes, which no snapshot holds"));
+    }
+    Ok(Value::Int(size as i64))
 }
 
 /// Build the snapshot dict. Fails only on sizes beyond int64.
@@ -71,7 +76,7 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
         let v = Value::dict(vec![
             (keys.action.clone(), keys.action(action)),
             (addr_key, Value::Int(addr as i64)),
-            (keys.size.clone(), int(size, "size")?),
+            (keys.size.clone(), size_value(size)?),
             (keys.stream.clone(), Value::Int(stream.0 as i64)),
             (keys.time_us.clone(), Value::Int(entries.len() as i64)),
             (keys.frames.clone(), f.clone()),
