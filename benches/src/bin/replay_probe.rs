@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     };
     let opts = RunOptions { policy: "pytorch".into(), ..RunOptions::default() };
     let report = if Format::from_path(&path) == Some(Format::Native) {
-        let stream = match native::read_native_ops(&path) {
+        let mut stream = match native::read_native_ops(&path) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -23,8 +23,21 @@ fn main() -> ExitCode {
             }
         };
         let total = stream.ops.total();
-        let ops = stream.ops.map_while(Result::ok);
-        run_trace_streamed(&stream.head, stream.recorded_len, total, ops, &opts, &mut [], |_| {})
+        let ops = stream.ops.plain();
+        let r = run_trace_streamed(
+            &stream.head,
+            stream.recorded_len,
+            total,
+            ops,
+            &opts,
+            &mut [],
+            |_| {},
+        );
+        if let Some(e) = stream.ops.take_error() {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+        r
     } else {
         match allocsim_trace::read_trace(&path) {
             Ok(trace) => run_trace(&trace, &opts, &mut [], |_| {}),

@@ -169,13 +169,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
     let progress = progress_bar(ops_len);
     let mut cuda_lines = Vec::new();
-    let report = if let Some(s) = stream {
-        let mut failure = None;
-        let ops = s.ops.map_while(|op| op.map_err(|e| failure = Some(e)).ok());
+    let report = if let Some(mut s) = stream {
+        let ops = s.ops.plain();
         let report =
             run_trace_streamed(&trace, s.recorded_len, ops_len, ops, &opts, &mut extra, progress)
                 .with_context(|| format!("setting up the {} policy", opts.policy))?;
-        if let Some(e) = failure {
+        if let Some(e) = s.ops.take_error() {
             return Err(e.into());
         }
         report

@@ -74,7 +74,7 @@ struct IdStates {
 }
 
 impl IdStates {
-    #[inline]
+    #[inline(always)]
     fn get(&self, id: AllocId) -> IdState {
         if id.0 < DENSE_IDS {
             self.dense.get(id.0 as usize).copied().unwrap_or(IdState::Unknown)
@@ -83,7 +83,7 @@ impl IdStates {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn set(&mut self, id: AllocId, state: IdState) {
         if id.0 < DENSE_IDS {
             let i = id.0 as usize;

@@ -119,6 +119,7 @@ impl Metrics {
 }
 
 impl Observer for Metrics {
+    #[inline]
     fn on_event(&mut self, _event_index: u64, op_index: u64, event: &Event) -> bool {
         let r = &mut self.report;
         r.events += 1;
@@ -153,6 +154,7 @@ impl Observer for Metrics {
         true
     }
 
+    #[inline]
     fn on_op(
         &mut self,
         op_index: u64,

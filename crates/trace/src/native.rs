@@ -23,7 +23,7 @@ use std::path::Path;
 
 mod chunked;
 
-pub use chunked::{NativeHeader, NativeOps, NativeWriter, BINARY_VERSION};
+pub use chunked::{NativeHeader, NativeOps, NativeWriter, PlainOps, BINARY_VERSION};
 
 pub const MAGIC: &[u8; 8] = b"ALLOCSIM";
 /// The version of the [`NativeFile`] schema: of the JSON form and of binary version 1.

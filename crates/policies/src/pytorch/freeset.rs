@@ -243,13 +243,24 @@ pub struct FreeSet {
 }
 
 impl FreeSet {
+    /// The position of `stream` in `streams`. Most runs use one stream: checked first.
+    #[inline]
+    fn position(&self, stream: u64) -> Result<usize, usize> {
+        match self.streams.first() {
+            Some(s) if s.stream == stream => Ok(0),
+            _ => self.streams.binary_search_by_key(&stream, |s| s.stream),
+        }
+    }
+
+    #[inline]
     fn stream(&self, stream: u64) -> Option<&StreamSet> {
-        let pos = self.streams.binary_search_by_key(&stream, |s| s.stream).ok()?;
+        let pos = self.position(stream).ok()?;
         Some(&self.streams[pos])
     }
 
+    #[inline]
     pub fn insert(&mut self, key: SizeKey) {
-        let pos = match self.streams.binary_search_by_key(&key.stream, |s| s.stream) {
+        let pos = match self.position(key.stream) {
             Ok(pos) => pos,
             Err(pos) => {
                 self.streams.insert(pos, StreamSet::new(key.stream));
@@ -260,8 +271,9 @@ impl FreeSet {
     }
 
     /// Remove the block with this (stream, size, address); false if absent.
+    #[inline]
     pub fn remove(&mut self, key: &SizeKey) -> bool {
-        match self.streams.binary_search_by_key(&key.stream, |s| s.stream) {
+        match self.position(key.stream) {
             Ok(pos) => self.streams[pos].remove((key.size, key.addr)),
             Err(_) => false,
         }

@@ -432,9 +432,9 @@ pub(super) fn read_head<R: Read>(
     let ops = NativeOps {
         reader: ChunkReader { input, path: path.to_path_buf(), peeked },
         chunk: Chunk { bytes: Vec::with_capacity(1 << 20), ..Chunk::default() },
-        ops: Vec::new(),
-        at: 0,
+        ops: Vec::new().into_iter(),
         error: None,
+        stopped_by: None,
         total: header.ops,
         read: 0,
         last_id: 0,
@@ -466,11 +466,12 @@ fn decode_recorded(c: &mut Chunk, last_op: &mut u64) -> Option<RecordedEvent> {
 pub struct NativeOps<R> {
     reader: ChunkReader<R>,
     chunk: Chunk,
-    /// The current chunk, decoded in one tight loop; `ops[at..]` are still to be yielded.
-    ops: Vec<Op>,
-    at: usize,
+    /// The current chunk, decoded in one tight loop, still to be yielded.
+    ops: std::vec::IntoIter<Op>,
     /// Why decoding stopped inside the current chunk, yielded after its good ops.
     error: Option<TraceError>,
+    /// The error that ended [`NativeOps::plain`].
+    stopped_by: Option<TraceError>,
     total: u64,
     read: u64,
     last_id: u64,
@@ -511,20 +512,21 @@ impl<R: Read> NativeOps<R> {
                 return Err(self.reader.corrupt(format!("a chunk of kind {kind} among the ops")))
             }
         }
-        self.ops.clear();
-        self.at = 0;
         let items = self.chunk.items as usize;
-        self.ops.reserve(items);
+        let mut ops = Vec::with_capacity(items);
         let (bytes, pos) = (&self.chunk.bytes, &mut self.chunk.pos);
         for _ in 0..items {
             match decode_op(bytes, pos, &mut self.last_id) {
-                Some(op) => self.ops.push(op),
+                Some(op) => ops.push(op),
                 None => break,
             }
         }
-        let index = self.read + self.ops.len() as u64;
+        let decoded = ops.len();
+        // Iterated by value: nothing is left behind to drop when the chunk is done.
+        self.ops = ops.into_iter();
+        let index = self.read + decoded as u64;
         self.read += u64::from(self.chunk.items);
-        if self.ops.len() < items {
+        if decoded < items {
             self.error = Some(self.reader.corrupt(format!("op {index}")));
         } else if *pos != bytes.len() {
             self.error = Some(self.reader.corrupt("bytes left over in an op chunk"));
@@ -544,7 +546,7 @@ impl<R: Read> NativeOps<R> {
                 return None;
             }
             match self.next_chunk() {
-                Ok(true) if self.at < self.ops.len() => return self.next(),
+                Ok(true) if self.ops.len() > 0 => return self.next(),
                 Ok(true) => {}
                 Ok(false) => {
                     self.done = true;
@@ -618,22 +620,58 @@ fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
     })
 }
 
+impl<R: Read> NativeOps<R> {
+    /// The ops as plain values, stopping at the first error, which [`NativeOps::take_error`]
+    /// then gives. Cheaper per op than the `Result`s of the iterator itself (no wrapper to
+    /// copy through), for replay loops.
+    pub fn plain(&mut self) -> PlainOps<'_, R> {
+        PlainOps { ops: self }
+    }
+
+    /// The error that ended [`NativeOps::plain`], if one did.
+    pub fn take_error(&mut self) -> Option<TraceError> {
+        self.stopped_by.take()
+    }
+}
+
+/// See [`NativeOps::plain`].
+#[derive(Debug)]
+pub struct PlainOps<'a, R> {
+    ops: &'a mut NativeOps<R>,
+}
+
+impl<R: Read> Iterator for PlainOps<'_, R> {
+    type Item = Op;
+
+    #[inline]
+    fn next(&mut self) -> Option<Op> {
+        let ops = &mut *self.ops;
+        match ops.ops.next() {
+            Some(op) => Some(op),
+            None => match ops.next_slow()? {
+                Ok(op) => Some(op),
+                Err(e) => {
+                    ops.stopped_by = Some(e);
+                    None
+                }
+            },
+        }
+    }
+}
+
 impl<R: Read> Iterator for NativeOps<R> {
     type Item = Result<Op, TraceError>;
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        match self.ops.get_mut(self.at) {
-            Some(op) => {
-                self.at += 1;
-                Some(Ok(std::mem::replace(op, Op::EmptyCache)))
-            }
+        match self.ops.next() {
+            Some(op) => Some(Ok(op)),
             None => self.next_slow(),
         }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self.total - self.read + (self.ops.len() - self.at) as u64;
+        let left = self.total - self.read + self.ops.len() as u64;
         let left = usize::try_from(left).unwrap_or(usize::MAX);
         (0, Some(left))
     }
