@@ -14,6 +14,13 @@
 //! - [`reference`]: a deliberately simple model of PyTorch's rules, for differential tests.
 //! - [`suite`], [`shrink`], [`targets`]: the property-suite runner, a shrinker for seeded
 //!   finds, and the fuzz targets' bodies.
+//!
+//! The suites are `tests/properties.rs` (every policy in `allocsim_policies::names()` under
+//! every oracle; the PyTorch policy against the reference model; format round trips),
+//! `tests/fuzz_smoke.rs` (each fuzz target's body on its corpus and on mutations) and
+//! `tests/known_bugs.rs` (what they found in other crates). A failure prints the shrunk
+//! program and writes it as a `.allocsim.json` trace with the command that reproduces it;
+//! `allocsim fuzz --trace FILE --policy P` runs every oracle on such a file.
 
 pub mod conf;
 pub mod entropy;

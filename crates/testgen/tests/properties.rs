@@ -12,7 +12,7 @@ use allocsim_testgen::Limits;
 use std::path::PathBuf;
 
 /// Cases per policy and suite: release / debug.
-const CASES: u32 = if cfg!(debug_assertions) { 16 } else { 1024 };
+const CASES: u32 = if cfg!(debug_assertions) { 16 } else { 2048 };
 const STEPS: usize = 160;
 
 fn suite(name: &'static str, cases: u32, limits: Limits) -> Suite {

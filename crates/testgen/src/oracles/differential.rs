@@ -124,7 +124,12 @@ pub fn compare_with_reference(policy: &str, trace: &Trace) -> Result<(), Failure
             let from = i.saturating_sub(12);
             let before: Vec<String> =
                 (from..i).map(|j| format!("    op {j}: {}", format_op(&trace.ops[j]))).collect();
-            format!("after\n{}\nop {i}: {}", before.join("\n"), format_op(op))
+            let op_line = format!("op {i}: {}", format_op(op));
+            if before.is_empty() {
+                op_line
+            } else {
+                format!("after\n{}\n{op_line}", before.join("\n"))
+            }
         };
         if want.events != got.events || want.outcome != got.outcome {
             return Err(fail(
