@@ -4,6 +4,11 @@
 //! SETITEMS`), so until it leaves the stack the memo only records where it is
 //! ([`Memo::OnStack`]); it holds the finished `Value` from then on. Keys are dense in every
 //! pickle CPython writes, so they index a `Vec`; a sparse map takes any others.
+//!
+//! A snapshot memoizes two things per trace entry, so the dense table is as long as the trace
+//! is: its slots are 16 bytes (a value or a marker), and the nesting depth, which only
+//! containers have, lies beside them in a byte per key (an overflow map holds depths that do
+//! not fit one).
 
 use super::Value;
 use std::collections::HashMap;
@@ -19,9 +24,30 @@ pub enum Memo {
     Streamed,
 }
 
+/// A memo entry as [`MemoTable::get`] shows it.
+#[derive(Clone, Copy)]
+pub enum MemoRef<'a> {
+    Value(&'a Value, u32),
+    OnStack(usize),
+    Streamed,
+}
+
+/// A dense slot: a [`Memo`] without its depth (16 bytes instead of 24).
+enum Slot {
+    Value(Value),
+    OnStack(usize),
+    Streamed,
+}
+
+/// Depths of this and more are kept in the overflow map.
+const DEEP: u8 = u8::MAX;
+
 #[derive(Default)]
 pub struct MemoTable {
-    dense: Vec<Option<Memo>>,
+    dense: Vec<Option<Slot>>,
+    /// The depth of each dense value (0 for the others), `DEEP` meaning "see `deep`".
+    depth: Vec<u8>,
+    deep: HashMap<usize, u32>,
     sparse: HashMap<u64, Memo>,
     len: usize,
 }
@@ -32,21 +58,63 @@ impl MemoTable {
         self.len
     }
 
-    #[inline]
-    pub fn get(&self, key: u64) -> Option<&Memo> {
+    /// Whether `key` holds anything.
+    #[inline(always)]
+    pub fn contains(&self, key: u64) -> bool {
         match usize::try_from(key).ok().and_then(|i| self.dense.get(i)) {
-            Some(slot) => slot.as_ref(),
+            Some(slot) => slot.is_some(),
+            None => !self.sparse.is_empty() && self.sparse.contains_key(&key),
+        }
+    }
+
+    #[inline(always)]
+    pub fn get(&self, key: u64) -> Option<MemoRef<'_>> {
+        match usize::try_from(key).ok().and_then(|i| self.dense.get(i).map(|s| (i, s))) {
+            Some((i, slot)) => Some(match slot.as_ref()? {
+                Slot::Value(v) => MemoRef::Value(v, self.depth_at(i)),
+                &Slot::OnStack(at) => MemoRef::OnStack(at),
+                Slot::Streamed => MemoRef::Streamed,
+            }),
             None if self.sparse.is_empty() => None,
-            None => self.sparse.get(&key),
+            None => self.sparse.get(&key).map(|m| match m {
+                Memo::Value(v, depth) => MemoRef::Value(v, *depth),
+                &Memo::OnStack(at) => MemoRef::OnStack(at),
+                Memo::Streamed => MemoRef::Streamed,
+            }),
+        }
+    }
+
+    #[inline(always)]
+    fn depth_at(&self, i: usize) -> u32 {
+        match self.depth[i] {
+            DEEP => self.deep.get(&i).copied().unwrap_or(u32::from(DEEP)),
+            d => u32::from(d),
         }
     }
 
     pub fn set(&mut self, key: u64, memo: Memo) {
         let is_new = match usize::try_from(key) {
-            Ok(i) if i < self.dense.len() => self.dense[i].replace(memo).is_none(),
-            Ok(i) if i == self.dense.len() => {
-                self.dense.push(Some(memo));
-                true
+            Ok(i) if i <= self.dense.len() => {
+                let (slot, depth) = match memo {
+                    Memo::Value(v, depth) => (Slot::Value(v), depth),
+                    Memo::OnStack(at) => (Slot::OnStack(at), 0),
+                    Memo::Streamed => (Slot::Streamed, 0),
+                };
+                let byte = u8::try_from(depth).unwrap_or(DEEP);
+                if byte == DEEP {
+                    self.deep.insert(i, depth);
+                }
+                if i == self.dense.len() {
+                    self.dense.push(Some(slot));
+                    self.depth.push(byte);
+                    true
+                } else {
+                    if self.depth[i] == DEEP && byte != DEEP {
+                        self.deep.remove(&i);
+                    }
+                    self.depth[i] = byte;
+                    self.dense[i].replace(slot).is_none()
+                }
             }
             _ => self.sparse.insert(key, memo).is_none(),
         };

@@ -16,7 +16,7 @@
 //!   memory, and no length field is trusted for an allocation.
 
 use super::input::{Input, InputError};
-use super::memo::{Memo, MemoTable};
+use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes::{self as op, name};
 use super::strings::StrCache;
 use super::{Limits, PickleError, PickleErrorKind as K, Value};
@@ -355,13 +355,13 @@ impl<'l, R: Read> Vm<'l, R> {
     #[inline]
     pub(super) fn memo_get(&mut self, key: u64) -> Step {
         let slot = match self.memo.get(key) {
-            Some(Memo::Value(v, depth)) => Slot::new(v.clone(), *depth),
-            Some(&Memo::OnStack(i)) if i < self.stack.len() => {
+            Some(MemoRef::Value(v, depth)) => Slot::new(v.clone(), depth),
+            Some(MemoRef::OnStack(i)) if i < self.stack.len() => {
                 let (v, depth) = self.share_at(i);
                 Slot::new(v, depth)
             }
-            Some(Memo::OnStack(_)) => return Err(self.err(K::MemoMissing(key)).into()),
-            Some(Memo::Streamed) => return Err(Failure::Unusual),
+            Some(MemoRef::OnStack(_)) => return Err(self.err(K::MemoMissing(key)).into()),
+            Some(MemoRef::Streamed) => return Err(Failure::Unusual),
             None => return Err(self.err(K::MemoMissing(key)).into()),
         };
         self.push(slot)

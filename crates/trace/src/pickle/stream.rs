@@ -16,7 +16,7 @@
 //! `MARK`, `SETITEMS` and `FRAME`; a value that is anything else (a new `frames` list) goes
 //! through the generic [`Vm::step`], which refuses the code-running opcodes.
 
-use super::memo::{Memo, MemoTable};
+use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes as op;
 use super::read::{release, Failure, Slot, Vm, VALUE_COST};
 use super::strings::StrCache;
@@ -343,7 +343,7 @@ impl<R: Read> Vm<'_, R> {
                         _ => u64::from(u32::from_le_bytes(self.input.array::<4>()?)),
                     };
                     match self.memo.get(k) {
-                        Some(Memo::Value(v, depth)) => (v.clone(), *depth),
+                        Some(MemoRef::Value(v, depth)) => (v.clone(), depth),
                         _ => return Err(Failure::Unusual),
                     }
                 }
@@ -448,7 +448,7 @@ fn make<F: FnMut(&mut [Option<Value>]) -> bool>(
         RAW_NONE => (Value::None, 0),
         RAW_BOOL => (Value::Bool(x != 0), 0),
         _ => match memo.get(x) {
-            Some(Memo::Value(v, depth)) => (v.clone(), *depth),
+            Some(MemoRef::Value(v, depth)) => (v.clone(), depth),
             _ => return None,
         },
     })
@@ -504,7 +504,7 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
     // new (it always is in what CPython writes).
     let put = |puts: &mut Vec<Memo>, m: Memo| -> Option<()> {
         let key = (memo.len() + puts.len()) as u64;
-        if memo.get(key).is_some() {
+        if memo.contains(key) {
             return None;
         }
         puts.push(m);
@@ -513,7 +513,7 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
     #[inline(always)]
     fn memo_value(memo: &MemoTable, key: u64) -> Option<(&Value, u32)> {
         match memo.get(key) {
-            Some(Memo::Value(v, depth)) => Some((v, *depth)),
+            Some(MemoRef::Value(v, depth)) => Some((v, depth)),
             _ => None,
         }
     }
@@ -609,7 +609,7 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
             let old = match kind {
                 RAW_INT => state.fields[f].replace(Value::Int(x as i64)),
                 RAW_GET => match memo.get(x) {
-                    Some(Memo::Value(v, _)) => state.fields[f].replace(v.clone()),
+                    Some(MemoRef::Value(v, _)) => state.fields[f].replace(v.clone()),
                     _ => return None,
                 },
                 _ => {

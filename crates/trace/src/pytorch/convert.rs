@@ -26,7 +26,7 @@
 //! `recorded` is in trace order. Its op tags never decrease except around a deferred
 //! `free_completed` inside a run, whose own op comes before the allocation the run belongs to.
 
-use super::entries::{Action, AliveBlock, Ctx, Entry};
+use super::entries::{Action, AliveBlock, Ctx, Entries, Entry};
 use super::stacks::Stacks;
 use crate::addr_map::AddrMap;
 use crate::error::TraceError;
@@ -142,21 +142,23 @@ struct Builder<'a> {
     run_has_alloc_side: bool,
     /// Stack and entry index of the run's first device free (an inferred empty_cache's call).
     run_frames: Option<(&'a crate::pickle::Value, usize)>,
+    /// The entries' `frames` lists, by [`Entry::frames`].
+    frames: &'a [crate::pickle::Value],
     inferred_empty_cache: usize,
     misplaced_device_events: usize,
 }
 
 pub fn convert<'a>(
     ctx: Ctx<'a>,
-    entries: &'a [Entry],
+    all: &'a Entries,
     alive: &[AliveBlock],
     with_stacks: bool,
 ) -> Result<Converted, TraceError> {
+    let entries = &all.list[..];
     let mut warnings = Vec::new();
-    let count = |a: Action| entries.iter().filter(|e| e.action == a).count();
+    let any = |a: Action| entries.iter().any(|e| e.action == a);
     // `skip_actions=["free_completed"]` drops every completion: then frees complete at once.
-    let frees_complete_at_once =
-        count(Action::FreeCompleted) == 0 && count(Action::FreeRequested) > 0;
+    let frees_complete_at_once = !any(Action::FreeCompleted) && any(Action::FreeRequested);
     if frees_complete_at_once {
         warnings.push(
             "the trace has free_requested but no free_completed entries (skip_actions?): \
@@ -177,6 +179,7 @@ pub fn convert<'a>(
         run: Vec::new(),
         run_has_alloc_side: false,
         run_frames: None,
+        frames: &all.frames,
         inferred_empty_cache: 0,
         misplaced_device_events: 0,
     };
@@ -198,7 +201,7 @@ pub fn convert<'a>(
             synthetic.len()
         ));
     }
-    b.entries(entries, frees_complete_at_once)?;
+    b.entries(all, frees_complete_at_once)?;
     b.close_run(None)?;
     if b.inferred_empty_cache > 0 {
         warnings.push(format!(
@@ -223,6 +226,10 @@ pub fn convert<'a>(
 }
 
 impl<'a> Builder<'a> {
+    fn frames_of(&self, e: &Entry) -> Option<&'a crate::pickle::Value> {
+        self.frames.get(e.frames as usize)
+    }
+
     fn fresh_id(&mut self) -> AllocId {
         self.next_id += 1;
         AllocId(self.next_id - 1)
@@ -290,9 +297,10 @@ impl<'a> Builder<'a> {
 
     fn entries(
         &mut self,
-        entries: &'a [Entry],
+        all: &'a Entries,
         frees_complete_at_once: bool,
     ) -> Result<(), TraceError> {
+        let entries = &all.list[..];
         // The FreeRequested op of the free whose completion may come next, and its address.
         let mut direct: Option<(u64, u64)> = None;
         for (i, e) in entries.iter().enumerate() {
@@ -326,7 +334,7 @@ impl<'a> Builder<'a> {
                     _ => {
                         let id = self.id_at(i, e)?;
                         self.ids.remove(&e.addr);
-                        let k = self.push_op(Op::FreeCompleted { id }, e.frames.as_ref(), i)?;
+                        let k = self.push_op(Op::FreeCompleted { id }, self.frames_of(e), i)?;
                         self.record(k, RecordedKind::FreeCompleted, e);
                     }
                 },
@@ -344,7 +352,7 @@ impl<'a> Builder<'a> {
             _ => RecordedKind::SegmentUnmap,
         };
         if self.run.is_empty() {
-            self.run_frames = e.frames.as_ref().map(|f| (f, i));
+            self.run_frames = self.frames_of(e).map(|f| (f, i));
         }
         self.run_has_alloc_side |= matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
         self.run.push(self.recorded.len());
@@ -355,7 +363,7 @@ impl<'a> Builder<'a> {
     fn alloc(&mut self, i: usize, e: &Entry) -> Result<(), TraceError> {
         let id = self.fresh_id();
         let k =
-            self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, e.frames.as_ref(), i)?;
+            self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, self.frames_of(e), i)?;
         self.tag_run(k);
         if e.action == Action::Alloc {
             self.ids.insert(e.addr, id);
@@ -381,7 +389,7 @@ impl<'a> Builder<'a> {
         if !completes_next {
             self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, i)?;
         }
-        let k = self.push_op(Op::FreeRequested { id }, e.frames.as_ref(), i)?;
+        let k = self.push_op(Op::FreeRequested { id }, self.frames_of(e), i)?;
         self.record(k, RecordedKind::FreeRequested, e);
         if frees_complete_at_once {
             self.ids.remove(&e.addr);

@@ -27,6 +27,7 @@ pub enum Action {
 }
 
 impl Action {
+    #[inline]
     fn parse(s: &str) -> Option<Action> {
         Some(match s {
             "alloc" => Action::Alloc,
@@ -43,15 +44,39 @@ impl Action {
     }
 }
 
-/// One `device_traces[0]` entry. For `oom`, `addr` holds `device_free`.
-#[derive(Debug, Clone)]
+/// One `device_traces[0]` entry. For `oom`, `addr` holds `device_free`. 32 bytes: a
+/// snapshot has hundreds of thousands, so its stack lives in [`Entries::frames`].
+#[derive(Debug, Clone, Copy)]
 pub struct Entry {
-    pub action: Action,
     pub addr: u64,
     pub size: u64,
     pub stream: StreamId,
-    /// The `frames` list, shared with the pickle's value (its `Rc` names the stack).
-    pub frames: Option<Value>,
+    /// Index of its `frames` list in [`Entries::frames`], or [`NO_FRAMES`].
+    pub frames: u32,
+    pub action: Action,
+}
+
+/// [`Entry::frames`] of an entry without a stack.
+pub const NO_FRAMES: u32 = u32::MAX;
+
+/// The entries of `device_traces[0]`, and the `frames` lists of those that have one (each
+/// shared with the pickle's value: its `Rc` names the stack).
+#[derive(Debug, Default)]
+pub struct Entries {
+    pub list: Vec<Entry>,
+    pub frames: Vec<Value>,
+}
+
+impl Entries {
+    /// Append `entry` with its `frames` list, if any.
+    #[inline]
+    pub fn push(&mut self, mut entry: Entry, frames: Option<&Value>) {
+        if let Some(f) = frames {
+            entry.frames = self.frames.len() as u32;
+            self.frames.push(f.clone());
+        }
+        self.list.push(entry);
+    }
 }
 
 /// The keys of an entry that the conversion reads, in the order of [`Fields`].
@@ -124,8 +149,8 @@ impl Ctx<'_> {
 pub fn device_trace(
     ctx: Ctx<'_>,
     root: &Value,
-    streamed: Option<Vec<Entry>>,
-) -> Result<(Vec<Entry>, Vec<usize>), TraceError> {
+    streamed: Option<Entries>,
+) -> Result<(Entries, Vec<usize>), TraceError> {
     if root.as_dict().is_none() {
         return Err(ctx.expected("top level", "a dict (a torch.cuda.memory._snapshot())", root));
     }
@@ -140,20 +165,25 @@ pub fn device_trace(
         }
     }
     let Some(list) = devices.first() else {
-        return Ok((Vec::new(), others));
+        return Ok((Entries::default(), others));
     };
     let list = ctx.seq(list, || "device_traces[0]".into())?;
     if let Some(entries) = streamed {
         return Ok((entries, others));
     }
-    let mut entries = Vec::with_capacity(list.len());
+    let mut entries = Entries { list: Vec::with_capacity(list.len()), frames: Vec::new() };
     for (i, e) in list.iter().enumerate() {
-        entries.push(entry(ctx, i, e)?);
+        let (entry, frames) = entry(ctx, i, e)?;
+        entries.push(entry, frames);
     }
     Ok((entries, others))
 }
 
-fn entry(ctx: Ctx<'_>, i: usize, e: &Value) -> Result<Entry, TraceError> {
+fn entry<'v>(
+    ctx: Ctx<'_>,
+    i: usize,
+    e: &'v Value,
+) -> Result<(Entry, Option<&'v Value>), TraceError> {
     let pairs =
         e.as_dict().ok_or_else(|| ctx.expected(format!("device_traces[0][{i}]"), "a dict", e))?;
     let mut fields: Fields<'_> = [None; 6];
@@ -167,9 +197,40 @@ fn entry(ctx: Ctx<'_>, i: usize, e: &Value) -> Result<Entry, TraceError> {
     entry_from_fields(ctx, i, &fields)
 }
 
-/// Entry `i` from its fields, checked. Shared by the tree reader and the record streamer, so
-/// both accept exactly the same entries.
-pub fn entry_from_fields(ctx: Ctx<'_>, i: usize, fields: &Fields<'_>) -> Result<Entry, TraceError> {
+/// The entry when its fields have the plain shape of almost every entry (ints where ints
+/// belong, a known action, no stack); `None` for anything else, which
+/// [`entry_from_fields`] then judges. Never accepts what that would refuse, and gives the same
+/// entry: it is the same checks, without building an error on the way.
+#[inline]
+pub fn entry_plain(fields: &Fields<'_>) -> Option<Entry> {
+    let [action, addr, device_free, size, stream, frames] = *fields;
+    if frames.is_some() {
+        return None;
+    }
+    let action = Action::parse(action?.as_str()?)?;
+    if action == Action::Snapshot {
+        return None;
+    }
+    let addr = if action == Action::Oom {
+        u64::try_from(device_free?.as_int()?).ok().filter(|&s| s <= MAX_SIZE_BYTES)?
+    } else {
+        addr?.as_int()? as u64
+    };
+    let size = u64::try_from(size?.as_int()?).ok().filter(|&s| s <= MAX_SIZE_BYTES)?;
+    let stream = match stream {
+        Some(v) => StreamId(v.as_int()? as u64),
+        None => StreamId(0),
+    };
+    Some(Entry { action, addr, size, stream, frames: NO_FRAMES })
+}
+
+/// Entry `i` from its fields, checked, and its `frames` list. Shared by the tree reader and
+/// the record streamer, so both accept exactly the same entries.
+pub fn entry_from_fields<'v>(
+    ctx: Ctx<'_>,
+    i: usize,
+    fields: &Fields<'v>,
+) -> Result<(Entry, Option<&'v Value>), TraceError> {
     let place = |field: &str| format!("device_traces[0][{i}].{field}");
     let [action, addr, device_free, size, stream, frames] = *fields;
     let action_v = action.ok_or_else(|| ctx.err(place("action"), "missing"))?;
@@ -177,7 +238,8 @@ pub fn entry_from_fields(ctx: Ctx<'_>, i: usize, fields: &Fields<'_>) -> Result<
     let action = Action::parse(name)
         .ok_or_else(|| ctx.err(place("action"), format!("unknown action {name:?}")))?;
     if action == Action::Snapshot {
-        return Ok(Entry { action, addr: 0, size: 0, stream: StreamId(0), frames: None });
+        let entry = Entry { action, addr: 0, size: 0, stream: StreamId(0), frames: NO_FRAMES };
+        return Ok((entry, None));
     }
     let addr = if action == Action::Oom {
         let v = device_free.ok_or_else(|| ctx.err(place("device_free"), "missing"))?;
@@ -195,7 +257,7 @@ pub fn entry_from_fields(ctx: Ctx<'_>, i: usize, fields: &Fields<'_>) -> Result<
     if let Some(f) = frames {
         ctx.seq(f, || place("frames"))?;
     }
-    Ok(Entry { action, addr, size, stream, frames: frames.cloned() })
+    Ok((Entry { action, addr, size, stream, frames: NO_FRAMES }, frames))
 }
 
 /// Blocks that `segments` shows as `active_allocated` on device 0.

@@ -93,14 +93,18 @@ pub fn read_snapshot_streaming(
 ) -> Result<Option<Trace>, TraceError> {
     let source = open(path)?;
     let ctx = Ctx { path };
-    let mut entries = Vec::new();
+    let mut entries = entries::Entries::default();
     let spec = pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
     let records = pickle::read_records(source, &opts.limits, spec, |fields| {
         let [a, b, c, d, e, f] = fields else { return false };
         let fields = [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()];
-        match entries::entry_from_fields(ctx, entries.len(), &fields) {
-            Ok(entry) => {
-                entries.push(entry);
+        if let Some(entry) = entries::entry_plain(&fields) {
+            entries.list.push(entry);
+            return true;
+        }
+        match entries::entry_from_fields(ctx, entries.list.len(), &fields) {
+            Ok((entry, frames)) => {
+                entries.push(entry, frames);
                 true
             }
             Err(_) => false,
@@ -125,7 +129,7 @@ fn convert_root(
     root: &Value,
     path: &Path,
     with_stacks: bool,
-    streamed: Option<Vec<entries::Entry>>,
+    streamed: Option<entries::Entries>,
 ) -> Result<Trace, TraceError> {
     let ctx = Ctx { path };
     let (entries, other_devices) = entries::device_trace(ctx, root, streamed)?;
