@@ -6,12 +6,13 @@
 //! pickle CPython writes, so they index a `Vec`; a sparse map takes any others.
 //!
 //! A snapshot memoizes two things per trace entry, so the dense table is as long as the trace
-//! is: its slots are 16 bytes (a value or a marker), and the nesting depth, which only
-//! containers have, lies beside them in a byte per key (an overflow map holds depths that do
-//! not fit one).
+//! is: each key takes a `u32` naming a slot (a value or a marker; runs of keys holding the
+//! same marker or string share one) and a byte of nesting depth, which only containers have
+//! (an overflow map holds depths that do not fit one).
 
 use super::Value;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 #[derive(Clone)]
 pub enum Memo {
@@ -32,21 +33,40 @@ pub enum MemoRef<'a> {
     Streamed,
 }
 
-/// A dense slot: a [`Memo`] without its depth (16 bytes instead of 24).
+/// A memo value without its depth (16 bytes instead of 24).
 enum Slot {
     Value(Value),
     OnStack(usize),
     Streamed,
 }
 
+impl Slot {
+    /// The same thing as `other`: a marker, or one shared string (for which consecutive memo
+    /// entries can share one slot).
+    fn same_as(&self, other: &Slot) -> bool {
+        match (self, other) {
+            (Slot::Streamed, Slot::Streamed) => true,
+            (Slot::Value(Value::Str(a)), Slot::Value(Value::Str(b))) => Rc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 /// Depths of this and more are kept in the overflow map.
 const DEEP: u8 = u8::MAX;
+/// `dense` entry of a key never stored.
+const EMPTY: u32 = 0;
 
+/// The memo. Dense keys map to slots through a `u32` each: the record streamer stores the
+/// same marker or the same string under long runs of keys (one pair per trace entry), which
+/// then share one slot.
 #[derive(Default)]
 pub struct MemoTable {
-    dense: Vec<Option<Slot>>,
+    /// Per dense key: 1 + its index in `slots`, or `EMPTY`.
+    dense: Vec<u32>,
     /// The depth of each dense value (0 for the others), `DEEP` meaning "see `deep`".
     depth: Vec<u8>,
+    slots: Vec<Slot>,
     deep: HashMap<usize, u32>,
     sparse: HashMap<u64, Memo>,
     len: usize,
@@ -62,15 +82,16 @@ impl MemoTable {
     #[inline(always)]
     pub fn contains(&self, key: u64) -> bool {
         match usize::try_from(key).ok().and_then(|i| self.dense.get(i)) {
-            Some(slot) => slot.is_some(),
+            Some(&slot) => slot != EMPTY,
             None => !self.sparse.is_empty() && self.sparse.contains_key(&key),
         }
     }
 
     #[inline(always)]
     pub fn get(&self, key: u64) -> Option<MemoRef<'_>> {
-        match usize::try_from(key).ok().and_then(|i| self.dense.get(i).map(|s| (i, s))) {
-            Some((i, slot)) => Some(match slot.as_ref()? {
+        match usize::try_from(key).ok().and_then(|i| self.dense.get(i).map(|&s| (i, s))) {
+            Some((_, EMPTY)) => None,
+            Some((i, slot)) => Some(match &self.slots[slot as usize - 1] {
                 Slot::Value(v) => MemoRef::Value(v, self.depth_at(i)),
                 &Slot::OnStack(at) => MemoRef::OnStack(at),
                 Slot::Streamed => MemoRef::Streamed,
@@ -93,31 +114,40 @@ impl MemoTable {
     }
 
     pub fn set(&mut self, key: u64, memo: Memo) {
-        let is_new = match usize::try_from(key) {
-            Ok(i) if i <= self.dense.len() => {
-                let (slot, depth) = match memo {
-                    Memo::Value(v, depth) => (Slot::Value(v), depth),
-                    Memo::OnStack(at) => (Slot::OnStack(at), 0),
-                    Memo::Streamed => (Slot::Streamed, 0),
-                };
-                let byte = u8::try_from(depth).unwrap_or(DEEP);
-                if byte == DEEP {
-                    self.deep.insert(i, depth);
-                }
-                if i == self.dense.len() {
-                    self.dense.push(Some(slot));
-                    self.depth.push(byte);
-                    true
-                } else {
-                    if self.depth[i] == DEEP && byte != DEEP {
-                        self.deep.remove(&i);
-                    }
-                    self.depth[i] = byte;
-                    self.dense[i].replace(slot).is_none()
-                }
-            }
-            _ => self.sparse.insert(key, memo).is_none(),
+        let dense = usize::try_from(key).ok().filter(|&i| i <= self.dense.len());
+        let Some(i) = dense.filter(|_| self.slots.len() < u32::MAX as usize - 1) else {
+            let is_new = self.sparse.insert(key, memo).is_none();
+            self.len += usize::from(is_new);
+            return;
         };
-        self.len += usize::from(is_new);
+        let (slot, depth) = match memo {
+            Memo::Value(v, depth) => (Slot::Value(v), depth),
+            Memo::OnStack(at) => (Slot::OnStack(at), 0),
+            Memo::Streamed => (Slot::Streamed, 0),
+        };
+        // The last two slots: a snapshot's entries alternate a dict marker and a string.
+        let start = self.slots.len().saturating_sub(2);
+        let index = match self.slots[start..].iter().rposition(|s| s.same_as(&slot)) {
+            Some(at) => (start + at + 1) as u32,
+            None => {
+                self.slots.push(slot);
+                self.slots.len() as u32
+            }
+        };
+        let byte = u8::try_from(depth).unwrap_or(DEEP);
+        if byte == DEEP {
+            self.deep.insert(i, depth);
+        }
+        if i == self.dense.len() {
+            self.dense.push(index);
+            self.depth.push(byte);
+            self.len += 1;
+        } else {
+            if self.depth[i] == DEEP && byte != DEEP {
+                self.deep.remove(&i);
+            }
+            self.depth[i] = byte;
+            self.len += usize::from(std::mem::replace(&mut self.dense[i], index) == EMPTY);
+        }
     }
 }
