@@ -67,9 +67,15 @@ pub fn compare(
 ) -> Result<Vec<GridCell>, ConfigError> {
     let cells: Vec<(usize, &String)> =
         (0..traces.len()).flat_map(|t| policies.iter().map(move |p| (t, p))).collect();
-    cells
+    // Longest first (a trace's ops as the estimate), one cell per task: the cells started
+    // last are short ones, so no core idles long at the end while another finishes a big one.
+    let mut order: Vec<usize> = (0..cells.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(traces[cells[i].0].1.ops.len()));
+    let mut done: Vec<(usize, GridCell)> = order
         .par_iter()
-        .map(|&(t, policy)| {
+        .with_max_len(1)
+        .map(|&i| {
+            let (t, policy) = cells[i];
             let (name, trace) = &traces[t];
             let opts =
                 RunOptions { policy: policy.clone(), device: DeviceChoice::Sim, ..base.clone() };
@@ -82,12 +88,15 @@ pub fn compare(
                 None
             };
             progress();
-            Ok(GridCell {
+            let cell = GridCell {
                 trace: name.clone(),
                 policy: policy.clone(),
                 report,
                 min_feasible_capacity_bytes,
-            })
+            };
+            Ok((i, cell))
         })
-        .collect()
+        .collect::<Result<_, ConfigError>>()?;
+    done.sort_by_key(|&(i, _)| i);
+    Ok(done.into_iter().map(|(_, cell)| cell).collect())
 }
