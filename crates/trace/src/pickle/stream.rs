@@ -465,6 +465,8 @@ const RAW_GET: u8 = 4;
 
 /// Bytes a record may take to be read in place: records of a snapshot take about 60.
 const FLAT_WINDOW_BYTES: usize = 1024;
+/// Where the last opcode of a flat record may start (see `flat_record`).
+const FLAT_LIMIT: usize = FLAT_WINDOW_BYTES - 260;
 
 /// One record read in place from `w` (the buffered bytes after its `EMPTY_DICT`) when it is
 /// flat: `[MEMOIZE] MARK (GET-key value [MEMOIZE])* SETITEMS`, with values that are ints,
@@ -478,13 +480,21 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
     strings: &mut StrCache,
     state: &mut State<'_, F>,
 ) -> Option<(usize, u64)> {
+    // A fixed-size view of the window, and opcodes only read while they start below
+    // `FLAT_LIMIT`: an opcode with its argument takes at most 257 bytes, so every index below
+    // is in bounds by construction (no check per byte). A record that reaches further, or a
+    // window cut short by the end of the stream, goes to the opcode reader.
+    let w: &[u8; FLAT_WINDOW_BYTES] = w.get(..FLAT_WINDOW_BYTES)?.try_into().ok()?;
     let mut p = 0;
     let mut cost = VALUE_COST;
     // The next opcode, skipping FRAMEs.
     macro_rules! next_op {
         () => {
             loop {
-                let c = *w.get(p)?;
+                if p >= FLAT_LIMIT {
+                    return None;
+                }
+                let c = w[p];
                 p += 1;
                 if c != op::FRAME {
                     break c;
@@ -495,8 +505,9 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
     }
     macro_rules! bytes {
         ($n:expr) => {{
-            let b = w.get(p..p + $n)?;
-            p += $n;
+            let n: usize = $n;
+            let b = &w[p..p + n];
+            p += n;
             b
         }};
     }
@@ -561,17 +572,10 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
                     // Zero bytes (the int 0) is rare; more than 8 is not an i64.
                     return None;
                 }
-                // Little-endian two's complement of n bytes: read 8 and sign-extend from
-                // byte n (a whole-word read where the window allows, to avoid a memcpy).
-                let word = match w.get(p..p + 8) {
-                    Some(b) => u64::from_le_bytes(b.try_into().ok()?),
-                    None => {
-                        let mut le = [0u8; 8];
-                        le[..n].copy_from_slice(w.get(p..p + n)?);
-                        u64::from_le_bytes(le)
-                    }
-                };
-                bytes!(n);
+                // Little-endian two's complement of n bytes: read a whole word (in bounds, see
+                // above) and sign-extend from byte n.
+                let word = u64::from_le_bytes(bytes!(8).try_into().ok()?);
+                p -= 8 - n;
                 let shift = 64 - 8 * n as u32;
                 (RAW_INT, (((word << shift) as i64) >> shift) as u64)
             }
