@@ -226,3 +226,35 @@ fn corrupted_snapshots_give_what_the_generic_reader_gives() {
     }
     assert!(ok > 50 && err > 50, "both outcomes exercised: {ok} ok, {err} errors");
 }
+
+/// Traces the conversion cannot do as the entries come (a history that starts mid-run, one
+/// without completions) are streamed again into a list, still without the generic reader.
+#[test]
+fn histories_needing_the_whole_list_still_stream() {
+    use common::{entry, snapshot, write_pickle};
+    let dir = common::scratch("stream-list");
+    let mid_run = snapshot(
+        vec![
+            entry("free_requested", 0x100, 512, 0),
+            entry("free_completed", 0x100, 512, 0),
+            entry("alloc", 0x200, 512, 0),
+            entry("snapshot", 0, 0, 0),
+            entry("segment_free", 0x9000, 2 << 20, 0),
+        ],
+        vec![],
+        "",
+    );
+    let no_completions = snapshot(
+        vec![entry("alloc", 0x100, 512, 0), entry("free_requested", 0x100, 512, 0)],
+        vec![],
+        "",
+    );
+    for (name, root) in [("mid.pickle", mid_run), ("skip.pickle", no_completions)] {
+        let path = write_pickle(&dir, name, &root);
+        let fast = pytorch::read_snapshot_streaming(&path, &streaming()).unwrap();
+        let fast = fast.unwrap_or_else(|| panic!("{name}: fell back to the generic reader"));
+        let slow = read_trace_with(&path, &generic()).unwrap();
+        common::assert_same(&fast, &slow);
+        assert!(!fast.warnings.is_empty(), "{name}: {:?}", fast.warnings);
+    }
+}

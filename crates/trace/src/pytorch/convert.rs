@@ -63,16 +63,23 @@ enum Life {
     PendingFree,
 }
 
-/// First pass: which frees name blocks the history never allocated.
-fn find_synthetic(
-    ctx: Ctx<'_>,
-    entries: &[Entry],
-    alive: &[AliveBlock],
-    frees_complete_at_once: bool,
-) -> Result<Vec<Synthetic>, TraceError> {
-    let mut state: AddrMap<u64, Life> = AddrMap::default();
-    let mut out = Vec::new();
-    for (i, e) in entries.iter().enumerate() {
+/// First pass: which frees name blocks the history never allocated, one entry at a time.
+#[derive(Default)]
+struct SyntheticFinder {
+    state: AddrMap<u64, Life>,
+    out: Vec<Synthetic>,
+}
+
+impl SyntheticFinder {
+    #[inline]
+    fn step(
+        &mut self,
+        ctx: Ctx<'_>,
+        i: usize,
+        e: &Entry,
+        frees_complete_at_once: bool,
+    ) -> Result<(), TraceError> {
+        let (state, out) = (&mut self.state, &mut self.out);
         let place = || format!("device_traces[0][{i}]");
         match e.action {
             Action::Alloc => {
@@ -83,15 +90,18 @@ fn find_synthetic(
                     return Err(ctx.err(place(), msg));
                 }
             }
-            Action::FreeRequested => match state.get(&e.addr) {
-                Some(Life::Live) | None => {
-                    if !state.contains_key(&e.addr) {
-                        let (size, stream) = (e.size, e.stream);
-                        out.push(Synthetic { size, stream, free_requested: false, entry: Some(i) });
-                    }
+            Action::FreeRequested => match state.get_mut(&e.addr) {
+                Some(life @ Life::Live) => {
                     if frees_complete_at_once {
                         state.remove(&e.addr);
                     } else {
+                        *life = Life::PendingFree;
+                    }
+                }
+                None => {
+                    let (size, stream) = (e.size, e.stream);
+                    out.push(Synthetic { size, stream, free_requested: false, entry: Some(i) });
+                    if !frees_complete_at_once {
                         state.insert(e.addr, Life::PendingFree);
                     }
                 }
@@ -115,15 +125,20 @@ fn find_synthetic(
             },
             _ => {}
         }
+        Ok(())
     }
-    for b in alive {
-        if let std::collections::hash_map::Entry::Vacant(slot) = state.entry(b.addr) {
-            slot.insert(Life::Live);
-            let (size, stream) = (b.requested_size, b.stream);
-            out.push(Synthetic { size, stream, free_requested: false, entry: None });
+
+    /// The blocks alive at the end that the history never allocated are synthetic too.
+    fn finish(mut self, alive: &[AliveBlock]) -> Vec<Synthetic> {
+        for b in alive {
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.state.entry(b.addr) {
+                slot.insert(Life::Live);
+                let (size, stream) = (b.requested_size, b.stream);
+                self.out.push(Synthetic { size, stream, free_requested: false, entry: None });
+            }
         }
+        self.out
     }
-    Ok(out)
 }
 
 struct Builder<'a> {
@@ -141,48 +156,30 @@ struct Builder<'a> {
     run: Vec<usize>,
     run_has_alloc_side: bool,
     /// Stack and entry index of the run's first device free (an inferred empty_cache's call).
-    run_frames: Option<(&'a crate::pickle::Value, usize)>,
-    /// The entries' `frames` lists, by [`Entry::frames`].
-    frames: &'a [crate::pickle::Value],
+    run_frames: Option<(crate::pickle::Value, usize)>,
+    /// The FreeRequested op of the free whose completion may come next, and its address.
+    direct: Option<(u64, u64)>,
     inferred_empty_cache: usize,
     misplaced_device_events: usize,
 }
 
-pub fn convert<'a>(
-    ctx: Ctx<'a>,
-    all: &'a Entries,
+pub fn convert(
+    ctx: Ctx<'_>,
+    all: &Entries,
     alive: &[AliveBlock],
     with_stacks: bool,
 ) -> Result<Converted, TraceError> {
     let entries = &all.list[..];
-    let mut warnings = Vec::new();
+    let frames = |e: &Entry| all.frames.get(e.frames as usize);
     let any = |a: Action| entries.iter().any(|e| e.action == a);
     // `skip_actions=["free_completed"]` drops every completion: then frees complete at once.
     let frees_complete_at_once = !any(Action::FreeCompleted) && any(Action::FreeRequested);
-    if frees_complete_at_once {
-        warnings.push(
-            "the trace has free_requested but no free_completed entries (skip_actions?): \
-             every free is taken to complete at once"
-                .to_string(),
-        );
+    let mut finder = SyntheticFinder::default();
+    for (i, e) in entries.iter().enumerate() {
+        finder.step(ctx, i, e, frees_complete_at_once)?;
     }
-    let synthetic = find_synthetic(ctx, entries, alive, frees_complete_at_once)?;
-    let mut b = Builder {
-        ctx,
-        ops: Vec::with_capacity(entries.len() / 2 + synthetic.len()),
-        recorded: Vec::with_capacity(entries.len()),
-        op_stacks: Vec::new(),
-        stacks: with_stacks.then(Stacks::default),
-        next_id: 0,
-        ids: AddrMap::default(),
-        synthetic_ids: AddrMap::default(),
-        run: Vec::new(),
-        run_has_alloc_side: false,
-        run_frames: None,
-        frames: &all.frames,
-        inferred_empty_cache: 0,
-        misplaced_device_events: 0,
-    };
+    let synthetic = finder.finish(alive);
+    let mut b = Builder::new(ctx, entries.len(), with_stacks);
     for s in &synthetic {
         let id = b.fresh_id();
         b.ops.push(Op::Alloc { id, size: s.size, stream: s.stream });
@@ -194,40 +191,146 @@ pub fn convert<'a>(
             b.synthetic_ids.insert(entry, id);
         }
     }
-    if !synthetic.is_empty() {
-        warnings.push(format!(
-            "the history starts mid-run: {} allocations alive at its start were added as \
-             synthetic alloc ops at the beginning, sized by their requested size",
-            synthetic.len()
-        ));
+    for (i, e) in entries.iter().enumerate() {
+        if e.action == Action::Snapshot {
+            continue;
+        }
+        let next = entries[i + 1..].iter().find(|n| n.action != Action::Snapshot);
+        b.step(i, e, frames(e), next, frees_complete_at_once)?;
     }
-    b.entries(all, frees_complete_at_once)?;
-    b.close_run(None)?;
-    if b.inferred_empty_cache > 0 {
-        warnings.push(format!(
-            "{} empty_cache ops were inferred from device frees that no allocation explains",
-            b.inferred_empty_cache
-        ));
+    b.finish(synthetic.len(), frees_complete_at_once)
+}
+
+/// The conversion done as the entries stream in, for the usual recording: the whole history
+/// (no synthetic allocations) with `free_completed` entries. It never holds the entries;
+/// [`StreamConvert::push`] returns false, and [`StreamConvert::finish`] `None`, as soon as the
+/// trace turns out to be another kind, and the caller converts the entries with [`convert`]
+/// instead, which gives every error and every other kind of trace.
+pub struct StreamConvert<'a> {
+    ctx: Ctx<'a>,
+    finder: SyntheticFinder,
+    builder: Builder<'a>,
+    /// The last entry that is not a `snapshot`, waiting for the next one (a free needs to
+    /// know whether its completion comes right after).
+    waiting: Option<(usize, Entry, Option<crate::pickle::Value>)>,
+    /// Every stack seen, kept alive: stacks are told apart by their `Rc`'s address.
+    frames: Vec<crate::pickle::Value>,
+    seen_free_requested: bool,
+    seen_free_completed: bool,
+}
+
+impl<'a> StreamConvert<'a> {
+    pub fn new(ctx: Ctx<'a>, with_stacks: bool) -> Self {
+        StreamConvert {
+            ctx,
+            finder: SyntheticFinder::default(),
+            builder: Builder::new(ctx, 0, with_stacks),
+            waiting: None,
+            frames: Vec::new(),
+            seen_free_requested: false,
+            seen_free_completed: false,
+        }
     }
-    if b.misplaced_device_events > 0 {
-        warnings.push(format!(
-            "{} segment_alloc/segment_map entries were not followed by an alloc or oom; they \
-             are tagged with the next op",
-            b.misplaced_device_events
-        ));
+
+    /// Entry `i`; false when the trace needs [`convert`].
+    pub fn push(&mut self, i: usize, e: Entry, frames: Option<&crate::pickle::Value>) -> bool {
+        self.seen_free_requested |= e.action == Action::FreeRequested;
+        self.seen_free_completed |= e.action == Action::FreeCompleted;
+        let synthetic = self.finder.out.len();
+        if self.finder.step(self.ctx, i, &e, false).is_err() || self.finder.out.len() > synthetic {
+            return false;
+        }
+        if e.action == Action::Snapshot {
+            return true;
+        }
+        if let Some((j, w, w_frames)) = self.waiting.take() {
+            if self.builder.step(j, &w, w_frames.as_ref(), Some(&e), false).is_err() {
+                return false;
+            }
+        }
+        if let Some(f) = frames {
+            self.frames.push(f.clone());
+        }
+        self.waiting = Some((i, e, frames.cloned()));
+        true
     }
-    Ok(Converted {
-        ops: b.ops,
-        recorded: b.recorded,
-        stacks: b.stacks.map(|s| s.stacks).unwrap_or_default(),
-        op_stacks: b.op_stacks,
-        warnings,
-    })
+
+    /// The conversion, or `None` when the trace needs [`convert`].
+    pub fn finish(mut self, alive: &[AliveBlock]) -> Option<Converted> {
+        if !self.seen_free_completed && self.seen_free_requested {
+            return None;
+        }
+        if let Some((j, w, w_frames)) = self.waiting.take() {
+            self.builder.step(j, &w, w_frames.as_ref(), None, false).ok()?;
+        }
+        if !self.finder.finish(alive).is_empty() {
+            return None;
+        }
+        self.builder.finish(0, false).ok()
+    }
 }
 
 impl<'a> Builder<'a> {
-    fn frames_of(&self, e: &Entry) -> Option<&'a crate::pickle::Value> {
-        self.frames.get(e.frames as usize)
+    fn new(ctx: Ctx<'a>, entries: usize, with_stacks: bool) -> Self {
+        Builder {
+            ctx,
+            ops: Vec::with_capacity(entries / 2),
+            recorded: Vec::with_capacity(entries),
+            op_stacks: Vec::new(),
+            stacks: with_stacks.then(Stacks::default),
+            next_id: 0,
+            ids: AddrMap::default(),
+            synthetic_ids: AddrMap::default(),
+            run: Vec::new(),
+            run_has_alloc_side: false,
+            run_frames: None,
+            direct: None,
+            inferred_empty_cache: 0,
+            misplaced_device_events: 0,
+        }
+    }
+
+    /// Close the last run and say what was inferred.
+    fn finish(
+        mut self,
+        synthetic: usize,
+        frees_complete_at_once: bool,
+    ) -> Result<Converted, TraceError> {
+        self.close_run(None)?;
+        let mut warnings = Vec::new();
+        if frees_complete_at_once {
+            warnings.push(
+                "the trace has free_requested but no free_completed entries (skip_actions?): \
+                 every free is taken to complete at once"
+                    .to_string(),
+            );
+        }
+        if synthetic > 0 {
+            warnings.push(format!(
+                "the history starts mid-run: {synthetic} allocations alive at its start were \
+                 added as synthetic alloc ops at the beginning, sized by their requested size"
+            ));
+        }
+        if self.inferred_empty_cache > 0 {
+            warnings.push(format!(
+                "{} empty_cache ops were inferred from device frees that no allocation explains",
+                self.inferred_empty_cache
+            ));
+        }
+        if self.misplaced_device_events > 0 {
+            warnings.push(format!(
+                "{} segment_alloc/segment_map entries were not followed by an alloc or oom; \
+                 they are tagged with the next op",
+                self.misplaced_device_events
+            ));
+        }
+        Ok(Converted {
+            ops: self.ops,
+            recorded: self.recorded,
+            stacks: self.stacks.map(|s| s.stacks).unwrap_or_default(),
+            op_stacks: self.op_stacks,
+            warnings,
+        })
     }
 
     fn fresh_id(&mut self) -> AllocId {
@@ -276,11 +379,11 @@ impl<'a> Builder<'a> {
             self.ops.len() as u64
         } else {
             self.inferred_empty_cache += 1;
-            let (frames, entry) = match self.run_frames {
+            let (frames, entry) = match self.run_frames.take() {
                 Some((f, e)) => (Some(f), e),
                 None => (None, 0),
             };
-            self.push_op(Op::EmptyCache, frames, entry)?
+            self.push_op(Op::EmptyCache, frames.as_ref(), entry)?
         };
         self.tag_run(op);
         Ok(())
@@ -295,56 +398,50 @@ impl<'a> Builder<'a> {
         self.run_frames = None;
     }
 
-    fn entries(
+    /// Entry `i` (not a `snapshot`), with its stack and the next entry that is not one.
+    fn step(
         &mut self,
-        all: &'a Entries,
+        i: usize,
+        e: &Entry,
+        frames: Option<&crate::pickle::Value>,
+        next: Option<&Entry>,
         frees_complete_at_once: bool,
     ) -> Result<(), TraceError> {
-        let entries = &all.list[..];
-        // The FreeRequested op of the free whose completion may come next, and its address.
-        let mut direct: Option<(u64, u64)> = None;
-        for (i, e) in entries.iter().enumerate() {
-            if e.action == Action::Snapshot {
-                continue;
-            }
-            let expecting = direct.take();
-            match e.action {
-                Action::Snapshot => {}
-                Action::SegmentAlloc
-                | Action::SegmentMap
-                | Action::SegmentFree
-                | Action::SegmentUnmap => self.device_event(i, e),
-                Action::Alloc | Action::Oom => self.alloc(i, e)?,
-                Action::FreeRequested => {
-                    let completes_next = frees_complete_at_once
-                        || entries[i + 1..]
-                            .iter()
-                            .find(|n| n.action != Action::Snapshot)
-                            .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
-                    let k = self.free_requested(i, e, completes_next, frees_complete_at_once)?;
-                    if completes_next && !frees_complete_at_once {
-                        direct = Some((e.addr, k));
-                    }
+        let expecting = self.direct.take();
+        match e.action {
+            Action::Snapshot => {}
+            Action::SegmentAlloc
+            | Action::SegmentMap
+            | Action::SegmentFree
+            | Action::SegmentUnmap => self.device_event(i, e, frames),
+            Action::Alloc | Action::Oom => self.alloc(i, e, frames)?,
+            Action::FreeRequested => {
+                let completes_next = frees_complete_at_once
+                    || next.is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+                let k =
+                    self.free_requested(i, e, frames, completes_next, frees_complete_at_once)?;
+                if completes_next && !frees_complete_at_once {
+                    self.direct = Some((e.addr, k));
                 }
-                Action::FreeCompleted => match expecting {
-                    Some((addr, k)) if addr == e.addr => {
-                        self.ids.remove(&e.addr);
-                        self.record(k, RecordedKind::FreeCompleted, e);
-                    }
-                    _ => {
-                        let id = self.id_at(i, e)?;
-                        self.ids.remove(&e.addr);
-                        let k = self.push_op(Op::FreeCompleted { id }, self.frames_of(e), i)?;
-                        self.record(k, RecordedKind::FreeCompleted, e);
-                    }
-                },
             }
+            Action::FreeCompleted => match expecting {
+                Some((addr, k)) if addr == e.addr => {
+                    self.ids.remove(&e.addr);
+                    self.record(k, RecordedKind::FreeCompleted, e);
+                }
+                _ => {
+                    let id = self.id_at(i, e)?;
+                    self.ids.remove(&e.addr);
+                    let k = self.push_op(Op::FreeCompleted { id }, frames, i)?;
+                    self.record(k, RecordedKind::FreeCompleted, e);
+                }
+            },
         }
         Ok(())
     }
 
     /// A device call joins the pending run; its op is known when the run ends.
-    fn device_event(&mut self, i: usize, e: &'a Entry) {
+    fn device_event(&mut self, i: usize, e: &Entry, frames: Option<&crate::pickle::Value>) {
         let kind = match e.action {
             Action::SegmentAlloc => RecordedKind::SegmentAlloc,
             Action::SegmentMap => RecordedKind::SegmentMap,
@@ -352,7 +449,7 @@ impl<'a> Builder<'a> {
             _ => RecordedKind::SegmentUnmap,
         };
         if self.run.is_empty() {
-            self.run_frames = self.frames_of(e).map(|f| (f, i));
+            self.run_frames = frames.map(|f| (f.clone(), i));
         }
         self.run_has_alloc_side |= matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
         self.run.push(self.recorded.len());
@@ -360,10 +457,14 @@ impl<'a> Builder<'a> {
     }
 
     /// `alloc` or `oom`: an allocation attempt, which the pending device calls belong to.
-    fn alloc(&mut self, i: usize, e: &Entry) -> Result<(), TraceError> {
+    fn alloc(
+        &mut self,
+        i: usize,
+        e: &Entry,
+        frames: Option<&crate::pickle::Value>,
+    ) -> Result<(), TraceError> {
         let id = self.fresh_id();
-        let k =
-            self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, self.frames_of(e), i)?;
+        let k = self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, frames, i)?;
         self.tag_run(k);
         if e.action == Action::Alloc {
             self.ids.insert(e.addr, id);
@@ -381,6 +482,7 @@ impl<'a> Builder<'a> {
         &mut self,
         i: usize,
         e: &Entry,
+        frames: Option<&crate::pickle::Value>,
         completes_next: bool,
         frees_complete_at_once: bool,
     ) -> Result<u64, TraceError> {
@@ -389,7 +491,7 @@ impl<'a> Builder<'a> {
         if !completes_next {
             self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, i)?;
         }
-        let k = self.push_op(Op::FreeRequested { id }, self.frames_of(e), i)?;
+        let k = self.push_op(Op::FreeRequested { id }, frames, i)?;
         self.record(k, RecordedKind::FreeRequested, e);
         if frees_complete_at_once {
             self.ids.remove(&e.addr);

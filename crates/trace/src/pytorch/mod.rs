@@ -87,33 +87,86 @@ fn parse<R: Read>(reader: R, path: &Path, opts: &ReadOptions) -> Result<Value, T
 
 /// The trace by way of the record streamer alone, or `None` where [`read_snapshot`] would
 /// fall back to the generic reader (without the sidecar; for tests and benchmarks).
+///
+/// The entries are converted as they stream in ([`convert::StreamConvert`]); a trace that
+/// needs the whole list first (a history that starts mid-run, say) is streamed again into a
+/// list of entries and converted from it.
 pub fn read_snapshot_streaming(
     path: &Path,
     opts: &ReadOptions,
 ) -> Result<Option<Trace>, TraceError> {
+    Ok(match stream_pass(path, opts, true)? {
+        Pass::Done(trace) => Some(trace),
+        Pass::NeedsEntries => match stream_pass(path, opts, false)? {
+            Pass::Done(trace) => Some(trace),
+            _ => None,
+        },
+        Pass::Unusual => None,
+    })
+}
+
+enum Pass {
+    Done(Trace),
+    /// The entries must be listed first: convert from the list.
+    NeedsEntries,
+    /// For the generic reader.
+    Unusual,
+}
+
+/// One streaming read, converting as the entries come (`as_they_come`) or from their list.
+fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pass, TraceError> {
     let source = open(path)?;
     let ctx = Ctx { path };
     let mut entries = entries::Entries::default();
+    let mut conv = as_they_come.then(|| convert::StreamConvert::new(ctx, opts.stacks));
+    let mut needs_entries = false;
+    let mut count = 0;
     let spec = pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
     let records = pickle::read_records(source, &opts.limits, spec, |fields| {
         let [a, b, c, d, e, f] = fields else { return false };
         let fields = [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()];
-        if let Some(entry) = entries::entry_plain(&fields) {
-            entries.list.push(entry);
-            return true;
-        }
-        match entries::entry_from_fields(ctx, entries.list.len(), &fields) {
-            Ok((entry, frames)) => {
+        let (entry, frames) = match entries::entry_plain(&fields) {
+            Some(entry) => (entry, None),
+            None => match entries::entry_from_fields(ctx, count, &fields) {
+                Ok(found) => found,
+                Err(_) => return false,
+            },
+        };
+        count += 1;
+        match conv.as_mut() {
+            Some(conv) => {
+                needs_entries = !conv.push(count - 1, entry, frames);
+                !needs_entries
+            }
+            None => {
                 entries.push(entry, frames);
                 true
             }
-            Err(_) => false,
         }
     });
-    let Some(records) = records else { return Ok(None) };
-    let streamed = records.streamed.then_some(entries);
-    // An error here is left to the generic reader too, so every message comes from one place.
-    Ok(convert_root(&records.root, path, opts.stacks, streamed).ok())
+    let Some(records) = records else {
+        return Ok(if needs_entries { Pass::NeedsEntries } else { Pass::Unusual });
+    };
+    if !records.streamed {
+        // No `device_traces[0]` streamed: the tree is whole, for the generic conversion.
+        return Ok(Pass::Unusual);
+    }
+    // An error from here on is left to the generic reader too, so every message comes from
+    // one place.
+    let converted = match conv {
+        Some(conv) => {
+            let Ok(head) = head_of(ctx, &records.root) else { return Ok(Pass::Unusual) };
+            match conv.finish(&head.alive) {
+                Some(converted) => trace_of(head, converted),
+                None => return Ok(Pass::NeedsEntries),
+            }
+        }
+        None => match convert_root(&records.root, path, opts.stacks, Some(entries)) {
+            Ok(trace) => trace,
+            Err(_) => return Ok(Pass::Unusual),
+        },
+    };
+    Ok(Pass::Done(converted))
 }
 
 /// Convert an unpickled snapshot. `path` only names the source in errors.
@@ -123,6 +176,44 @@ pub fn snapshot_to_trace(
     with_stacks: bool,
 ) -> Result<Trace, TraceError> {
     convert_root(root, path, with_stacks, None)
+}
+
+/// What a snapshot says besides its entries.
+struct Head {
+    alive: Vec<entries::AliveBlock>,
+    alloc_conf: Option<String>,
+    other_devices: Vec<usize>,
+}
+
+/// The snapshot's structure checked, with `device_traces[0]` streamed (so left empty).
+fn head_of(ctx: Ctx<'_>, root: &Value) -> Result<Head, TraceError> {
+    let (_, other_devices) = entries::device_trace(ctx, root, Some(Default::default()))?;
+    let alive = entries::alive_blocks(ctx, root)?;
+    let alloc_conf = entries::alloc_conf(ctx, root)?;
+    Ok(Head { alive, alloc_conf, other_devices })
+}
+
+fn trace_of(head: Head, converted: convert::Converted) -> Trace {
+    let mut warnings = Vec::new();
+    if !head.other_devices.is_empty() {
+        warnings.push(format!(
+            "device_traces has entries for devices {:?} too; only device 0 is read",
+            head.other_devices
+        ));
+    }
+    warnings.extend(converted.warnings);
+    Trace {
+        meta: TraceMeta {
+            source_format: SOURCE_FORMAT.to_string(),
+            alloc_conf: head.alloc_conf,
+            ..TraceMeta::default()
+        },
+        ops: converted.ops,
+        recorded: converted.recorded,
+        stacks: converted.stacks,
+        op_stacks: converted.op_stacks,
+        warnings,
+    }
 }
 
 fn convert_root(
@@ -136,25 +227,7 @@ fn convert_root(
     let alive = entries::alive_blocks(ctx, root)?;
     let alloc_conf = entries::alloc_conf(ctx, root)?;
     let converted = convert::convert(ctx, &entries, &alive, with_stacks)?;
-    let mut warnings = Vec::new();
-    if !other_devices.is_empty() {
-        warnings.push(format!(
-            "device_traces has entries for devices {other_devices:?} too; only device 0 is read"
-        ));
-    }
-    warnings.extend(converted.warnings);
-    Ok(Trace {
-        meta: TraceMeta {
-            source_format: SOURCE_FORMAT.to_string(),
-            alloc_conf,
-            ..TraceMeta::default()
-        },
-        ops: converted.ops,
-        recorded: converted.recorded,
-        stacks: converted.stacks,
-        op_stacks: converted.op_stacks,
-        warnings,
-    })
+    Ok(trace_of(Head { alive, alloc_conf, other_devices }, converted))
 }
 
 /// Write `trace` as a snapshot pickle (gzipped if `gzip`). See [`trace_to_snapshot`].
