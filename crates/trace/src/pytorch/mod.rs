@@ -96,9 +96,9 @@ pub fn read_snapshot_streaming(
     opts: &ReadOptions,
 ) -> Result<Option<Trace>, TraceError> {
     Ok(match stream_pass(path, opts, true)? {
-        Pass::Done(trace) => Some(trace),
+        Pass::Done(trace) => Some(*trace),
         Pass::NeedsEntries => match stream_pass(path, opts, false)? {
-            Pass::Done(trace) => Some(trace),
+            Pass::Done(trace) => Some(*trace),
             _ => None,
         },
         Pass::Unusual => None,
@@ -106,7 +106,7 @@ pub fn read_snapshot_streaming(
 }
 
 enum Pass {
-    Done(Trace),
+    Done(Box<Trace>),
     /// The entries must be listed first: convert from the list.
     NeedsEntries,
     /// For the generic reader.
@@ -166,7 +166,7 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
             Err(_) => return Ok(Pass::Unusual),
         },
     };
-    Ok(Pass::Done(converted))
+    Ok(Pass::Done(Box::new(converted)))
 }
 
 /// Convert an unpickled snapshot. `path` only names the source in errors.
