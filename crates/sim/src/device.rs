@@ -350,8 +350,9 @@ impl SimDevice {
 impl Device for SimDevice {
     fn begin_op(&mut self, index: u64) {
         self.op = Some(index);
-        let taken = self.faults.take_at_op(index, self.free_bytes());
-        self.taken_bytes += taken;
+        if self.faults.takes_at(index) {
+            self.taken_bytes += self.faults.take_at_op(index, self.free_bytes());
+        }
     }
 
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {

@@ -54,11 +54,15 @@ pub(crate) struct FaultState {
     attempts: u64,
     random_refusals: u64,
     notes: Vec<String>,
+    /// The earliest op of a `TakeMemory` not yet done (`u64::MAX`: none), so that the check
+    /// at every op is one comparison.
+    next_take: u64,
 }
 
 impl FaultState {
     pub(crate) fn new(faults: Vec<Fault>, seed: u64) -> Self {
         let taken = vec![false; faults.len()];
+        let next_take = next_take(&faults, &taken);
         FaultState {
             faults,
             taken,
@@ -67,6 +71,7 @@ impl FaultState {
             attempts: 0,
             random_refusals: 0,
             notes: Vec::new(),
+            next_take,
         }
     }
 
@@ -101,7 +106,14 @@ impl FaultState {
         refused
     }
 
+    /// Whether another process takes memory as op `index` begins.
+    #[inline]
+    pub(crate) fn takes_at(&self, index: u64) -> bool {
+        index >= self.next_take
+    }
+
     /// Op `index` begins with `free_bytes` free: the bytes another process takes now.
+    #[cold]
     pub(crate) fn take_at_op(&mut self, index: u64, free_bytes: u64) -> u64 {
         let mut taken_bytes = 0;
         for (fault, done) in self.faults.iter().zip(self.taken.iter_mut()) {
@@ -118,6 +130,7 @@ impl FaultState {
                 free_bytes - (taken_bytes - now)
             ));
         }
+        self.next_take = next_take(&self.faults, &self.taken);
         taken_bytes
     }
 
@@ -134,6 +147,17 @@ impl FaultState {
         }
         notes
     }
+}
+
+fn next_take(faults: &[Fault], taken: &[bool]) -> u64 {
+    let pending = faults.iter().zip(taken).filter(|(_, &done)| !done);
+    pending
+        .filter_map(|(f, _)| match *f {
+            Fault::TakeMemory { at_op, .. } => Some(at_op),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(u64::MAX)
 }
 
 fn at_op(op: Option<u64>) -> String {

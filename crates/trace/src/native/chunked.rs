@@ -432,8 +432,7 @@ pub(super) fn read_head<R: Read>(
     let ops = NativeOps {
         reader: ChunkReader { input, path: path.to_path_buf(), peeked },
         chunk: Chunk { bytes: Vec::with_capacity(1 << 20), ..Chunk::default() },
-        ops: Vec::new().into_iter(),
-        error: None,
+        left: 0,
         stopped_by: None,
         total: header.ops,
         read: 0,
@@ -461,18 +460,18 @@ fn decode_recorded(c: &mut Chunk, last_op: &mut u64) -> Option<RecordedEvent> {
     Some(recorded_in(NativeRecorded { op, kind, addr, size, stream }))
 }
 
-/// The ops of a version 2 file, decoded a chunk at a time: memory stays at one chunk however
-/// long the trace. Yields an error (and then nothing) for a corrupt or truncated file.
+/// The ops of a version 2 file, read a chunk at a time and decoded one op per `next`: memory
+/// stays at one chunk however long the trace. Yields an error (and then nothing) for a corrupt
+/// or truncated file.
 pub struct NativeOps<R> {
     reader: ChunkReader<R>,
     chunk: Chunk,
-    /// The current chunk, decoded in one tight loop, still to be yielded.
-    ops: std::vec::IntoIter<Op>,
-    /// Why decoding stopped inside the current chunk, yielded after its good ops.
-    error: Option<TraceError>,
+    /// Ops of the current chunk still to decode.
+    left: u32,
     /// The error that ended [`NativeOps::plain`].
     stopped_by: Option<TraceError>,
     total: u64,
+    /// Ops announced by the chunks read so far.
     read: u64,
     last_id: u64,
     done: bool,
@@ -494,8 +493,54 @@ impl<R: Read> NativeOps<R> {
         self.total
     }
 
-    /// Decode the next chunk of ops into `ops` (`Ok(false)` at the end marker, after all the
-    /// ops announced).
+    /// The next op, or the error that ends the ops; `None` after the end or an error.
+    #[inline(always)]
+    fn decode_next(&mut self) -> Option<Result<Op, TraceError>> {
+        if self.left > 0 {
+            if let Some(op) = decode_op(&self.chunk.bytes, &mut self.chunk.pos, &mut self.last_id) {
+                self.left -= 1;
+                return Some(Ok(op));
+            }
+        }
+        self.next_slow()
+    }
+
+    /// At the end of a chunk (or at a bad op): the next chunk's first op, the end, or an error.
+    #[cold]
+    fn next_slow(&mut self) -> Option<Result<Op, TraceError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if self.left > 0 {
+                let index = self.read - u64::from(self.left);
+                return Some(Err(self.fail(format!("op {index}"))));
+            }
+            if self.chunk.pos != self.chunk.bytes.len() {
+                return Some(Err(self.fail("bytes left over in an op chunk".into())));
+            }
+            match self.next_chunk() {
+                Ok(true) if self.left > 0 => return self.decode_next(),
+                Ok(true) => {}
+                Ok(false) => {
+                    self.done = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, msg: String) -> TraceError {
+        self.done = true;
+        self.reader.corrupt(msg)
+    }
+
+    /// Read the next chunk of ops (`Ok(false)` at the end marker, after all the ops
+    /// announced).
     fn next_chunk(&mut self) -> Result<bool, TraceError> {
         self.reader.read(&mut self.chunk)?;
         match self.chunk.kind {
@@ -512,52 +557,9 @@ impl<R: Read> NativeOps<R> {
                 return Err(self.reader.corrupt(format!("a chunk of kind {kind} among the ops")))
             }
         }
-        let items = self.chunk.items as usize;
-        let mut ops = Vec::with_capacity(items);
-        let (bytes, pos) = (&self.chunk.bytes, &mut self.chunk.pos);
-        for _ in 0..items {
-            match decode_op(bytes, pos, &mut self.last_id) {
-                Some(op) => ops.push(op),
-                None => break,
-            }
-        }
-        let decoded = ops.len();
-        // Iterated by value: nothing is left behind to drop when the chunk is done.
-        self.ops = ops.into_iter();
-        let index = self.read + decoded as u64;
+        self.left = self.chunk.items;
         self.read += u64::from(self.chunk.items);
-        if decoded < items {
-            self.error = Some(self.reader.corrupt(format!("op {index}")));
-        } else if *pos != bytes.len() {
-            self.error = Some(self.reader.corrupt("bytes left over in an op chunk"));
-        }
         Ok(true)
-    }
-
-    /// At the end of a chunk: the next chunk's first op, the end, or an error.
-    #[cold]
-    fn next_slow(&mut self) -> Option<Result<Op, TraceError>> {
-        loop {
-            if let Some(e) = self.error.take() {
-                self.done = true;
-                return Some(Err(e));
-            }
-            if self.done {
-                return None;
-            }
-            match self.next_chunk() {
-                Ok(true) if self.ops.len() > 0 => return self.next(),
-                Ok(true) => {}
-                Ok(false) => {
-                    self.done = true;
-                    return None;
-                }
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-            }
-        }
     }
 }
 
@@ -645,16 +647,12 @@ impl<R: Read> Iterator for PlainOps<'_, R> {
 
     #[inline]
     fn next(&mut self) -> Option<Op> {
-        let ops = &mut *self.ops;
-        match ops.ops.next() {
-            Some(op) => Some(op),
-            None => match ops.next_slow()? {
-                Ok(op) => Some(op),
-                Err(e) => {
-                    ops.stopped_by = Some(e);
-                    None
-                }
-            },
+        match self.ops.decode_next()? {
+            Ok(op) => Some(op),
+            Err(e) => {
+                self.ops.stopped_by = Some(e);
+                None
+            }
         }
     }
 }
@@ -664,14 +662,11 @@ impl<R: Read> Iterator for NativeOps<R> {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        match self.ops.next() {
-            Some(op) => Some(Ok(op)),
-            None => self.next_slow(),
-        }
+        self.decode_next()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self.total - self.read + self.ops.len() as u64;
+        let left = self.total - self.read + u64::from(self.left);
         let left = usize::try_from(left).unwrap_or(usize::MAX);
         (0, Some(left))
     }
