@@ -214,6 +214,7 @@ pub struct IdMap {
 }
 
 impl IdMap {
+    #[inline]
     pub fn get(&self, id: AllocId) -> Option<u32> {
         if id.0 < DENSE_IDS {
             self.dense.get(id.0 as usize).copied().filter(|&i| i != NIL)
@@ -222,6 +223,7 @@ impl IdMap {
         }
     }
 
+    #[inline]
     pub fn insert(&mut self, id: AllocId, index: u32) {
         if id.0 < DENSE_IDS {
             let slot = id.0 as usize;
@@ -235,6 +237,7 @@ impl IdMap {
         }
     }
 
+    #[inline]
     pub fn remove(&mut self, id: AllocId) {
         if id.0 < DENSE_IDS {
             if let Some(slot) = self.dense.get_mut(id.0 as usize) {

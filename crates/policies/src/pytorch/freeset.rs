@@ -370,7 +370,10 @@ mod tests {
             x ^= x << 17;
             x
         };
+        let mut saw_trees = false;
         for step in 0..20_000u32 {
+            saw_trees |=
+                set.streams.iter().any(|s| s.buckets.iter().any(|b| matches!(b, Bucket::Tree(_))));
             let r = next();
             let stream = [0, 5, 1 << 40][(r % 3) as usize];
             let size = match (r >> 8) % 4 {
@@ -405,6 +408,7 @@ mod tests {
                 assert_eq!(set.prev_in_stream(stream, k.size, k.addr), want_prev);
             }
         }
+        assert!(saw_trees, "no class grew into a tree: the test misses half the code");
         let mut all = Vec::new();
         set.collect_indices(&mut all);
         assert_eq!(all, model.values().copied().collect::<Vec<_>>());

@@ -647,10 +647,19 @@ impl<R: Read> Iterator for PlainOps<'_, R> {
 
     #[inline]
     fn next(&mut self) -> Option<Op> {
-        match self.ops.decode_next()? {
+        // The op is decoded straight into the result, never inside a `Result`: moving it
+        // through one costs a store-forwarding stall per op (seen with `perf annotate`).
+        let ops = &mut *self.ops;
+        if ops.left > 0 {
+            if let Some(op) = decode_op(&ops.chunk.bytes, &mut ops.chunk.pos, &mut ops.last_id) {
+                ops.left -= 1;
+                return Some(op);
+            }
+        }
+        match ops.next_slow()? {
             Ok(op) => Some(op),
             Err(e) => {
-                self.ops.stopped_by = Some(e);
+                ops.stopped_by = Some(e);
                 None
             }
         }
