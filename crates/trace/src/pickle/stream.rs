@@ -53,7 +53,12 @@ const KEY_CACHE: usize = 16;
 struct State<'k, F> {
     spec: RecordSpec<'k>,
     sink: F,
+    /// The fields of the record being read. A field keeps its value from one record to the
+    /// next (so an int is updated in place, with no `Value` built) and is cleared at delivery
+    /// only if the record did not set it.
     fields: Vec<Option<Value>>,
+    /// Bit `f` set iff the record being read set field `f`.
+    present: u64,
     /// The key string last seen at each position of a record, and its field. The `Rc` is
     /// kept so its address names this string for as long as it is cached.
     key_cache: Vec<Option<(Rc<String>, u8)>>,
@@ -113,9 +118,26 @@ impl<F: FnMut(&mut [Option<Value>]) -> bool> State<'_, F> {
         Some(Value::Str(s))
     }
 
-    fn deliver(&mut self) -> Result<(), Failure> {
-        let ok = (self.sink)(&mut self.fields);
+    #[inline]
+    fn set(&mut self, field: u8, value: Value) {
+        self.fields[usize::from(field)] = Some(value);
+        self.present |= 1 << field;
+    }
+
+    /// Forget the fields read so far (a record read again from its start).
+    fn clear(&mut self) {
         self.fields.iter_mut().for_each(|f| *f = None);
+        self.present = 0;
+    }
+
+    fn deliver(&mut self) -> Result<(), Failure> {
+        for (f, value) in self.fields.iter_mut().enumerate() {
+            if self.present & (1 << f) == 0 {
+                *value = None;
+            }
+        }
+        self.present = 0;
+        let ok = (self.sink)(&mut self.fields);
         if ok {
             Ok(())
         } else {
@@ -130,20 +152,22 @@ impl<F: FnMut(&mut [Option<Value>]) -> bool> State<'_, F> {
 ///
 /// The sink gets the fields of one record (`None` where the key is absent; the last of
 /// repeated keys wins, as in Python) and returns false to refuse it, which sends the file
-/// back to the generic reader. What it leaves in the array is cleared before the next record.
+/// back to the generic reader. It must not change the array: the next record is read into
+/// it.
 pub fn read_records<R: Read>(
     reader: R,
     limits: &Limits,
     spec: RecordSpec<'_>,
     sink: impl FnMut(&mut [Option<Value>]) -> bool,
 ) -> Option<Records> {
-    if spec.fields.len() >= usize::from(IGNORED) {
+    if spec.fields.len() > 64 {
         return None;
     }
     let mut state = State {
         spec,
         sink,
         fields: vec![None; spec.fields.len()],
+        present: 0,
         key_cache: vec![None; KEY_CACHE],
         memo_key_cache: [(u64::MAX, IGNORED); KEY_CACHE],
         value_cache: vec![None; KEY_CACHE],
@@ -306,7 +330,7 @@ impl<R: Read> Vm<'_, R> {
             }
             None => {
                 state.puts.clear();
-                state.fields.iter_mut().for_each(|f| *f = None);
+                state.clear();
                 self.record(state)
             }
         }
@@ -373,7 +397,7 @@ impl<R: Read> Vm<'_, R> {
                 }
                 Some((field, _, _)) => {
                     if field != IGNORED {
-                        state.fields[usize::from(field)] = Some(value);
+                        state.set(field, value);
                     }
                 }
             }
@@ -419,7 +443,7 @@ impl<R: Read> Vm<'_, R> {
         for (i, (k, v)) in pairs.iter().enumerate() {
             let field = state.field_of(k, keys + i);
             if field != IGNORED {
-                state.fields[usize::from(field)] = Some(v.clone());
+                state.set(field, v.clone());
             }
         }
         state.deliver()
@@ -607,21 +631,25 @@ fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
             c = next_op!();
         }
         if field != IGNORED {
-            // Each kind written straight into the field, the old value (a repeated key)
-            // dropped after: see `make`.
+            // An int or a string the field already holds (the last record's) is updated in
+            // place, with no `Value` moved: one built and copied whole stalls the store
+            // buffer. Anything else is written straight into the field; see `make`.
             let f = usize::from(field);
-            let old = match kind {
-                RAW_INT => state.fields[f].replace(Value::Int(x as i64)),
-                RAW_GET => match memo.get(x) {
-                    Some(MemoRef::Value(v, _)) => state.fields[f].replace(v.clone()),
+            state.present |= 1 << field;
+            match (kind, &mut state.fields[f]) {
+                (RAW_INT, Some(Value::Int(old))) => *old = x as i64,
+                (RAW_GET, slot) => match (memo.get(x), slot) {
+                    (Some(MemoRef::Value(Value::Str(new), _)), Some(Value::Str(old)))
+                        if Rc::ptr_eq(new, old) => {}
+                    (Some(MemoRef::Value(v, _)), slot) => drop(slot.replace(v.clone())),
                     _ => return None,
                 },
+                (RAW_INT, slot) => drop(slot.replace(Value::Int(x as i64))),
                 _ => {
                     let (v, _) = make(kind, x, &w[..end], at, memo, strings, state)?;
-                    state.fields[f].replace(v)
+                    drop(state.fields[f].replace(v));
                 }
-            };
-            drop(old);
+            }
         }
         at += 1;
     }
