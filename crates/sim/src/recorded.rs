@@ -197,7 +197,10 @@ impl Device for RecordedDevice {
             self.diverge(None, None, Some(detail));
             return;
         }
-        let start = self.expected.partition_point(|e| e.op < index).max(self.cursor);
+        // `expected` is sorted by op and ops only go forward: scan on from the cursor (most
+        // ops have no device events, so both scans stop at once).
+        let ahead = &self.expected[self.cursor..];
+        let start = self.cursor + ahead.iter().position(|e| e.op >= index).unwrap_or(ahead.len());
         let missed = self.expected[self.cursor..start].iter().find(|e| e.kind != RecordedKind::Oom);
         if let Some(&e) = missed {
             self.diverge(Some(e), None, None);
@@ -205,7 +208,8 @@ impl Device for RecordedDevice {
         }
         self.cursor = start;
         self.op = index;
-        self.op_end = self.expected.partition_point(|e| e.op <= index);
+        let this_op = &self.expected[start..];
+        self.op_end = start + this_op.iter().position(|e| e.op > index).unwrap_or(this_op.len());
     }
 
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {

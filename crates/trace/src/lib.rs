@@ -15,6 +15,7 @@
 
 mod addr_map;
 pub mod error;
+mod inflate;
 pub mod native;
 pub mod pickle;
 pub mod pytorch;

@@ -16,6 +16,7 @@ pub use sidecar::sidecar_path;
 pub use write::trace_to_snapshot;
 
 use crate::error::TraceError;
+use crate::inflate::Inflater;
 use crate::pickle::{self, Value};
 use crate::ReadOptions;
 use allocsim_core::{Trace, TraceMeta};
@@ -54,7 +55,7 @@ pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceErro
 /// The decompressed pickle stream of a snapshot file.
 enum Source {
     Plain(BufReader<File>),
-    Gzip(Box<flate2::bufread::MultiGzDecoder<BufReader<File>>>),
+    Gzip(Box<Inflater>),
 }
 
 impl Read for Source {
@@ -74,7 +75,7 @@ fn open(path: &Path) -> Result<Source, TraceError> {
         return Err(TraceError::Empty { path: path.to_path_buf() });
     }
     Ok(if head.starts_with(&GZIP_MAGIC) {
-        Source::Gzip(Box::new(flate2::bufread::MultiGzDecoder::new(reader)))
+        Source::Gzip(Box::new(Inflater::new(flate2::bufread::MultiGzDecoder::new(reader))))
     } else {
         Source::Plain(reader)
     })
@@ -95,13 +96,17 @@ pub fn read_snapshot_streaming(
     path: &Path,
     opts: &ReadOptions,
 ) -> Result<Option<Trace>, TraceError> {
-    Ok(match stream_pass(path, opts, true)? {
+    let first = match pipelined_pass(path, opts)? {
+        Pass::NotPlain => stream_pass(path, opts, true)?,
+        pass => pass,
+    };
+    Ok(match first {
         Pass::Done(trace) => Some(*trace),
         Pass::NeedsEntries => match stream_pass(path, opts, false)? {
             Pass::Done(trace) => Some(*trace),
             _ => None,
         },
-        Pass::Unusual => None,
+        Pass::Unusual | Pass::NotPlain => None,
     })
 }
 
@@ -111,6 +116,94 @@ enum Pass {
     NeedsEntries,
     /// For the generic reader.
     Unusual,
+    /// An entry with a stack: not for [`pipelined_pass`].
+    NotPlain,
+}
+
+/// What the reading thread of [`pipelined_pass`] hands over.
+enum Read2Convert {
+    Entries(Vec<entries::Entry>),
+    /// The file is read: the rest of the snapshot, or how the pass ends.
+    End(Result<Head, Pass>),
+}
+
+/// Entries per message of [`pipelined_pass`].
+const BATCH: usize = 4096;
+
+/// [`stream_pass`] converting as the entries come, with the reading (inflating and the pickle)
+/// on one thread and the conversion on this one. Reading is most of the work and converting
+/// the rest, so side by side they take about as long as reading alone. Entries with stacks
+/// (`frames`, pickle values tied to the reading thread) end it with [`Pass::NotPlain`], for
+/// [`stream_pass`]; every other outcome is the same as [`stream_pass`]'s.
+fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
+    let source = open(path)?;
+    let ctx = Ctx { path };
+    let (send, received) = std::sync::mpsc::sync_channel(4);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let mut batch = Vec::with_capacity(BATCH);
+            let (mut count, mut not_plain) = (0, false);
+            let spec =
+                pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
+            let records = pickle::read_records(source, &opts.limits, spec, |fields| {
+                let [a, b, c, d, e, f] = fields else { return false };
+                let fields =
+                    [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()];
+                let entry = match entries::entry_plain(&fields) {
+                    Some(entry) => entry,
+                    None => match entries::entry_from_fields(ctx, count, &fields) {
+                        Ok((entry, None)) => entry,
+                        Ok((_, Some(_))) => {
+                            not_plain = true;
+                            return false;
+                        }
+                        Err(_) => return false,
+                    },
+                };
+                batch.push(entry);
+                count += 1;
+                // A converter that stopped has dropped its end: stop reading too.
+                batch.len() < BATCH
+                    || send.send(Read2Convert::Entries(std::mem::take(&mut batch))).is_ok()
+            });
+            let end = match records {
+                _ if not_plain => Err(Pass::NotPlain),
+                // No `device_traces[0]` streamed: the tree is whole, for the generic conversion.
+                Some(records) if records.streamed => {
+                    head_of(ctx, &records.root).map_err(|_| Pass::Unusual)
+                }
+                _ => Err(Pass::Unusual),
+            };
+            let _ = send.send(Read2Convert::Entries(batch));
+            let _ = send.send(Read2Convert::End(end));
+        });
+        let mut conv = convert::StreamConvert::new(ctx, opts.stacks);
+        let mut count = 0;
+        for message in received {
+            match message {
+                Read2Convert::Entries(entries) => {
+                    for entry in entries {
+                        if !conv.push(count, entry, None) {
+                            // Returning drops `received`, which stops the reading thread.
+                            return Ok(Pass::NeedsEntries);
+                        }
+                        count += 1;
+                    }
+                }
+                // An error from here on is left to the generic reader too, so every message
+                // comes from one place.
+                Read2Convert::End(Ok(head)) => {
+                    return Ok(match conv.finish(&head.alive) {
+                        Some(converted) => Pass::Done(Box::new(trace_of(head, converted))),
+                        None => Pass::NeedsEntries,
+                    });
+                }
+                Read2Convert::End(Err(pass)) => return Ok(pass),
+            }
+        }
+        // The reading thread ended without a word (it panicked): the generic reader decides.
+        Ok(Pass::Unusual)
+    })
 }
 
 /// One streaming read, converting as the entries come (`as_they_come`) or from their list.
