@@ -13,10 +13,10 @@
 //! (address tie-breaks, a refusal the model did not predict) from one in a decision.
 
 use crate::output::bytes;
-use allocsim_core::{CallKind, Event, RecordedEvent, RecordedKind, StreamId, Trace};
+use allocsim_core::{CallKind, Event, RecordedEvent, Trace};
 use allocsim_cuda::{CudaDevice, PatternReport, Patterns};
 use allocsim_replay::{
-    run_trace, run_trace_on, DeviceChoice, Divergence, Observer, RunOptions, RunReport,
+    run_trace, run_trace_on, DeviceChoice, Divergence, Observer, Recorder, RunOptions, RunReport,
 };
 use allocsim_sim::{CallLog, CallLogger, ReplayCallsDevice, SimConfig, SimDevice};
 use anyhow::Context;
@@ -75,46 +75,6 @@ pub struct Args {
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Turns the hardware run's events into a recording the simulated run is compared with.
-#[derive(Debug, Default)]
-struct Recorder {
-    events: Vec<RecordedEvent>,
-}
-
-impl Observer for Recorder {
-    fn on_event(&mut self, _event_index: u64, op: u64, event: &Event) -> bool {
-        let (kind, addr, size, stream) = match *event {
-            Event::SegmentAlloc { addr, size, stream, .. } => {
-                (RecordedKind::SegmentAlloc, addr, size, stream)
-            }
-            Event::SegmentFree { addr, size, stream, .. } => {
-                (RecordedKind::SegmentFree, addr, size, stream)
-            }
-            Event::SegmentMap { addr, size, stream, .. } => {
-                (RecordedKind::SegmentMap, addr, size, stream)
-            }
-            Event::SegmentUnmap { addr, size, stream, .. } => {
-                (RecordedKind::SegmentUnmap, addr, size, stream)
-            }
-            // Recordings carry the requested size for blocks, as PyTorch's do.
-            Event::Alloc { addr, requested, stream, .. } => {
-                (RecordedKind::Alloc, addr, requested, stream)
-            }
-            Event::FreeRequested { addr, requested, .. } => {
-                (RecordedKind::FreeRequested, addr, requested, StreamId(0))
-            }
-            Event::FreeCompleted { addr, requested, .. } => {
-                (RecordedKind::FreeCompleted, addr, requested, StreamId(0))
-            }
-            Event::Oom { size, stream, info, .. } => {
-                (RecordedKind::Oom, info.device_free_bytes, size, stream)
-            }
-        };
-        self.events.push(RecordedEvent { op, kind, addr, size, stream });
-        true
-    }
 }
 
 /// Drives the pattern kernels from the events: fill on alloc, verify on free.
