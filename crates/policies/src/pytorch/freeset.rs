@@ -143,7 +143,10 @@ impl Bucket {
     fn collect_indices(&self, out: &mut Vec<u32>) {
         match self {
             Bucket::Flat(v) => {
-                let mut sorted = v.clone();
+                // At most FLAT_MAX entries: sorted on the stack, no allocation.
+                let mut sorted = [Entry { size: 0, addr: 0, index: 0 }; FLAT_MAX + 1];
+                let sorted = &mut sorted[..v.len()];
+                sorted.copy_from_slice(v);
                 sorted.sort_unstable_by_key(|x| x.key());
                 out.extend(sorted.iter().map(|e| e.index));
             }

@@ -1,0 +1,104 @@
+"""The measurements of benches/README.md (issue 7), on one machine, alternating commands.
+
+    python3 benches/measure.py [import] [native] [compare]
+
+Run from the repository root after `cargo build --release -p allocsim-cli -p allocsim-benches`
+(or point ALLOCSIM_BIN / MAKE_NATIVE_BIN at carried binaries). ROUNDS (default 15) and
+NATIVE_ROUNDS (default 7) set the repetitions. Wall times from perf_counter, CPU times (user +
+system, all threads) from getrusage of the child.
+"""
+import gzip, os, pickle, resource, statistics, subprocess, sys, time
+
+ROOT = os.getcwd()
+BIN = os.path.join(ROOT, os.environ.get("ALLOCSIM_BIN", "target/release/allocsim"))
+GEN = os.path.join(ROOT, os.environ.get("MAKE_NATIVE_BIN", "target/release/make-native-trace"))
+LLAMA = "traces/pytorch-2.11-h100-extra/llama_generate_varlen.pickle.gz"
+what = sys.argv[1:] or ["import", "native", "compare"]
+
+
+def run(cmd, **kw):
+    """Run cmd; return (cpu seconds user+sys, wall seconds, max RSS KiB) of the child."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        print("FAILED", cmd, p.stderr.decode()[:400], flush=True)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall, after.ru_maxrss
+
+
+def load_only():
+    t, w = time.process_time(), time.perf_counter()
+    pickle.load(gzip.open(LLAMA))
+    return time.process_time() - t, time.perf_counter() - w
+
+
+def show(label, xs, unit=1000, fmt="{:.1f}"):
+    xs = [x * unit for x in xs]
+    print(f"{label}: median {fmt.format(statistics.median(xs))} (min {fmt.format(min(xs))}, "
+          f"max {fmt.format(max(xs))}) of {len(xs)}: " + " ".join(fmt.format(x) for x in xs),
+          flush=True)
+
+
+print(open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0], flush=True)
+print("cpus", os.cpu_count(), "load", os.getloadavg(), flush=True)
+
+if "import" in what:
+    cmd = [BIN, "replay", LLAMA]
+    py = [sys.executable, "-c", f"import pickle,gzip; pickle.load(gzip.open('{LLAMA}'))"]
+    rs, ps, ls, rss, rw, pw, lw = [], [], [], [], [], [], []
+    for _ in range(int(os.environ.get('ROUNDS', 15))):
+        cpu, wall, _ = run(cmd); rs.append(cpu); rw.append(wall)
+        cpu, wall, _ = run(py); ps.append(cpu); pw.append(wall)
+        c, w = load_only(); ls.append(c); lw.append(w)
+    show("import: allocsim replay llama wall ms", rw)
+    show("import: python3 process wall ms", pw)
+    show("import: allocsim replay llama CPU ms", rs)
+    show("import: python3 process CPU ms", ps)
+    show("import: pickle.load(gzip.open) in-process CPU ms", ls)
+    show("import: pickle.load(gzip.open) in-process wall ms", lw)
+    print("WALL ratio load-only / allocsim: %.2f" % (statistics.median(lw) / statistics.median(rw)), flush=True)
+    print("ratio load-only / allocsim: %.2f; python process / allocsim: %.2f" % (
+        statistics.median(ls) / statistics.median(rs), statistics.median(ps) / statistics.median(rs)), flush=True)
+
+if "native" in what:
+    out = "/tmp/llama10m.allocsim"
+    run([GEN, LLAMA, out, "10000000"])
+    print("native file bytes", os.path.getsize(out), flush=True)
+    cpus, walls, rsss = [], [], []
+    for _ in range(int(os.environ.get("NATIVE_ROUNDS", 7))):
+        cpu, wall, _ = run(["/bin/sh", "-c", f"exec {BIN} replay {out} > /tmp/out.txt"])
+        cpus.append(cpu); walls.append(wall)
+    # Peak RSS of one replay alone, from a fresh parent.
+    rss = subprocess.run([sys.executable, "-c",
+        "import resource,subprocess,sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)", BIN, "replay", out],
+        capture_output=True, text=True).stdout.strip()
+    show("native 10M: allocsim replay CPU s", cpus, unit=1, fmt="{:.3f}")
+    show("native 10M: wall s", walls, unit=1, fmt="{:.3f}")
+    print("\n".join(open("/tmp/out.txt").read().split("\n")[:5]), flush=True)
+    ops, events = 10030236, 15045395
+    m = statistics.median(cpus)
+    best = min(cpus)
+    print(f"native 10M: median {ops / m / 1e6:.1f} M ops/s, {events / m / 1e6:.1f} M events/s; best {ops / best / 1e6:.1f} M ops/s, {events / best / 1e6:.1f} M events/s (CPU time); peak RSS {rss} KiB", flush=True)
+
+if "compare" in what:
+    # two distinct physical cores
+    cores = {}
+    for line in subprocess.run(["lscpu", "-p=CPU,CORE,SOCKET"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("#"):
+            continue
+        cpu, core, sock = line.split(",")[:3]
+        cores.setdefault((sock, core), cpu)
+    two = list(cores.values())[:2]
+    print("pinned to cpus", two, "(distinct cores)", flush=True)
+    traces = sorted(os.path.join("traces/pytorch-2.11-h100", f) for f in os.listdir("traces/pytorch-2.11-h100") if f.endswith(".pickle.gz"))
+    w1, w2 = [], []
+    for _ in range(2):
+        _, wall, _ = run(["taskset", "-c", two[0], BIN, "compare", *traces, "--jobs", "1"]); w1.append(wall)
+        _, wall, _ = run(["taskset", "-c", ",".join(two), BIN, "compare", *traces, "--jobs", "2"]); w2.append(wall)
+    show("compare jobs 1 (1 core) wall s", w1, unit=1, fmt="{:.2f}")
+    show("compare jobs 2 (2 cores) wall s", w2, unit=1, fmt="{:.2f}")
+    print("speedup %.2f" % (statistics.median(w1) / statistics.median(w2)), flush=True)
