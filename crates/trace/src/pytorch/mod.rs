@@ -24,6 +24,7 @@ use entries::Ctx;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver};
 
 /// The `source_format` of traces read from a snapshot.
 pub const SOURCE_FORMAT: &str = "pytorch-snapshot";
@@ -138,17 +139,15 @@ const BATCH: usize = 4096;
 fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
     let source = open(path)?;
     let ctx = Ctx { path };
-    let (send, received) = std::sync::mpsc::sync_channel(4);
+    let (send, received) = sync_channel(4);
     std::thread::scope(|scope| {
-        scope.spawn(move || {
+        let reader = scope.spawn(move || {
             let mut batch = Vec::with_capacity(BATCH);
             let (mut count, mut not_plain) = (0, false);
             let spec =
                 pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
             let records = pickle::read_records(source, &opts.limits, spec, |fields| {
-                let [a, b, c, d, e, f] = fields else { return false };
-                let fields =
-                    [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()];
+                let Some(fields) = entry_fields(fields) else { return false };
                 let entry = match entries::entry_plain(&fields) {
                     Some(entry) => entry,
                     None => match entries::entry_from_fields(ctx, count, &fields) {
@@ -177,33 +176,45 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
             let _ = send.send(Read2Convert::Entries(batch));
             let _ = send.send(Read2Convert::End(end));
         });
-        let mut conv = convert::StreamConvert::new(ctx, opts.stacks);
-        let mut count = 0;
-        for message in received {
-            match message {
-                Read2Convert::Entries(entries) => {
-                    for entry in entries {
-                        if !conv.push(count, entry, None) {
-                            // Returning drops `received`, which stops the reading thread.
-                            return Ok(Pass::NeedsEntries);
-                        }
-                        count += 1;
-                    }
-                }
-                // An error from here on is left to the generic reader too, so every message
-                // comes from one place.
-                Read2Convert::End(Ok(head)) => {
-                    return Ok(match conv.finish(&head.alive) {
-                        Some(converted) => Pass::Done(Box::new(trace_of(head, converted))),
-                        None => Pass::NeedsEntries,
-                    });
-                }
-                Read2Convert::End(Err(pass)) => return Ok(pass),
-            }
-        }
-        // The reading thread ended without a word (it panicked): the generic reader decides.
-        Ok(Pass::Unusual)
+        let pass = convert_received(ctx, opts.stacks, received);
+        // A reading thread that panicked said nothing: the generic reader decides.
+        Ok(if reader.join().is_ok() { pass } else { Pass::Unusual })
     })
+}
+
+/// The converting side of [`pipelined_pass`]. Returning drops `received`, which stops the
+/// reading thread if it is still at work.
+fn convert_received(ctx: Ctx<'_>, stacks: bool, received: Receiver<Read2Convert>) -> Pass {
+    let mut conv = convert::StreamConvert::new(ctx, stacks);
+    let mut count = 0;
+    for message in received {
+        match message {
+            Read2Convert::Entries(entries) => {
+                for entry in entries {
+                    if !conv.push(count, entry, None) {
+                        return Pass::NeedsEntries;
+                    }
+                    count += 1;
+                }
+            }
+            // An error from here on is left to the generic reader too, so every message comes
+            // from one place.
+            Read2Convert::End(Ok(head)) => {
+                return match conv.finish(&head.alive) {
+                    Some(converted) => Pass::Done(Box::new(trace_of(head, converted))),
+                    None => Pass::NeedsEntries,
+                };
+            }
+            Read2Convert::End(Err(pass)) => return pass,
+        }
+    }
+    Pass::Unusual
+}
+
+/// The entry fields of a streamed record, as the entry readers take them.
+fn entry_fields(fields: &[Option<Value>]) -> Option<entries::Fields<'_>> {
+    let [a, b, c, d, e, f] = fields else { return None };
+    Some([a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()])
 }
 
 /// One streaming read, converting as the entries come (`as_they_come`) or from their list.
@@ -216,8 +227,7 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     let mut count = 0;
     let spec = pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
     let records = pickle::read_records(source, &opts.limits, spec, |fields| {
-        let [a, b, c, d, e, f] = fields else { return false };
-        let fields = [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()];
+        let Some(fields) = entry_fields(fields) else { return false };
         let (entry, frames) = match entries::entry_plain(&fields) {
             Some(entry) => (entry, None),
             None => match entries::entry_from_fields(ctx, count, &fields) {
