@@ -73,7 +73,7 @@ struct State<'k, F> {
     list: Option<*const Vec<Value>>,
 }
 
-impl<F: FnMut(&mut [Option<Value>]) -> bool> State<'_, F> {
+impl<F: FnMut(&[Option<Value>]) -> bool> State<'_, F> {
     /// The spec field that `key`, the key at position `at` of its record, names; `IGNORED`
     /// for any other key.
     #[inline]
@@ -137,7 +137,7 @@ impl<F: FnMut(&mut [Option<Value>]) -> bool> State<'_, F> {
             }
         }
         self.present = 0;
-        let ok = (self.sink)(&mut self.fields);
+        let ok = (self.sink)(&self.fields);
         if ok {
             Ok(())
         } else {
@@ -152,13 +152,12 @@ impl<F: FnMut(&mut [Option<Value>]) -> bool> State<'_, F> {
 ///
 /// The sink gets the fields of one record (`None` where the key is absent; the last of
 /// repeated keys wins, as in Python) and returns false to refuse it, which sends the file
-/// back to the generic reader. It must not change the array: the next record is read into
-/// it.
+/// back to the generic reader.
 pub fn read_records<R: Read>(
     reader: R,
     limits: &Limits,
     spec: RecordSpec<'_>,
-    sink: impl FnMut(&mut [Option<Value>]) -> bool,
+    sink: impl FnMut(&[Option<Value>]) -> bool,
 ) -> Option<Records> {
     if spec.fields.len() > 64 {
         return None;
@@ -275,7 +274,7 @@ impl<R: Read> Vm<'_, R> {
     /// otherwise, for the generic loop.
     fn stream_list(
         &mut self,
-        state: &mut State<'_, impl FnMut(&mut [Option<Value>]) -> bool>,
+        state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
     ) -> Result<u8, Failure> {
         let at = self.stack.len() - 1;
         if let Value::List(l) = &self.stack[at].value {
@@ -312,7 +311,7 @@ impl<R: Read> Vm<'_, R> {
     /// flat and lies in the buffer whole ([`flat_record`]), else an opcode at a time.
     fn flat_or_record(
         &mut self,
-        state: &mut State<'_, impl FnMut(&mut [Option<Value>]) -> bool>,
+        state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
     ) -> Result<(), Failure> {
         let window = self.input.window(FLAT_WINDOW_BYTES)?;
         match flat_record(window, &self.memo, &mut self.strings, state) {
@@ -339,7 +338,7 @@ impl<R: Read> Vm<'_, R> {
     /// One record, just after its `EMPTY_DICT`: `[memo] MARK (key value [memo])* SETITEMS`.
     fn record(
         &mut self,
-        state: &mut State<'_, impl FnMut(&mut [Option<Value>]) -> bool>,
+        state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
     ) -> Result<(), Failure> {
         // Memo entries may be replaced from here on.
         state.memo_key_cache = [(u64::MAX, IGNORED); KEY_CACHE];
@@ -412,7 +411,7 @@ impl<R: Read> Vm<'_, R> {
     /// but its memo entry (if any) stays `Streamed`, so nothing can see it.
     fn record_generic(
         &mut self,
-        state: &mut State<'_, impl FnMut(&mut [Option<Value>]) -> bool>,
+        state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
         key: Option<(u8, Value, u32)>,
         keys: usize,
         mut code: u8,
@@ -454,7 +453,7 @@ impl<R: Read> Vm<'_, R> {
 /// end. Inlined so the value is built where it goes (a `Value` returned through memory piece
 /// by piece and read back whole stalls the store buffer).
 #[inline(always)]
-fn make<F: FnMut(&mut [Option<Value>]) -> bool>(
+fn make<F: FnMut(&[Option<Value>]) -> bool>(
     kind: u8,
     x: u64,
     before: &[u8],
@@ -498,7 +497,7 @@ const FLAT_LIMIT: usize = FLAT_WINDOW_BYTES - 260;
 /// `state.puts` (the memo entries, in `MEMOIZE` order) and returns the bytes used and the
 /// memory to charge; `None` when the record is anything else or runs past `w`, having changed
 /// nothing but the field array and the string caches, so the opcode reader can start over.
-fn flat_record<F: FnMut(&mut [Option<Value>]) -> bool>(
+fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
     w: &[u8],
     memo: &MemoTable,
     strings: &mut StrCache,
