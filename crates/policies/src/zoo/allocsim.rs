@@ -68,12 +68,12 @@
 //!   reservation, rounded up to 2 MiB.
 
 use super::common::{
-    parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, PAGE_2MIB,
+    books_glue, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, Live,
+    PAGE_2MIB,
 };
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, Granted, MemoryStats, OomInfo, Pool, SnapshotSegment,
-    StreamId, MIB,
+    AllocId, Allocator, ConfigError, Env, Granted, OomInfo, Pool, SnapshotSegment, StreamId, MIB,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -503,6 +503,13 @@ impl Allocsim {
     }
 }
 
+impl Allocsim {
+    /// The block of a completed free is the policy's again (see `books_glue!`).
+    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
+        self.release(b.addr, b.size, b.stream);
+    }
+}
+
 impl Allocator for Allocsim {
     fn name(&self) -> &str {
         NAME
@@ -529,29 +536,11 @@ impl Allocator for Allocsim {
         result
     }
 
-    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_requested(env, id) {
-            self.release(b.addr, b.size, b.stream);
-        }
-    }
-
-    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
-        self.books.record_stream(id, stream);
-    }
-
-    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_completed(env, id) {
-            self.release(b.addr, b.size, b.stream);
-        }
-    }
+    books_glue!();
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
         self.reclaim(env, u64::MAX, (0, 0));
         self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-
-    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
-        self.books.set_fraction(env, fraction)
     }
 
     /// `small_max` takes effect only before the first request.
@@ -577,10 +566,6 @@ impl Allocator for Allocsim {
         }
         self.conf = c;
         Ok(())
-    }
-
-    fn stats(&self) -> MemoryStats {
-        self.books.stats.clone()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {

@@ -28,12 +28,12 @@
 //! - `trim_on_empty_cache` (bool, default `true`).
 
 use super::common::{
-    parse_bool, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, PAGE_2MIB,
+    books_glue, parse_bool, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books,
+    Live, PAGE_2MIB,
 };
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
-    SnapshotSegment, StreamId,
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -232,6 +232,14 @@ impl AsyncPool {
     }
 }
 
+impl AsyncPool {
+    /// The block of a completed free is the policy's again (see `books_glue!`).
+    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, deferred: bool) {
+        let avail = if deferred { Avail::Any } else { Avail::Stream(b.stream) };
+        self.release(b.addr, avail);
+    }
+}
+
 impl Allocator for AsyncPool {
     fn name(&self) -> &str {
         NAME
@@ -250,21 +258,7 @@ impl Allocator for AsyncPool {
         found.ok_or_else(|| self.books.oom(env, id, rounded, stream, self.tiling.largest_free()))
     }
 
-    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_requested(env, id) {
-            self.release(b.addr, Avail::Stream(b.stream));
-        }
-    }
-
-    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
-        self.books.record_stream(id, stream);
-    }
-
-    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_completed(env, id) {
-            self.release(b.addr, Avail::Any);
-        }
-    }
+    books_glue!();
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
         self.synchronize(env);
@@ -272,10 +266,6 @@ impl Allocator for AsyncPool {
             self.trim_to(env, 0);
         }
         self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-
-    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
-        self.books.set_fraction(env, fraction)
     }
 
     fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
@@ -301,10 +291,6 @@ impl Allocator for AsyncPool {
         }
         self.conf = c;
         Ok(())
-    }
-
-    fn stats(&self) -> MemoryStats {
-        self.books.stats.clone()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {

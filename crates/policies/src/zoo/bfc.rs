@@ -34,13 +34,13 @@
 //! - `fragmentation_fraction` (float in [0, 1], default 0 = use 128 MiB).
 
 use super::common::{
-    parse_bool, parse_bytes, parse_conf, parse_f64, round_up, rounded_request, unknown_key, Books,
-    ALIGN_256,
+    books_glue, parse_bool, parse_bytes, parse_conf, parse_f64, round_up, rounded_request,
+    unknown_key, Books, Live, ALIGN_256,
 };
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
-    SnapshotSegment, StreamId, MIB,
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
+    MIB,
 };
 use std::collections::BTreeSet;
 
@@ -232,6 +232,14 @@ impl Bfc {
     }
 }
 
+impl Bfc {
+    /// The block of a completed free is the policy's again (see `books_glue!`).
+    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
+        self.release_chunk(b.addr);
+        self.sync();
+    }
+}
+
 impl Allocator for Bfc {
     fn name(&self) -> &str {
         NAME
@@ -258,31 +266,11 @@ impl Allocator for Bfc {
         found.ok_or_else(|| self.books.oom(env, id, rounded, stream, self.tiling.largest_free()))
     }
 
-    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_requested(env, id) {
-            self.release_chunk(b.addr);
-            self.sync();
-        }
-    }
-
-    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
-        self.books.record_stream(id, stream);
-    }
-
-    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_completed(env, id) {
-            self.release_chunk(b.addr);
-            self.sync();
-        }
-    }
+    books_glue!();
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
         self.release_free_regions(env);
         self.sync();
-    }
-
-    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
-        self.books.set_fraction(env, fraction)
     }
 
     fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
@@ -306,10 +294,6 @@ impl Allocator for Bfc {
         }
         self.conf = c;
         Ok(())
-    }
-
-    fn stats(&self) -> MemoryStats {
-        self.books.stats.clone()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {

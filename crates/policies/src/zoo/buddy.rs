@@ -15,11 +15,11 @@
 //! - `min_block` (bytes, power of two >= 256, default 512),
 //! - `segment_size` (bytes, power of two >= `min_block`, default 64 MiB).
 
-use super::common::{parse_bytes, parse_conf, unknown_key, Books};
+use super::common::{books_glue, parse_bytes, parse_conf, unknown_key, Books, Live};
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
-    SnapshotSegment, StreamId, MIB,
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
+    MIB,
 };
 use std::collections::BTreeSet;
 
@@ -149,6 +149,14 @@ impl Buddy {
     }
 }
 
+impl Buddy {
+    /// The block of a completed free is the policy's again (see `books_glue!`).
+    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
+        self.release_block(b.addr);
+        self.books.sync_inactive_split(self.tiling.inactive_split());
+    }
+}
+
 impl Allocator for Buddy {
     fn name(&self) -> &str {
         NAME
@@ -174,31 +182,11 @@ impl Allocator for Buddy {
         result
     }
 
-    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_requested(env, id) {
-            self.release_block(b.addr);
-            self.books.sync_inactive_split(self.tiling.inactive_split());
-        }
-    }
-
-    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
-        self.books.record_stream(id, stream);
-    }
-
-    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_completed(env, id) {
-            self.release_block(b.addr);
-            self.books.sync_inactive_split(self.tiling.inactive_split());
-        }
-    }
+    books_glue!();
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
         self.release_free_segments(env);
         self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-
-    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
-        self.books.set_fraction(env, fraction)
     }
 
     /// `min_block` takes effect only before the first request.
@@ -227,10 +215,6 @@ impl Allocator for Buddy {
         }
         self.segment_size = segment_size;
         Ok(())
-    }
-
-    fn stats(&self) -> MemoryStats {
-        self.books.stats.clone()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {

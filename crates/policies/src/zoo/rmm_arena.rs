@@ -22,11 +22,13 @@
 //! - `arena_size` (bytes, default: half of the device's free memory at the first request),
 //!   capped by the memory fraction, at least 1 MiB.
 
-use super::common::{parse_bytes, parse_conf, rounded_request, unknown_key, Books, ALIGN_256};
+use super::common::{
+    books_glue, parse_bytes, parse_conf, rounded_request, unknown_key, Books, Live, ALIGN_256,
+};
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
-    SnapshotSegment, StreamId, MIB,
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
+    MIB,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -244,6 +246,14 @@ impl Superblock {
     }
 }
 
+impl RmmArena {
+    /// The block of a completed free is the policy's again (see `books_glue!`).
+    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
+        self.deallocate(b.addr, b.size);
+        self.sync();
+    }
+}
+
 impl Allocator for RmmArena {
     fn name(&self) -> &str {
         NAME
@@ -276,31 +286,11 @@ impl Allocator for RmmArena {
         result
     }
 
-    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_requested(env, id) {
-            self.deallocate(b.addr, b.size);
-            self.sync();
-        }
-    }
-
-    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
-        self.books.record_stream(id, stream);
-    }
-
-    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_completed(env, id) {
-            self.deallocate(b.addr, b.size);
-            self.sync();
-        }
-    }
+    books_glue!();
 
     fn empty_cache(&mut self, _env: &mut Env<'_>) {
         self.defragment();
         self.sync();
-    }
-
-    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
-        self.books.set_fraction(env, fraction)
     }
 
     /// `arena_size` takes effect only before the first request.
@@ -319,10 +309,6 @@ impl Allocator for RmmArena {
         }
         self.arena_size = arena_size;
         Ok(())
-    }
-
-    fn stats(&self) -> MemoryStats {
-        self.books.stats.clone()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {

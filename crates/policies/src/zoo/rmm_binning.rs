@@ -20,13 +20,13 @@
 //! - `preallocate` (bool, default `true`): fill every bin at the first request.
 
 use super::common::{
-    parse_bool, parse_bytes, parse_conf, rounded_request, unknown_key, Books, ALIGN_256,
+    books_glue, parse_bool, parse_bytes, parse_conf, rounded_request, unknown_key, Books, Live,
+    ALIGN_256,
 };
 use super::rmm_pool::{Piece, PoolCore};
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
-    SnapshotSegment, StreamId,
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
 };
 use std::collections::{BTreeMap, VecDeque};
 
@@ -169,6 +169,13 @@ impl RmmBinning {
     }
 }
 
+impl RmmBinning {
+    /// The block of a completed free is the policy's again (see `books_glue!`).
+    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
+        self.release(b.addr, b.size, b.stream);
+    }
+}
+
 impl Allocator for RmmBinning {
     fn name(&self) -> &str {
         NAME
@@ -201,27 +208,9 @@ impl Allocator for RmmBinning {
         result
     }
 
-    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_requested(env, id) {
-            self.release(b.addr, b.size, b.stream);
-        }
-    }
-
-    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
-        self.books.record_stream(id, stream);
-    }
-
-    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_completed(env, id) {
-            self.release(b.addr, b.size, b.stream);
-        }
-    }
+    books_glue!();
 
     fn empty_cache(&mut self, _env: &mut Env<'_>) {}
-
-    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
-        self.books.set_fraction(env, fraction)
-    }
 
     /// Bin settings take effect only before the first request (RMM fixes bins at construction).
     fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
@@ -255,10 +244,6 @@ impl Allocator for RmmBinning {
             self.make_bins();
         }
         Ok(())
-    }
-
-    fn stats(&self) -> MemoryStats {
-        self.books.stats.clone()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {

@@ -22,12 +22,12 @@
 //! - `maximum_pool_size` (bytes, default none).
 
 use super::common::{
-    parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, ALIGN_256,
+    books_glue, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, Live,
+    ALIGN_256,
 };
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
-    SnapshotSegment, StreamId,
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -257,6 +257,13 @@ impl RmmPool {
     }
 }
 
+impl RmmPool {
+    /// The block of a completed free is the policy's again (see `books_glue!`).
+    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
+        self.release(b.addr, b.stream);
+    }
+}
+
 impl Allocator for RmmPool {
     fn name(&self) -> &str {
         NAME
@@ -282,27 +289,9 @@ impl Allocator for RmmPool {
         result
     }
 
-    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_requested(env, id) {
-            self.release(b.addr, b.stream);
-        }
-    }
-
-    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
-        self.books.record_stream(id, stream);
-    }
-
-    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_completed(env, id) {
-            self.release(b.addr, b.stream);
-        }
-    }
+    books_glue!();
 
     fn empty_cache(&mut self, _env: &mut Env<'_>) {}
-
-    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
-        self.books.set_fraction(env, fraction)
-    }
 
     fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
         let mut c = self.core.conf;
@@ -313,10 +302,6 @@ impl Allocator for RmmPool {
         }
         self.core.conf = c;
         Ok(())
-    }
-
-    fn stats(&self) -> MemoryStats {
-        self.books.stats.clone()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {

@@ -26,12 +26,12 @@
 //! - `sl_bits` (second-level bits, 1..=6, default 5 as in TLSF and VMA).
 
 use super::common::{
-    parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, ALIGN_256, PAGE_2MIB,
+    books_glue, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, Live,
+    ALIGN_256, PAGE_2MIB,
 };
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, Granted, MemoryStats, OomInfo, SnapshotSegment, StreamId,
-    MIB,
+    AllocId, Allocator, ConfigError, Env, Granted, OomInfo, SnapshotSegment, StreamId, MIB,
 };
 use std::collections::BTreeSet;
 
@@ -294,6 +294,14 @@ impl Tlsf {
     }
 }
 
+impl Tlsf {
+    /// The block of a completed free is the policy's again (see `books_glue!`).
+    fn take_back(&mut self, env: &mut Env<'_>, b: Live, _deferred: bool) {
+        self.release_block(env, b.addr);
+        self.books.sync_inactive_split(self.tiling.inactive_split());
+    }
+}
+
 impl Allocator for Tlsf {
     fn name(&self) -> &str {
         NAME
@@ -320,31 +328,11 @@ impl Allocator for Tlsf {
         result
     }
 
-    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_requested(env, id) {
-            self.release_block(env, b.addr);
-            self.books.sync_inactive_split(self.tiling.inactive_split());
-        }
-    }
-
-    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
-        self.books.record_stream(id, stream);
-    }
-
-    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
-        if let Some(b) = self.books.free_completed(env, id) {
-            self.release_block(env, b.addr);
-            self.books.sync_inactive_split(self.tiling.inactive_split());
-        }
-    }
+    books_glue!();
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
         self.release_free_segments(env, 0);
         self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-
-    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
-        self.books.set_fraction(env, fraction)
     }
 
     /// `sl_bits` takes effect only at construction.
@@ -367,10 +355,6 @@ impl Allocator for Tlsf {
             self.sl_bits = sl_bits as u32;
         }
         Ok(())
-    }
-
-    fn stats(&self) -> MemoryStats {
-        self.books.stats.clone()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {
