@@ -53,6 +53,10 @@ impl Hasher for AddrHasher {
         self.write_u64(x as u64);
     }
 
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+
     fn write(&mut self, bytes: &[u8]) {
         for chunk in bytes.chunks(8) {
             let mut word = [0u8; 8];

@@ -2,20 +2,58 @@
 //!
 //! PyTorch already shares identical tracebacks as one Python object, and the pickle keeps that
 //! sharing (one `Rc` here), so the first lookup is by pointer: a stack seen before costs one
-//! hash of a pointer, and only new lists are read frame by frame and hashed by content.
+//! hash of a pointer. Other lists are read frame by frame into string ids and line numbers and
+//! looked up by those; only a stack never seen before is built out of `String`s.
 
 use super::entries::Ctx;
 use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use crate::pickle::Value;
 use allocsim_core::{Stack, StackFrame};
-use std::collections::HashMap;
+use std::rc::Rc;
 
 #[derive(Default)]
 pub struct Stacks {
     by_ptr: AddrMap<usize, u32>,
-    by_content: HashMap<Stack, u32>,
+    /// Each distinct stack as the ids of its strings and its lines.
+    by_content: AddrMap<Vec<[u32; 3]>, u32>,
+    strings: Strings,
     pub stacks: Vec<Stack>,
+}
+
+/// Frame strings by id. A file name or function name recurs in thousands of frames, usually
+/// as one shared Python string (one `Rc` here), so a string is looked up by pointer first and
+/// by content once per pointer; no `String` is built for a frame of a stack seen before.
+#[derive(Default)]
+struct Strings {
+    by_ptr: AddrMap<usize, u32>,
+    by_content: AddrMap<String, u32>,
+    text: Vec<String>,
+    /// Keeps every string looked up by pointer alive, so its address names it.
+    held: Vec<Rc<String>>,
+}
+
+impl Strings {
+    fn id(&mut self, s: &Rc<String>) -> u32 {
+        let ptr = Rc::as_ptr(s) as usize;
+        if let Some(&id) = self.by_ptr.get(&ptr) {
+            return id;
+        }
+        let id = self.by_text(s);
+        self.by_ptr.insert(ptr, id);
+        self.held.push(s.clone());
+        id
+    }
+
+    fn by_text(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.by_content.get(s) {
+            return id;
+        }
+        let id = self.text.len() as u32;
+        self.by_content.insert(s.to_owned(), id);
+        self.text.push(s.to_owned());
+        id
+    }
 }
 
 impl Stacks {
@@ -33,44 +71,61 @@ impl Stacks {
             return Ok(None);
         }
         // The Value tree outlives this table, so a pointer names one list for its lifetime.
-        let key = std::rc::Rc::as_ptr(list) as usize;
+        let key = Rc::as_ptr(list) as usize;
         if let Some(&idx) = self.by_ptr.get(&key) {
             return Ok(Some(idx));
         }
-        let mut stack = Stack { frames: Vec::with_capacity(list.len()) };
+        let mut ids = Vec::with_capacity(list.len());
         for (j, f) in list.iter().enumerate() {
-            stack.frames.push(frame(ctx, f, &|| format!("{}[{j}]", place()))?);
+            ids.push(self.frame(ctx, f, &|| format!("{}[{j}]", place()))?);
         }
-        let next = u32::try_from(self.stacks.len())
-            .map_err(|_| ctx.err(place(), "more than 2^32 distinct stacks"))?;
-        let idx = *self.by_content.entry(stack).or_insert_with_key(|s| {
-            self.stacks.push(s.clone());
-            next
-        });
+        let idx = match self.by_content.get(&ids) {
+            Some(&idx) => idx,
+            None => {
+                let idx = u32::try_from(self.stacks.len())
+                    .map_err(|_| ctx.err(place(), "more than 2^32 distinct stacks"))?;
+                let text = &self.strings.text;
+                let frames = ids.iter().map(|&[name, filename, line]| StackFrame {
+                    name: text[name as usize].clone(),
+                    filename: text[filename as usize].clone(),
+                    line,
+                });
+                self.stacks.push(Stack { frames: frames.collect() });
+                self.by_content.insert(ids, idx);
+                idx
+            }
+        };
         self.by_ptr.insert(key, idx);
         Ok(Some(idx))
     }
-}
 
-fn frame(ctx: Ctx<'_>, f: &Value, place: &dyn Fn() -> String) -> Result<StackFrame, TraceError> {
-    if f.as_dict().is_none() {
-        return Err(ctx.expected(place(), "a frame dict", f));
+    /// A frame as (name id, file name id, line); a missing name or file name is "".
+    fn frame(
+        &mut self,
+        ctx: Ctx<'_>,
+        f: &Value,
+        place: &dyn Fn() -> String,
+    ) -> Result<[u32; 3], TraceError> {
+        if f.as_dict().is_none() {
+            return Err(ctx.expected(place(), "a frame dict", f));
+        }
+        let mut text = |field: &str| -> Result<u32, TraceError> {
+            match f.get(field) {
+                Some(Value::Str(s)) => Ok(self.strings.id(s)),
+                Some(other) => Err(ctx.expected(format!("{}.{field}", place()), "a str", other)),
+                None => Ok(self.strings.by_text("")),
+            }
+        };
+        let (name, filename) = (text("name")?, text("filename")?);
+        let line = match f.get("line") {
+            Some(v) => {
+                let i = ctx.int(v, || format!("{}.line", place()))?;
+                // C++ frames without a line carry 0; anything outside u32 is not a line number.
+                u32::try_from(i)
+                    .map_err(|_| ctx.err(format!("{}.line", place()), format!("bad line {i}")))?
+            }
+            None => 0,
+        };
+        Ok([name, filename, line])
     }
-    let text = |field: &str| -> Result<String, TraceError> {
-        match f.get(field) {
-            Some(Value::Str(s)) => Ok(s.to_string()),
-            Some(other) => Err(ctx.expected(format!("{}.{field}", place()), "a str", other)),
-            None => Ok(String::new()),
-        }
-    };
-    let line = match f.get("line") {
-        Some(v) => {
-            let i = ctx.int(v, || format!("{}.line", place()))?;
-            // C++ frames without a line carry 0; anything outside u32 is not a line number.
-            u32::try_from(i)
-                .map_err(|_| ctx.err(format!("{}.line", place()), format!("bad line {i}")))?
-        }
-        None => 0,
-    };
-    Ok(StackFrame { name: text("name")?, filename: text("filename")?, line })
 }
