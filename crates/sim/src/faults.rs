@@ -149,6 +149,7 @@ impl FaultState {
     }
 }
 
+/// The earliest op of a `TakeMemory` not yet done; `u64::MAX` if none.
 fn next_take(faults: &[Fault], taken: &[bool]) -> u64 {
     let pending = faults.iter().zip(taken).filter(|(_, &done)| !done);
     pending
