@@ -125,11 +125,23 @@ impl<W: Write> Observer for EventLog<W> {
 pub struct CheckObserver {
     pub checker: Checker,
     last_event_index: u64,
+    stop_at_violation: bool,
 }
 
 impl CheckObserver {
+    /// Checks the whole run, reporting every violation.
     pub fn new(checker: Checker) -> Self {
-        CheckObserver { checker, last_event_index: 0 }
+        CheckObserver { checker, last_event_index: 0, stop_at_violation: false }
+    }
+
+    /// Stops the run at the first violation: a broken policy's later state is garbage, and
+    /// walking it can take without bound (for generated programs and fuzzing).
+    pub fn stopping(checker: Checker) -> Self {
+        CheckObserver { stop_at_violation: true, ..CheckObserver::new(checker) }
+    }
+
+    fn keep_going(&self) -> bool {
+        !self.stop_at_violation || self.checker.total_violations() == 0
     }
 }
 
@@ -137,7 +149,7 @@ impl Observer for CheckObserver {
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
         self.checker.on_event(event_index, op_index, event);
         self.last_event_index = event_index;
-        true
+        self.keep_going()
     }
 
     fn on_op(
@@ -149,7 +161,7 @@ impl Observer for CheckObserver {
         _device: &dyn Device,
     ) -> bool {
         self.checker.on_stats(self.last_event_index, op_index, &allocator.stats());
-        true
+        self.keep_going()
     }
 }
 

@@ -4,9 +4,9 @@
 use super::contract::Contract;
 use super::differential::compare_with_reference;
 use allocsim_check::{CheckConfig, Checker};
-use allocsim_core::{Allocator, Device, Event, Op, Trace};
+use allocsim_core::Trace;
 use allocsim_replay::{
-    run_trace, DeviceChoice, EventLog, Observer, OpOutcome, RunOptions, H100_TOTAL_BYTES,
+    run_trace, CheckObserver, DeviceChoice, EventLog, Observer, RunOptions, H100_TOTAL_BYTES,
 };
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -93,34 +93,6 @@ pub fn run_options(policy: &str) -> RunOptions {
     }
 }
 
-/// `allocsim-check`, stopping the run at its first violation: a broken policy's later state
-/// is garbage, and walking it (snapshots after every op) can take without bound.
-#[derive(Debug)]
-struct StoppingChecker {
-    checker: Checker,
-    last_event_index: u64,
-}
-
-impl Observer for StoppingChecker {
-    fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
-        self.checker.on_event(event_index, op_index, event);
-        self.last_event_index = event_index;
-        self.checker.total_violations() == 0
-    }
-
-    fn on_op(
-        &mut self,
-        op_index: u64,
-        _op: &Op,
-        _outcome: &OpOutcome,
-        allocator: &dyn Allocator,
-        _device: &dyn Device,
-    ) -> bool {
-        self.checker.on_stats(self.last_event_index, op_index, &allocator.stats());
-        self.checker.total_violations() == 0
-    }
-}
-
 /// The checker as `run_trace` configures it for `--check`: the trace's device, the policy's
 /// own alignment.
 fn checker_for(policy: &str, trace: &Trace) -> Checker {
@@ -134,7 +106,7 @@ fn checker_for(policy: &str, trace: &Trace) -> Checker {
 /// Run `trace` under `policy` with the checker and the op contract (both stop the run at
 /// their first finding) and `extra` watching too.
 pub fn observed_run(policy: &str, trace: &Trace, extra: &mut dyn Observer) -> Result<(), Failure> {
-    let mut checker = StoppingChecker { checker: checker_for(policy, trace), last_event_index: 0 };
+    let mut checker = CheckObserver::stopping(checker_for(policy, trace));
     let mut contract = Contract::new(policy);
     let opts = RunOptions { check: false, ..run_options(policy) };
     run_trace(trace, &opts, &mut [&mut checker, &mut contract, extra], |_| {})
