@@ -266,19 +266,7 @@ impl Chunk {
 
     #[inline]
     fn varint(&mut self) -> Option<u64> {
-        let mut x = 0u64;
-        let mut shift = 0;
-        loop {
-            let b = self.byte()?;
-            if shift == 63 && b > 1 {
-                return None;
-            }
-            x |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                return Some(x);
-            }
-            shift += 7;
-        }
+        varint(&self.bytes, &mut self.pos)
     }
 }
 
@@ -563,31 +551,33 @@ impl<R: Read> NativeOps<R> {
     }
 }
 
+/// The LEB128 varint at `*pos` of `b`; `None` if it runs past `b` or past 64 bits.
+#[inline(always)]
+fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let first = *b.get(*pos)?;
+    *pos += 1;
+    if first < 0x80 {
+        return Some(u64::from(first));
+    }
+    let mut x = u64::from(first & 0x7f);
+    let mut shift = 7;
+    loop {
+        let byte = *b.get(*pos)?;
+        *pos += 1;
+        if shift == 63 && byte > 1 {
+            return None;
+        }
+        x |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return Some(x);
+        }
+        shift += 7;
+    }
+}
+
 /// One op at `*pos` of `b` (the layout in the module doc); `None` if it is not one.
 #[inline(always)]
 fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
-    #[inline(always)]
-    fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
-        let first = *b.get(*pos)?;
-        *pos += 1;
-        if first < 0x80 {
-            return Some(u64::from(first));
-        }
-        let mut x = u64::from(first & 0x7f);
-        let mut shift = 7;
-        loop {
-            let byte = *b.get(*pos)?;
-            *pos += 1;
-            if shift == 63 && byte > 1 {
-                return None;
-            }
-            x |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                return Some(x);
-            }
-            shift += 7;
-        }
-    }
     let tag = *b.get(*pos)?;
     *pos += 1;
     let mut id = |pos: &mut usize| -> Option<u64> {
