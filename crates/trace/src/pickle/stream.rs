@@ -31,7 +31,7 @@ pub struct RecordSpec<'a> {
     /// is streamed (`device_traces` streams `device_traces[0]`).
     pub top_key: &'a str,
     /// The keys whose values the sink receives, in this order; other keys are read and
-    /// dropped. At most 255.
+    /// dropped. At most 64.
     pub fields: &'a [&'a str],
 }
 

@@ -144,20 +144,14 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
         let reader = scope.spawn(move || {
             let mut batch = Vec::with_capacity(BATCH);
             let (mut count, mut not_plain) = (0, false);
-            let spec =
-                pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
-            let records = pickle::read_records(source, &opts.limits, spec, |fields| {
-                let Some(fields) = entry_fields(fields) else { return false };
-                let entry = match entries::entry_plain(&fields) {
-                    Some(entry) => entry,
-                    None => match entries::entry_from_fields(ctx, count, &fields) {
-                        Ok((entry, None)) => entry,
-                        Ok((_, Some(_))) => {
-                            not_plain = true;
-                            return false;
-                        }
-                        Err(_) => return false,
-                    },
+            let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
+                let entry = match streamed_entry(ctx, count, fields) {
+                    Some((entry, None)) => entry,
+                    Some((_, Some(_))) => {
+                        not_plain = true;
+                        return false;
+                    }
+                    None => return false,
                 };
                 batch.push(entry);
                 count += 1;
@@ -211,10 +205,23 @@ fn convert_received(ctx: Ctx<'_>, stacks: bool, received: Receiver<Read2Convert>
     Pass::Unusual
 }
 
-/// The entry fields of a streamed record, as the entry readers take them.
-fn entry_fields(fields: &[Option<Value>]) -> Option<entries::Fields<'_>> {
+/// The list the record streamer reads, and the fields it keeps of each entry.
+const ENTRIES: pickle::RecordSpec<'static> =
+    pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
+
+/// Entry `i` from the fields of a streamed record, and its `frames`; `None` for a record that
+/// is no valid entry (the generic reader then says why).
+fn streamed_entry<'v>(
+    ctx: Ctx<'_>,
+    i: usize,
+    fields: &'v [Option<Value>],
+) -> Option<(entries::Entry, Option<&'v Value>)> {
     let [a, b, c, d, e, f] = fields else { return None };
-    Some([a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()])
+    let fields = [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()];
+    match entries::entry_plain(&fields) {
+        Some(entry) => Some((entry, None)),
+        None => entries::entry_from_fields(ctx, i, &fields).ok(),
+    }
 }
 
 /// One streaming read, converting as the entries come (`as_they_come`) or from their list.
@@ -225,16 +232,8 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     let mut conv = as_they_come.then(|| convert::StreamConvert::new(ctx, opts.stacks));
     let mut needs_entries = false;
     let mut count = 0;
-    let spec = pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
-    let records = pickle::read_records(source, &opts.limits, spec, |fields| {
-        let Some(fields) = entry_fields(fields) else { return false };
-        let (entry, frames) = match entries::entry_plain(&fields) {
-            Some(entry) => (entry, None),
-            None => match entries::entry_from_fields(ctx, count, &fields) {
-                Ok(found) => found,
-                Err(_) => return false,
-            },
-        };
+    let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
+        let Some((entry, frames)) = streamed_entry(ctx, count, fields) else { return false };
         count += 1;
         match conv.as_mut() {
             Some(conv) => {
