@@ -105,10 +105,56 @@ impl IdStates {
     }
 }
 
+/// An allocator, concrete or a trait object, as the `&dyn Allocator` observers see.
+///
+/// The engine is generic over its allocator and device so that a replay of one known policy
+/// on one known device (`allocsim replay` of the PyTorch policy, the hot loop) calls them
+/// directly; everything else passes trait objects. Observers keep one signature either way.
+pub trait AsDynAllocator: Allocator {
+    fn as_dyn(&self) -> &dyn Allocator;
+}
+
+impl<T: Allocator> AsDynAllocator for T {
+    fn as_dyn(&self) -> &dyn Allocator {
+        self
+    }
+}
+
+impl AsDynAllocator for dyn Allocator + '_ {
+    fn as_dyn(&self) -> &dyn Allocator {
+        self
+    }
+}
+
+/// A device, concrete or a trait object, as the `dyn Device` observers and allocators see
+/// (see [`AsDynAllocator`]).
+pub trait AsDynDevice: Device {
+    fn as_dyn(&self) -> &dyn Device;
+    fn as_dyn_mut(&mut self) -> &mut dyn Device;
+}
+
+impl<T: Device> AsDynDevice for T {
+    fn as_dyn(&self) -> &dyn Device {
+        self
+    }
+    fn as_dyn_mut(&mut self) -> &mut dyn Device {
+        self
+    }
+}
+
+impl AsDynDevice for dyn Device + '_ {
+    fn as_dyn(&self) -> &dyn Device {
+        self
+    }
+    fn as_dyn_mut(&mut self) -> &mut dyn Device {
+        self
+    }
+}
+
 /// The engine: owns nothing but bookkeeping; borrows the allocator and the device.
-pub struct Engine<'a> {
-    allocator: &'a mut dyn Allocator,
-    device: &'a mut dyn Device,
+pub struct Engine<'a, A: ?Sized = dyn Allocator + 'a, D: ?Sized = dyn Device + 'a> {
+    allocator: &'a mut A,
+    device: &'a mut D,
     ids: IdStates,
     events: Vec<Event>,
     op_index: u64,
@@ -117,7 +163,7 @@ pub struct Engine<'a> {
     refusals: Vec<String>,
 }
 
-impl std::fmt::Debug for Engine<'_> {
+impl<A: AsDynAllocator + ?Sized, D: ?Sized> std::fmt::Debug for Engine<'_, A, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("policy", &self.allocator.name())
@@ -127,8 +173,8 @@ impl std::fmt::Debug for Engine<'_> {
     }
 }
 
-impl<'a> Engine<'a> {
-    pub fn new(allocator: &'a mut dyn Allocator, device: &'a mut dyn Device) -> Self {
+impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
+    pub fn new(allocator: &'a mut A, device: &'a mut D) -> Self {
         Engine {
             allocator,
             device,
@@ -146,11 +192,11 @@ impl<'a> Engine<'a> {
     }
 
     pub fn allocator(&self) -> &dyn Allocator {
-        &*self.allocator
+        self.allocator.as_dyn()
     }
 
     pub fn device(&self) -> &dyn Device {
-        &*self.device
+        self.device.as_dyn()
     }
 
     /// Run one op and notify the observers. Returns false when an observer asked to stop.
@@ -173,14 +219,20 @@ impl<'a> Engine<'a> {
             self.event_index += 1;
         }
         self.events.clear();
-        keep_going &= observer.on_op(self.op_index, op, &outcome, &*self.allocator, &*self.device);
+        keep_going &= observer.on_op(
+            self.op_index,
+            op,
+            &outcome,
+            self.allocator.as_dyn(),
+            self.device.as_dyn(),
+        );
         self.op_index += 1;
         keep_going
     }
 
     #[inline]
     fn apply(&mut self, op: &Op) -> OpOutcome {
-        let mut env = Env { device: &mut *self.device, events: &mut self.events };
+        let mut env = Env { device: self.device.as_dyn_mut(), events: &mut self.events };
         match *op {
             Op::Alloc { id, size, stream } => {
                 if matches!(self.ids.get(id), IdState::Live | IdState::Pending) {

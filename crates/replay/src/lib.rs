@@ -16,7 +16,7 @@ mod metrics;
 mod observers;
 mod run;
 
-pub use engine::{Engine, OpOutcome, Skipped};
+pub use engine::{AsDynAllocator, AsDynDevice, Engine, OpOutcome, Skipped};
 pub use explain::{Fence, FreeRegion, OomExplainer, OomExplanation};
 pub use fidelity::{Divergence, Fidelity};
 pub use grid::{compare, min_feasible_capacity, GridCell, CAPACITY_RESOLUTION_BYTES};
@@ -43,14 +43,21 @@ pub fn replay<O: Borrow<Op>>(
     replay_with(ops, allocator, device, observers, progress)
 }
 
-/// [`replay`] with one observer of a known type (see [`Engine::step_with`]).
-pub fn replay_with<O: Borrow<Op>, B: Observer + ?Sized>(
+/// [`replay`] with one observer of a known type (see [`Engine::step_with`]), and an allocator
+/// and a device that may be of known types too (see [`AsDynAllocator`]).
+pub fn replay_with<O, B, A, D>(
     ops: impl IntoIterator<Item = O>,
-    allocator: &mut dyn Allocator,
-    device: &mut dyn Device,
+    allocator: &mut A,
+    device: &mut D,
     observer: &mut B,
     mut progress: impl FnMut(u64),
-) -> (u64, Skipped) {
+) -> (u64, Skipped)
+where
+    O: Borrow<Op>,
+    B: Observer + ?Sized,
+    A: AsDynAllocator + ?Sized,
+    D: AsDynDevice + ?Sized,
+{
     let mut engine = Engine::new(allocator, device);
     let mut ran = 0;
     for op in ops {

@@ -3,14 +3,15 @@
 //! thing by "replay this trace under this policy".
 
 use crate::{
-    replay_with, CheckObserver, Divergence, Fidelity, Metrics, MetricsReport, Observer, OpOutcome,
-    Skipped,
+    replay_with, AsDynAllocator, AsDynDevice, CheckObserver, Divergence, Fidelity, Metrics,
+    MetricsReport, Observer, OpOutcome, Skipped,
 };
 use allocsim_check::{CheckConfig, CheckReport, Checker};
 use allocsim_core::{
     Allocator, ConfigError, Device, DeviceCalls, Env, Event, MemoryStats, Op, RecordedEvent,
     SnapshotSegment, Trace, TraceMeta,
 };
+use allocsim_policies::pytorch::PyTorchAllocator;
 use allocsim_sim::{Fault, RecordedDevice, SimConfig, SimDevice};
 use std::borrow::Borrow;
 
@@ -162,17 +163,13 @@ fn run_head<O: Borrow<Op>>(
         DeviceChoice::Sim => false,
         DeviceChoice::Auto => trace.has_recording && opts.policy == "pytorch" && !what_if,
     };
-    let mut recorded;
-    let mut modelled;
-    let device: &mut dyn Device = if follow {
-        recorded = RecordedDevice::new(trace.recorded, sim);
-        &mut recorded
+    if follow {
+        let mut device = RecordedDevice::new(trace.recorded, sim);
+        run_on(trace, ops, opts, &mut device, "recorded", total, free, extra, progress)
     } else {
-        modelled = sim;
-        &mut modelled
-    };
-    let name = if follow { "recorded" } else { "sim" };
-    run_on(trace, ops, opts, device, name, total, free, extra, progress)
+        let mut device = sim;
+        run_on(trace, ops, opts, &mut device, "sim", total, free, extra, progress)
+    }
 }
 
 /// Replay `trace` as `opts` say on a device the caller built (a real GPU, say), so this crate
@@ -193,11 +190,11 @@ pub fn run_trace_on(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_on<O: Borrow<Op>>(
+fn run_on<O: Borrow<Op>, D: AsDynDevice + ?Sized>(
     trace: Head<'_>,
     ops: impl IntoIterator<Item = O>,
     opts: &RunOptions,
-    device: &mut dyn Device,
+    device: &mut D,
     device_name: &'static str,
     total: u64,
     free: u64,
@@ -209,45 +206,86 @@ fn run_on<O: Borrow<Op>>(
         (None, "pytorch") => trace.meta.alloc_conf.clone().unwrap_or_default(),
         (None, _) => String::new(),
     };
-    let mut allocator = allocsim_policies::by_name(&opts.policy, Some(&alloc_conf))?;
-    let memory_fraction = opts.memory_fraction.or(trace.meta.memory_fraction);
-    if let Some(fraction) = memory_fraction {
-        let mut events = Vec::new();
-        let mut env = Env { device: &mut *device, events: &mut events };
-        allocator.set_memory_fraction(&mut env, fraction)?;
+    let run = Run { trace, opts, device_name, alloc_conf, total, free };
+    // The PyTorch policy, the one most replays use, is called directly rather than through a
+    // trait object (see `AsDynAllocator`); `by_name` builds it the same way.
+    if opts.policy == "pytorch" {
+        let mut allocator = PyTorchAllocator::from_conf(&run.alloc_conf)?;
+        run.go(ops, &mut allocator, device, extra, progress)
+    } else {
+        let mut allocator = allocsim_policies::by_name(&opts.policy, Some(&run.alloc_conf))?;
+        run.go(ops, &mut *allocator, device, extra, progress)
     }
+}
 
-    let mut observers = RunObservers {
-        metrics: Metrics::new(trace.ops),
-        checker: opts.check.then(|| {
-            CheckObserver::new(Checker::new(CheckConfig {
-                device_total_bytes: total,
-                alignment_bytes: allocator.block_alignment(),
-                ..CheckConfig::default()
-            }))
-        }),
-        fidelity: opts.fidelity.then(|| Fidelity::new(trace.recorded)),
-        extra,
-    };
-    let (ops_run, skipped) = replay_with(ops, &mut *allocator, device, &mut observers, progress);
+/// What `run_on` settled before choosing how to call the allocator.
+struct Run<'t, 'o> {
+    trace: Head<'t>,
+    opts: &'o RunOptions,
+    device_name: &'static str,
+    alloc_conf: String,
+    total: u64,
+    free: u64,
+}
 
-    Ok(RunReport {
-        policy: opts.policy.clone(),
-        device: device_name,
-        alloc_conf,
-        memory_fraction,
-        device_total_bytes: total,
-        device_free_bytes: free,
-        ops_run,
-        metrics: observers.metrics.finish(),
-        stats: allocator.stats(),
-        skipped,
-        device_calls: device.calls().clone(),
-        device_notes: device.notes(),
-        check: observers.checker.map(|c| c.checker.finish()),
-        fidelity: observers.fidelity.map(Fidelity::finish),
-        snapshot: allocator.snapshot(),
-    })
+impl Run<'_, '_> {
+    fn go<O: Borrow<Op>, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized>(
+        self,
+        ops: impl IntoIterator<Item = O>,
+        allocator: &mut A,
+        device: &mut D,
+        extra: &mut [&mut dyn Observer],
+        progress: impl FnMut(u64),
+    ) -> Result<RunReport, ConfigError> {
+        let Run { trace, opts, device_name, alloc_conf, total, free } = self;
+        let memory_fraction = opts.memory_fraction.or(trace.meta.memory_fraction);
+        if let Some(fraction) = memory_fraction {
+            let mut events = Vec::new();
+            let mut env = Env { device: device.as_dyn_mut(), events: &mut events };
+            allocator.set_memory_fraction(&mut env, fraction)?;
+        }
+
+        let mut observers = RunObservers {
+            metrics: Metrics::new(trace.ops),
+            checker: opts.check.then(|| {
+                CheckObserver::new(Checker::new(CheckConfig {
+                    device_total_bytes: total,
+                    alignment_bytes: allocator.block_alignment(),
+                    ..CheckConfig::default()
+                }))
+            }),
+            fidelity: opts.fidelity.then(|| Fidelity::new(trace.recorded)),
+            extra,
+        };
+        // Metrics alone is the common case (`allocsim replay`, the grid): replay with it directly,
+        // without a check per event for observers that are not there.
+        let metrics_only = observers.checker.is_none()
+            && observers.fidelity.is_none()
+            && observers.extra.is_empty();
+        let (ops_run, skipped) = if metrics_only {
+            replay_with(ops, allocator, device, &mut observers.metrics, progress)
+        } else {
+            replay_with(ops, allocator, device, &mut observers, progress)
+        };
+
+        Ok(RunReport {
+            policy: opts.policy.clone(),
+            device: device_name,
+            alloc_conf,
+            memory_fraction,
+            device_total_bytes: total,
+            device_free_bytes: free,
+            ops_run,
+            metrics: observers.metrics.finish(),
+            stats: allocator.stats(),
+            skipped,
+            device_calls: device.calls().clone(),
+            device_notes: device.notes(),
+            check: observers.checker.map(|c| c.checker.finish()),
+            fidelity: observers.fidelity.map(Fidelity::finish),
+            snapshot: allocator.snapshot(),
+        })
+    }
 }
 
 /// The run's own observers and the caller's, as one observer: the metrics always, the checker

@@ -40,6 +40,13 @@ fn class_of(size: u64) -> usize {
     LINEAR_CLASSES + (log as usize - 6) * (1 << SUB_BITS) + sub as usize
 }
 
+/// A block's place in the order within its stream: (size, address).
+type Key = (u64, u64);
+
+fn key_of(k: &SizeKey) -> Key {
+    (k.size, k.addr)
+}
+
 /// One free block in a class: (size, address) is the key, `index` the arena slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
@@ -49,110 +56,181 @@ struct Entry {
 }
 
 impl Entry {
-    fn key(&self) -> (u64, u64) {
+    fn key(&self) -> Key {
         (self.size, self.addr)
     }
 }
+
+const NO_ENTRY: Entry = Entry { size: 0, addr: 0, index: 0 };
 
 /// The blocks of one class. Nearly every class holds a handful of blocks (replaying the real
 /// traces, over 99% of lookups find at most 7), so a small class is an unsorted list: a
 /// linear scan finds the best fit and a removal swaps the last entry in, no shifting. A class
 /// that grows past [`FLAT_MAX`] blocks becomes a tree ordered by (size, address).
+///
+/// A class is boxed on first use and kept: the per-class table is then 8 bytes a class
+/// (15 KiB a stream), and a class's count and blocks share their first cache line. With a
+/// `Vec` per class the table was 32 bytes a class and a lookup touched it, then the heap.
+#[derive(Debug, Default)]
+struct Bucket(Option<Box<Class>>);
+
 #[derive(Debug)]
-enum Bucket {
-    Flat(Vec<Entry>),
-    Tree(BTreeMap<(u64, u64), u32>),
+struct Class {
+    /// Blocks in `flat` while `tree` is `None`.
+    len: usize,
+    flat: [Entry; FLAT_MAX],
+    tree: Option<BTreeMap<Key, u32>>,
 }
 
-fn entry(((size, addr), index): (&(u64, u64), &u32)) -> Entry {
-    Entry { size: *size, addr: *addr, index: *index }
+fn entry((key, index): (&Key, &u32)) -> Entry {
+    Entry { size: key.0, addr: key.1, index: *index }
 }
 
 impl Bucket {
-    fn len(&self) -> usize {
-        match self {
-            Bucket::Flat(v) => v.len(),
-            Bucket::Tree(t) => t.len(),
+    /// The list of a class that is a list (possibly empty).
+    #[inline]
+    fn flat(&self) -> Option<&[Entry]> {
+        match &self.0 {
+            None => Some(&[]),
+            Some(c) if c.tree.is_none() => Some(&c.flat[..c.len]),
+            Some(_) => None,
         }
     }
 
+    fn tree(&self) -> Option<&BTreeMap<Key, u32>> {
+        self.0.as_ref()?.tree.as_ref()
+    }
+
+    fn is_empty(&self) -> bool {
+        match &self.0 {
+            None => true,
+            Some(c) => c.tree.as_ref().map_or(c.len == 0, BTreeMap::is_empty),
+        }
+    }
+
+    #[inline]
     fn insert(&mut self, e: Entry) {
-        match self {
-            Bucket::Flat(v) => {
-                v.push(e);
-                if v.len() > FLAT_MAX {
-                    *self = Bucket::Tree(v.iter().map(|x| (x.key(), x.index)).collect());
-                }
+        match &mut self.0 {
+            Some(c) if c.tree.is_none() && c.len < FLAT_MAX => {
+                c.flat[c.len] = e;
+                c.len += 1;
             }
-            Bucket::Tree(t) => {
-                t.insert(e.key(), e.index);
-            }
+            _ => self.insert_slow(e),
         }
     }
 
-    fn remove(&mut self, key: (u64, u64)) -> bool {
-        match self {
-            Bucket::Flat(v) => match v.iter().position(|x| x.key() == key) {
-                Some(pos) => {
-                    v.swap_remove(pos);
-                    true
-                }
-                None => false,
-            },
-            Bucket::Tree(t) => {
-                let found = t.remove(&key).is_some();
-                if t.len() < FLAT_MIN {
-                    *self = Bucket::Flat(t.iter().map(entry).collect());
-                }
-                found
-            }
+    /// Insert into a class not yet boxed, into a tree, or into a full list, which becomes a
+    /// tree.
+    #[cold]
+    #[inline(never)]
+    fn insert_slow(&mut self, e: Entry) {
+        let c = self.0.get_or_insert_with(|| {
+            Box::new(Class { len: 0, flat: [NO_ENTRY; FLAT_MAX], tree: None })
+        });
+        if c.tree.is_none() && c.len < FLAT_MAX {
+            c.flat[c.len] = e;
+            c.len += 1;
+            return;
         }
+        let tree = c.tree.get_or_insert_with(|| {
+            let list = c.flat[..c.len].iter().map(|x| (x.key(), x.index)).collect();
+            c.len = 0;
+            list
+        });
+        tree.insert(e.key(), e.index);
     }
 
-    /// The first block with key >= `key`.
-    fn at_least(&self, key: (u64, u64)) -> Option<Entry> {
-        match self {
-            Bucket::Flat(v) => v.iter().filter(|x| x.key() >= key).min_by_key(|x| x.key()).copied(),
-            Bucket::Tree(t) => t.range(key..).next().map(entry),
+    /// Remove the block with this key; `at` is its position in a list if the caller knows it.
+    #[inline]
+    fn remove(&mut self, key: Key, at: u32) -> bool {
+        let Some(c) = self.0.as_mut() else { return false };
+        if c.tree.is_some() {
+            return remove_from_tree(c, key);
         }
+        let pos = if at != NO_POS {
+            debug_assert_eq!(c.flat[at as usize].key(), key);
+            at as usize
+        } else {
+            match c.flat[..c.len].iter().position(|x| x.key() == key) {
+                Some(pos) => pos,
+                None => return false,
+            }
+        };
+        c.len -= 1;
+        c.flat[pos] = c.flat[c.len];
+        true
+    }
+
+    /// The first block with key >= `key`, with its position in a list (`NO_POS` in a tree).
+    #[inline]
+    fn at_least(&self, key: Key) -> Option<(Entry, u32)> {
+        let Some(list) = self.flat() else { return tree_at_least(self.tree()?, key) };
+        let mut best: Option<(Entry, u32)> = None;
+        for (i, x) in list.iter().enumerate() {
+            if x.key() >= key && best.is_none_or(|(b, _)| x.key() < b.key()) {
+                best = Some((*x, i as u32));
+            }
+        }
+        best
     }
 
     /// The last block with key < `key`.
-    fn below(&self, key: (u64, u64)) -> Option<Entry> {
-        match self {
-            Bucket::Flat(v) => v.iter().filter(|x| x.key() < key).max_by_key(|x| x.key()).copied(),
-            Bucket::Tree(t) => t.range(..key).next_back().map(entry),
+    fn below(&self, key: Key) -> Option<Entry> {
+        match self.flat() {
+            Some(list) => list.iter().filter(|x| x.key() < key).max_by_key(|x| x.key()).copied(),
+            None => self.tree()?.range(..key).next_back().map(entry),
         }
     }
 
-    fn first(&self) -> Option<Entry> {
-        match self {
-            Bucket::Flat(v) => v.iter().min_by_key(|x| x.key()).copied(),
-            Bucket::Tree(t) => t.iter().next().map(entry),
-        }
+    fn first(&self) -> Option<(Entry, u32)> {
+        self.at_least((0, 0))
     }
 
     fn last(&self) -> Option<Entry> {
-        match self {
-            Bucket::Flat(v) => v.iter().max_by_key(|x| x.key()).copied(),
-            Bucket::Tree(t) => t.iter().next_back().map(entry),
+        match self.flat() {
+            Some(list) => list.iter().max_by_key(|x| x.key()).copied(),
+            None => self.tree()?.iter().next_back().map(entry),
         }
     }
 
     /// The arena indices in (size, address) order.
     fn collect_indices(&self, out: &mut Vec<u32>) {
-        match self {
-            Bucket::Flat(v) => {
+        match self.flat() {
+            Some(list) => {
                 // At most FLAT_MAX entries: sorted on the stack, no allocation.
-                let mut sorted = [Entry { size: 0, addr: 0, index: 0 }; FLAT_MAX + 1];
-                let sorted = &mut sorted[..v.len()];
-                sorted.copy_from_slice(v);
+                let mut sorted = [NO_ENTRY; FLAT_MAX];
+                let sorted = &mut sorted[..list.len()];
+                sorted.copy_from_slice(list);
                 sorted.sort_unstable_by_key(|x| x.key());
                 out.extend(sorted.iter().map(|e| e.index));
             }
-            Bucket::Tree(t) => out.extend(t.values().copied()),
+            None => out.extend(self.tree().into_iter().flat_map(|t| t.values().copied())),
         }
     }
+}
+
+/// Remove from a tree class, which becomes a list again below [`FLAT_MIN`] blocks.
+#[cold]
+#[inline(never)]
+fn remove_from_tree(c: &mut Class, key: Key) -> bool {
+    let Some(t) = c.tree.as_mut() else { return false };
+    let found = t.remove(&key).is_some();
+    if t.len() < FLAT_MIN {
+        for (i, kv) in t.iter().enumerate() {
+            c.flat[i] = entry(kv);
+        }
+        c.len = t.len();
+        c.tree = None;
+    }
+    found
+}
+
+/// A tree class's first block at or after `key`; out of line, so that the scan of a list
+/// (nearly every lookup) stays small.
+#[cold]
+#[inline(never)]
+fn tree_at_least(t: &BTreeMap<Key, u32>, key: Key) -> Option<(Entry, u32)> {
+    t.range(key..).next().map(|kv| (entry(kv), NO_POS))
 }
 
 /// The free blocks of one stream.
@@ -169,7 +247,7 @@ struct StreamSet {
 
 impl StreamSet {
     fn new(stream: u64) -> Self {
-        let buckets = (0..NUM_CLASSES).map(|_| Bucket::Flat(Vec::new())).collect();
+        let buckets = (0..NUM_CLASSES).map(|_| Bucket::default()).collect();
         StreamSet { stream, len: 0, summary: 0, words: [0; WORDS], buckets }
     }
 
@@ -181,13 +259,13 @@ impl StreamSet {
         self.len += 1;
     }
 
-    fn remove(&mut self, key: (u64, u64)) -> bool {
-        let c = class_of(key.0);
-        if !self.buckets[c].remove(key) {
+    /// Remove the block with this key from class `c`, at position `at` if known.
+    fn remove(&mut self, c: usize, key: Key, at: u32) -> bool {
+        if !self.buckets[c].remove(key, at) {
             return false;
         }
         self.len -= 1;
-        if self.buckets[c].len() == 0 {
+        if self.buckets[c].is_empty() {
             self.words[c / 64] &= !(1 << (c % 64));
             if self.words[c / 64] == 0 {
                 self.summary &= !(1 << (c / 64));
@@ -224,17 +302,19 @@ impl StreamSet {
         Some(w * 64 + 63 - self.words[w].leading_zeros() as usize)
     }
 
-    /// The first block with key >= `key`.
-    fn at_least(&self, key: (u64, u64)) -> Option<Entry> {
+    /// The first block with key >= `key`, with its class and position.
+    fn at_least(&self, key: Key) -> Option<(Entry, usize, u32)> {
         let c = class_of(key.0);
-        if let Some(e) = self.buckets[c].at_least(key) {
-            return Some(e);
+        if let Some((e, at)) = self.buckets[c].at_least(key) {
+            return Some((e, c, at));
         }
-        self.buckets[self.class_from(c + 1)?].first()
+        let c = self.class_from(c + 1)?;
+        let (e, at) = self.buckets[c].first()?;
+        Some((e, c, at))
     }
 
     /// The last block with key < `key`.
-    fn below(&self, key: (u64, u64)) -> Option<Entry> {
+    fn below(&self, key: Key) -> Option<Entry> {
         let c = class_of(key.0);
         if let Some(e) = self.buckets[c].below(key) {
             return Some(e);
@@ -250,6 +330,20 @@ impl StreamSet {
 /// `bits` if any is set.
 fn nonzero(bits: u64) -> Option<u64> {
     (bits != 0).then_some(bits)
+}
+
+/// `Bucket::remove`'s "position unknown".
+const NO_POS: u32 = u32::MAX;
+
+/// A block a lookup found, and where: lets the caller remove it without a second search
+/// ([`FreeSet::remove_found`]). Valid until the set next changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    pub key: SizeKey,
+    stream_pos: u32,
+    class: u32,
+    /// Position in the class's list; `NO_POS` in a tree.
+    at: u32,
 }
 
 /// The free (mapped) blocks of a pool, by (stream, size, address).
@@ -279,35 +373,61 @@ impl FreeSet {
     pub fn insert(&mut self, key: SizeKey) {
         let pos = match self.position(key.stream) {
             Ok(pos) => pos,
-            Err(pos) => {
-                self.streams.insert(pos, StreamSet::new(key.stream));
-                pos
-            }
+            Err(pos) => self.add_stream(pos, key.stream),
         };
         self.streams[pos].insert(Entry { size: key.size, addr: key.addr, index: key.index });
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn add_stream(&mut self, pos: usize, stream: u64) -> usize {
+        self.streams.insert(pos, StreamSet::new(stream));
+        pos
     }
 
     /// Remove the block with this (stream, size, address); false if absent.
     #[inline]
     pub fn remove(&mut self, key: &SizeKey) -> bool {
         match self.position(key.stream) {
-            Ok(pos) => self.streams[pos].remove((key.size, key.addr)),
+            Ok(pos) => self.streams[pos].remove(class_of(key.size), key_of(key), NO_POS),
             Err(_) => false,
         }
     }
 
+    /// Remove the block a lookup just found, without searching for it again. The set must not
+    /// have changed since the lookup.
+    #[inline]
+    pub fn remove_found(&mut self, found: &Found) {
+        let key = key_of(&found.key);
+        let removed =
+            self.streams[found.stream_pos as usize].remove(found.class as usize, key, found.at);
+        debug_assert!(removed);
+    }
+
+    /// The first block of `stream` at or after (`size`, `addr`).
+    fn find(&self, stream: u64, size: u64, addr: u64) -> Option<Found> {
+        let pos = self.position(stream).ok()?;
+        let (e, class, at) = self.streams[pos].at_least((size, addr))?;
+        Some(Found {
+            key: SizeKey { stream, size: e.size, addr: e.addr, index: e.index },
+            stream_pos: pos as u32,
+            class: class as u32,
+            at,
+        })
+    }
+
     /// `lower_bound`, restricted to one stream: the smallest block of `stream` with at least
     /// `size` bytes, lowest address first among equals.
-    pub fn lower_bound(&self, stream: u64, size: u64) -> Option<SizeKey> {
-        let e = self.stream(stream)?.at_least((size, 0))?;
-        Some(SizeKey { stream, size: e.size, addr: e.addr, index: e.index })
+    pub fn lower_bound(&self, stream: u64, size: u64) -> Option<Found> {
+        self.find(stream, size, 0)
     }
 
     /// The block after `key` in the same stream.
-    pub fn next_in_stream(&self, key: &SizeKey) -> Option<SizeKey> {
-        let after = key.addr.checked_add(1).map_or((key.size + 1, 0), |a| (key.size, a));
-        let e = self.stream(key.stream)?.at_least(after)?;
-        Some(SizeKey { stream: key.stream, size: e.size, addr: e.addr, index: e.index })
+    pub fn next_in_stream(&self, key: &SizeKey) -> Option<Found> {
+        match key.addr.checked_add(1) {
+            Some(addr) => self.find(key.stream, key.size, addr),
+            None => self.find(key.stream, key.size + 1, 0),
+        }
     }
 
     /// The block before (size, addr) in `stream`.
@@ -375,8 +495,7 @@ mod tests {
         };
         let mut saw_trees = false;
         for step in 0..20_000u32 {
-            saw_trees |=
-                set.streams.iter().any(|s| s.buckets.iter().any(|b| matches!(b, Bucket::Tree(_))));
+            saw_trees |= set.streams.iter().any(|s| s.buckets.iter().any(|b| b.tree().is_some()));
             let r = next();
             let stream = [0, 5, 1 << 40][(r % 3) as usize];
             let size = match (r >> 8) % 4 {
@@ -395,17 +514,26 @@ mod tests {
             let probe = (next() >> 20) % (1 << 30);
             let want =
                 model.range((stream, probe, 0)..).next().map(key_of).filter(|k| k.stream == stream);
-            assert_eq!(set.lower_bound(stream, probe), want);
-            if let Some(k) = want.filter(|_| step % 3 == 0) {
+            let found = set.lower_bound(stream, probe);
+            assert_eq!(found.map(|f| f.key), want);
+            if let Some(f) = found.filter(|_| step % 3 == 0) {
                 // What get_free_block does: remove the block lower_bound just found.
-                assert!(set.remove(&k));
+                set.remove_found(&f);
+                let k = f.key;
                 assert_eq!(model.remove(&(k.stream, k.size, k.addr)), Some(k.index));
                 continue;
             }
             if let Some(k) = want {
                 let at = (k.stream, k.size, k.addr);
                 let want_next = model.range(at..).nth(1).map(key_of).filter(|n| n.stream == stream);
-                assert_eq!(set.next_in_stream(&k), want_next);
+                let next = set.next_in_stream(&k);
+                assert_eq!(next.map(|f| f.key), want_next);
+                if let Some(n) = next.filter(|_| step % 7 == 1) {
+                    // What the expandable search does: remove the block next_in_stream found.
+                    set.remove_found(&n);
+                    model.remove(&(n.key.stream, n.key.size, n.key.addr));
+                    continue;
+                }
                 let want_prev =
                     model.range(..at).next_back().map(key_of).filter(|p| p.stream == stream);
                 assert_eq!(set.prev_in_stream(stream, k.size, k.addr), want_prev);

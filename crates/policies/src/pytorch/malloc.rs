@@ -63,22 +63,24 @@ impl PyTorchAllocator {
         let small = is_small(size);
         let mut p =
             Params { size, alloc_size: get_allocation_size(size), stream, small, block: NIL };
-        // trigger_free_memory_callbacks only has the CUDA-IPC collector, false in one process.
-        let mut found = self.get_free_block(&mut p);
-        if !found {
-            if self.gc_enabled() {
-                self.garbage_collect_cached_blocks(env);
-            }
-            found = self.alloc_block(env, &mut p, false)
-                || (self.release_available_cached_blocks(env, &p)
-                    && self.alloc_block(env, &mut p, false))
-                || (self.release_cached_blocks(env) && self.alloc_block(env, &mut p, true));
-        }
-        if !found {
+        if !self.get_free_block(&mut p) && !self.malloc_miss(env, &mut p) {
             return Err(self.oom(env, id, &p));
         }
         let split = self.should_split(p.block, size);
         Ok(self.alloc_found_block(env, id, &p, orig_size, split))
+    }
+
+    /// The cache had no block: GC, a new segment, and the release-and-retry chain. Out of
+    /// line, so that the hit path stays small.
+    #[inline(never)]
+    fn malloc_miss(&mut self, env: &mut Env<'_>, p: &mut Params) -> bool {
+        // trigger_free_memory_callbacks only has the CUDA-IPC collector, false in one process.
+        if self.gc_enabled() {
+            self.garbage_collect_cached_blocks(env);
+        }
+        self.alloc_block(env, p, false)
+            || (self.release_available_cached_blocks(env, p) && self.alloc_block(env, p, false))
+            || (self.release_cached_blocks(env) && self.alloc_block(env, p, true))
     }
 
     /// `get_free_block`: best fit on the same stream, with the expandable preference and the
@@ -94,8 +96,8 @@ impl PyTorchAllocator {
             pool.get_free_blocks_call_count += 1;
         }
         let stream = p.stream.0;
-        let Some(mut key) = pool.blocks.lower_bound(stream, p.size) else { return false };
-        if arena[key.index].is_expandable() {
+        let Some(mut found) = pool.blocks.lower_bound(stream, p.size) else { return false };
+        if arena[found.key.index].is_expandable() {
             if expandable_on {
                 // Best fit by the size a block can grow to: prefer a bigger block with less
                 // unmapped room behind it.
@@ -104,30 +106,31 @@ impl PyTorchAllocator {
                     let unmapped_next = b.next != NIL && !arena[b.next].mapped;
                     b.size + if unmapped_next { arena[b.next].size } else { 0 }
                 };
-                while arena[key.index].is_expandable() {
-                    match pool.blocks.next_in_stream(&key) {
-                        Some(next) if growable(&next) < growable(&key) => key = next,
+                while arena[found.key.index].is_expandable() {
+                    match pool.blocks.next_in_stream(&found.key) {
+                        Some(next) if growable(&next.key) < growable(&found.key) => found = next,
                         _ => break,
                     }
                 }
             } else {
                 // Expandable segments were turned off after use: skip their blocks.
                 loop {
-                    let Some(next) = pool.blocks.next_in_stream(&key) else { return false };
-                    key = next;
-                    if !arena[key.index].is_expandable() {
+                    let Some(next) = pool.blocks.next_in_stream(&found.key) else { return false };
+                    found = next;
+                    if !arena[found.key.index].is_expandable() {
                         break;
                     }
                 }
             }
         }
+        let key = found.key;
         if p.size < max_split && key.size >= max_split {
             return false;
         }
         if p.size >= max_split && key.size >= p.size.saturating_add(non_split_rounding) {
             return false;
         }
-        pool.blocks.remove(&key);
+        pool.blocks.remove_found(&found);
         p.block = key.index;
         true
     }
@@ -196,19 +199,21 @@ impl PyTorchAllocator {
         split: bool,
     ) -> Granted {
         let pool = pool_of(p.small);
-        let found = self.arena[p.block];
+        let found = &self.arena[p.block];
         let already_split = found.is_split();
         let expandable = found.is_expandable();
+        let (found_addr, found_size, found_prev, found_expandable) =
+            (found.addr, found.size, found.prev, found.expandable);
         let mut block = p.block;
         if split {
             let remaining = p.block;
-            let mut head = Block::new(found.addr, p.size, p.stream, p.small);
-            head.expandable = found.expandable;
-            head.prev = found.prev;
+            let mut head = Block::new(found_addr, p.size, p.stream, p.small);
+            head.expandable = found_expandable;
+            head.prev = found_prev;
             head.next = remaining;
             block = self.arena.insert(head);
-            if found.prev != NIL {
-                self.arena[found.prev].next = block;
+            if found_prev != NIL {
+                self.arena[found_prev].next = block;
             }
             let r = &mut self.arena[remaining];
             r.prev = block;
@@ -225,7 +230,7 @@ impl PyTorchAllocator {
                 }
             }
         } else if already_split && !expandable {
-            self.stats.inactive_split_bytes.dec(pool, found.size);
+            self.stats.inactive_split_bytes.dec(pool, found_size);
             self.stats.inactive_split.dec(pool, 1);
         }
         let b = &mut self.arena[block];
@@ -255,6 +260,8 @@ impl PyTorchAllocator {
     }
 
     /// The OOM branch of `malloc`: trace `oom` with the driver's free memory, count it.
+    #[cold]
+    #[inline(never)]
     fn oom(&mut self, env: &mut Env<'_>, id: AllocId, p: &Params) -> OomInfo {
         let info = self.oom_info(env, p);
         env.events.push(Event::Oom { id, size: p.size, stream: p.stream, info });

@@ -29,6 +29,7 @@ impl PyTorchAllocator {
         let key_size = p.size.max(max_split);
         let stream = p.stream.0;
         if let Some(first) = self.pool(p.small).blocks.lower_bound(stream, key_size) {
+            let first = first.key;
             let b = &self.arena[first.index];
             // PyTorch would hand a split block to cudaFree here (impossible unless
             // max_split_size changed at run time); we never release part of a segment.
