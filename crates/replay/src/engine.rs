@@ -206,7 +206,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
 
     /// [`Engine::step`] with one observer of a known type, called without dynamic dispatch
     /// (a slice of `&mut dyn Observer` is one observer too).
-    #[inline]
+    #[inline(always)]
     pub fn step_with<O: Observer + ?Sized>(&mut self, op: &Op, observer: &mut O) -> bool {
         self.device.begin_op(self.op_index);
         let outcome = self.apply(op);
@@ -230,7 +230,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
         keep_going
     }
 
-    #[inline]
+    #[inline(always)]
     fn apply(&mut self, op: &Op) -> OpOutcome {
         let mut env = Env { device: self.device.as_dyn_mut(), events: &mut self.events };
         match *op {

@@ -348,6 +348,7 @@ impl SimDevice {
 }
 
 impl Device for SimDevice {
+    #[inline]
     fn begin_op(&mut self, index: u64) {
         self.op = Some(index);
         if self.faults.takes_at(index) {

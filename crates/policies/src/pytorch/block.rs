@@ -124,6 +124,7 @@ pub struct Arena {
 }
 
 impl Arena {
+    #[inline]
     pub fn insert(&mut self, block: Block) -> u32 {
         if let Some(index) = self.vacant.pop() {
             self.slots[index as usize] = block;
@@ -135,6 +136,7 @@ impl Arena {
     }
 
     /// `delete block`. Callers drop every link to it first.
+    #[inline]
     pub fn remove(&mut self, index: u32) {
         self.slots[index as usize].live = false;
         self.vacant.push(index);

@@ -68,6 +68,7 @@ impl PyTorchAllocator {
 
     /// `free_block`: trace `free_completed`, merge with the previous then the next block, back
     /// into the free set, and account the change in inactive split blocks (spec 7.2).
+    #[inline(always)]
     pub(super) fn free_block(&mut self, env: &mut Env<'_>, index: u32) {
         let b = self.arena[index];
         env.events.push(Event::FreeCompleted {
@@ -105,6 +106,7 @@ impl PyTorchAllocator {
     /// `try_merge_blocks`: `dst` absorbs `src` if `src` is free with nothing outstanding and in
     /// the same mapped state. `dst` is never in a free set while this runs. Returns the bytes
     /// absorbed.
+    #[inline(always)]
     pub(super) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
         if src == NIL {
             return 0;

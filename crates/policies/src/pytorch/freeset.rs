@@ -40,11 +40,15 @@ fn class_of(size: u64) -> usize {
     LINEAR_CLASSES + (log as usize - 6) * (1 << SUB_BITS) + sub as usize
 }
 
-/// A block's place in the order within its stream: (size, address).
-type Key = (u64, u64);
+/// (size, address) as one number, so that comparing two takes two instructions and no branch.
+type Key = u128;
+
+fn key(size: u64, addr: u64) -> Key {
+    (Key::from(size) << 64) | Key::from(addr)
+}
 
 fn key_of(k: &SizeKey) -> Key {
-    (k.size, k.addr)
+    key(k.size, k.addr)
 }
 
 /// One free block in a class: (size, address) is the key, `index` the arena slot.
@@ -57,180 +61,129 @@ struct Entry {
 
 impl Entry {
     fn key(&self) -> Key {
-        (self.size, self.addr)
+        key(self.size, self.addr)
     }
 }
-
-const NO_ENTRY: Entry = Entry { size: 0, addr: 0, index: 0 };
 
 /// The blocks of one class. Nearly every class holds a handful of blocks (replaying the real
 /// traces, over 99% of lookups find at most 7), so a small class is an unsorted list: a
 /// linear scan finds the best fit and a removal swaps the last entry in, no shifting. A class
 /// that grows past [`FLAT_MAX`] blocks becomes a tree ordered by (size, address).
-///
-/// A class is boxed on first use and kept: the per-class table is then 8 bytes a class
-/// (15 KiB a stream), and a class's count and blocks share their first cache line. With a
-/// `Vec` per class the table was 32 bytes a class and a lookup touched it, then the heap.
-#[derive(Debug, Default)]
-struct Bucket(Option<Box<Class>>);
-
 #[derive(Debug)]
-struct Class {
-    /// Blocks in `flat` while `tree` is `None`.
-    len: usize,
-    flat: [Entry; FLAT_MAX],
-    tree: Option<BTreeMap<Key, u32>>,
+enum Bucket {
+    Flat(Vec<Entry>),
+    Tree(BTreeMap<Key, u32>),
 }
 
 fn entry((key, index): (&Key, &u32)) -> Entry {
-    Entry { size: key.0, addr: key.1, index: *index }
+    Entry { size: (key >> 64) as u64, addr: *key as u64, index: *index }
 }
 
 impl Bucket {
-    /// The list of a class that is a list (possibly empty).
-    #[inline]
-    fn flat(&self) -> Option<&[Entry]> {
-        match &self.0 {
-            None => Some(&[]),
-            Some(c) if c.tree.is_none() => Some(&c.flat[..c.len]),
-            Some(_) => None,
+    fn len(&self) -> usize {
+        match self {
+            Bucket::Flat(v) => v.len(),
+            Bucket::Tree(t) => t.len(),
         }
     }
 
-    fn tree(&self) -> Option<&BTreeMap<Key, u32>> {
-        self.0.as_ref()?.tree.as_ref()
-    }
-
-    fn is_empty(&self) -> bool {
-        match &self.0 {
-            None => true,
-            Some(c) => c.tree.as_ref().map_or(c.len == 0, BTreeMap::is_empty),
-        }
-    }
-
-    #[inline]
     fn insert(&mut self, e: Entry) {
-        match &mut self.0 {
-            Some(c) if c.tree.is_none() && c.len < FLAT_MAX => {
-                c.flat[c.len] = e;
-                c.len += 1;
-            }
+        match self {
+            Bucket::Flat(v) if v.len() < FLAT_MAX => v.push(e),
             _ => self.insert_slow(e),
         }
     }
 
-    /// Insert into a class not yet boxed, into a tree, or into a full list, which becomes a
-    /// tree.
+    /// Insert into a tree, or into a full list, which becomes a tree.
     #[cold]
     #[inline(never)]
     fn insert_slow(&mut self, e: Entry) {
-        let c = self.0.get_or_insert_with(|| {
-            Box::new(Class { len: 0, flat: [NO_ENTRY; FLAT_MAX], tree: None })
-        });
-        if c.tree.is_none() && c.len < FLAT_MAX {
-            c.flat[c.len] = e;
-            c.len += 1;
-            return;
+        if let Bucket::Flat(v) = self {
+            *self = Bucket::Tree(v.iter().map(|x| (x.key(), x.index)).collect());
         }
-        let tree = c.tree.get_or_insert_with(|| {
-            let list = c.flat[..c.len].iter().map(|x| (x.key(), x.index)).collect();
-            c.len = 0;
-            list
-        });
-        tree.insert(e.key(), e.index);
+        if let Bucket::Tree(t) = self {
+            t.insert(e.key(), e.index);
+        }
     }
 
     /// Remove the block with this key; `at` is its position in a list if the caller knows it.
-    #[inline]
     fn remove(&mut self, key: Key, at: u32) -> bool {
-        let Some(c) = self.0.as_mut() else { return false };
-        if c.tree.is_some() {
-            return remove_from_tree(c, key);
-        }
+        let Bucket::Flat(v) = self else { return self.remove_from_tree(key) };
         let pos = if at != NO_POS {
-            debug_assert_eq!(c.flat[at as usize].key(), key);
+            debug_assert_eq!(v[at as usize].key(), key);
             at as usize
         } else {
-            match c.flat[..c.len].iter().position(|x| x.key() == key) {
+            match v.iter().position(|x| x.key() == key) {
                 Some(pos) => pos,
                 None => return false,
             }
         };
-        c.len -= 1;
-        c.flat[pos] = c.flat[c.len];
+        v.swap_remove(pos);
         true
     }
 
-    /// The first block with key >= `key`, with its position in a list (`NO_POS` in a tree).
-    #[inline]
-    fn at_least(&self, key: Key) -> Option<(Entry, u32)> {
-        let Some(list) = self.flat() else { return tree_at_least(self.tree()?, key) };
-        let mut best: Option<(Entry, u32)> = None;
-        for (i, x) in list.iter().enumerate() {
-            if x.key() >= key && best.is_none_or(|(b, _)| x.key() < b.key()) {
-                best = Some((*x, i as u32));
-            }
+    #[cold]
+    #[inline(never)]
+    fn remove_from_tree(&mut self, key: Key) -> bool {
+        let Bucket::Tree(t) = self else { return false };
+        let found = t.remove(&key).is_some();
+        if t.len() < FLAT_MIN {
+            *self = Bucket::Flat(t.iter().map(entry).collect());
         }
-        best
+        found
+    }
+
+    /// The first block with key >= `key`, with its position in a list (`NO_POS` in a tree).
+    fn at_least(&self, key: Key) -> Option<(Entry, u32)> {
+        match self {
+            Bucket::Flat(v) => {
+                // No block has the key Key::MAX (its size would be 2^64 - 1).
+                let (mut best, mut at) = (Key::MAX, NO_POS);
+                for (i, x) in v.iter().enumerate() {
+                    let k = x.key();
+                    if k >= key && k < best {
+                        (best, at) = (k, i as u32);
+                    }
+                }
+                v.get(at as usize).map(|e| (*e, at))
+            }
+            Bucket::Tree(t) => t.range(key..).next().map(|kv| (entry(kv), NO_POS)),
+        }
     }
 
     /// The last block with key < `key`.
     fn below(&self, key: Key) -> Option<Entry> {
-        match self.flat() {
-            Some(list) => list.iter().filter(|x| x.key() < key).max_by_key(|x| x.key()).copied(),
-            None => self.tree()?.range(..key).next_back().map(entry),
+        match self {
+            Bucket::Flat(v) => v.iter().filter(|x| x.key() < key).max_by_key(|x| x.key()).copied(),
+            Bucket::Tree(t) => t.range(..key).next_back().map(entry),
         }
     }
 
     fn first(&self) -> Option<(Entry, u32)> {
-        self.at_least((0, 0))
+        self.at_least(0)
     }
 
     fn last(&self) -> Option<Entry> {
-        match self.flat() {
-            Some(list) => list.iter().max_by_key(|x| x.key()).copied(),
-            None => self.tree()?.iter().next_back().map(entry),
+        match self {
+            Bucket::Flat(v) => v.iter().max_by_key(|x| x.key()).copied(),
+            Bucket::Tree(t) => t.iter().next_back().map(entry),
         }
     }
 
     /// The arena indices in (size, address) order.
     fn collect_indices(&self, out: &mut Vec<u32>) {
-        match self.flat() {
-            Some(list) => {
+        match self {
+            Bucket::Flat(v) => {
                 // At most FLAT_MAX entries: sorted on the stack, no allocation.
-                let mut sorted = [NO_ENTRY; FLAT_MAX];
-                let sorted = &mut sorted[..list.len()];
-                sorted.copy_from_slice(list);
+                let mut sorted = [Entry { size: 0, addr: 0, index: 0 }; FLAT_MAX + 1];
+                let sorted = &mut sorted[..v.len()];
+                sorted.copy_from_slice(v);
                 sorted.sort_unstable_by_key(|x| x.key());
                 out.extend(sorted.iter().map(|e| e.index));
             }
-            None => out.extend(self.tree().into_iter().flat_map(|t| t.values().copied())),
+            Bucket::Tree(t) => out.extend(t.values().copied()),
         }
     }
-}
-
-/// Remove from a tree class, which becomes a list again below [`FLAT_MIN`] blocks.
-#[cold]
-#[inline(never)]
-fn remove_from_tree(c: &mut Class, key: Key) -> bool {
-    let Some(t) = c.tree.as_mut() else { return false };
-    let found = t.remove(&key).is_some();
-    if t.len() < FLAT_MIN {
-        for (i, kv) in t.iter().enumerate() {
-            c.flat[i] = entry(kv);
-        }
-        c.len = t.len();
-        c.tree = None;
-    }
-    found
-}
-
-/// A tree class's first block at or after `key`; out of line, so that the scan of a list
-/// (nearly every lookup) stays small.
-#[cold]
-#[inline(never)]
-fn tree_at_least(t: &BTreeMap<Key, u32>, key: Key) -> Option<(Entry, u32)> {
-    t.range(key..).next().map(|kv| (entry(kv), NO_POS))
 }
 
 /// The free blocks of one stream.
@@ -247,7 +200,7 @@ struct StreamSet {
 
 impl StreamSet {
     fn new(stream: u64) -> Self {
-        let buckets = (0..NUM_CLASSES).map(|_| Bucket::default()).collect();
+        let buckets = (0..NUM_CLASSES).map(|_| Bucket::Flat(Vec::new())).collect();
         StreamSet { stream, len: 0, summary: 0, words: [0; WORDS], buckets }
     }
 
@@ -260,12 +213,13 @@ impl StreamSet {
     }
 
     /// Remove the block with this key from class `c`, at position `at` if known.
+    #[inline(always)]
     fn remove(&mut self, c: usize, key: Key, at: u32) -> bool {
         if !self.buckets[c].remove(key, at) {
             return false;
         }
         self.len -= 1;
-        if self.buckets[c].is_empty() {
+        if self.buckets[c].len() == 0 {
             self.words[c / 64] &= !(1 << (c % 64));
             if self.words[c / 64] == 0 {
                 self.summary &= !(1 << (c / 64));
@@ -304,7 +258,7 @@ impl StreamSet {
 
     /// The first block with key >= `key`, with its class and position.
     fn at_least(&self, key: Key) -> Option<(Entry, usize, u32)> {
-        let c = class_of(key.0);
+        let c = class_of((key >> 64) as u64);
         if let Some((e, at)) = self.buckets[c].at_least(key) {
             return Some((e, c, at));
         }
@@ -315,7 +269,7 @@ impl StreamSet {
 
     /// The last block with key < `key`.
     fn below(&self, key: Key) -> Option<Entry> {
-        let c = class_of(key.0);
+        let c = class_of((key >> 64) as u64);
         if let Some(e) = self.buckets[c].below(key) {
             return Some(e);
         }
@@ -405,9 +359,10 @@ impl FreeSet {
     }
 
     /// The first block of `stream` at or after (`size`, `addr`).
+    #[inline(always)]
     fn find(&self, stream: u64, size: u64, addr: u64) -> Option<Found> {
         let pos = self.position(stream).ok()?;
-        let (e, class, at) = self.streams[pos].at_least((size, addr))?;
+        let (e, class, at) = self.streams[pos].at_least(key(size, addr))?;
         Some(Found {
             key: SizeKey { stream, size: e.size, addr: e.addr, index: e.index },
             stream_pos: pos as u32,
@@ -432,7 +387,7 @@ impl FreeSet {
 
     /// The block before (size, addr) in `stream`.
     pub fn prev_in_stream(&self, stream: u64, size: u64, addr: u64) -> Option<SizeKey> {
-        let e = self.stream(stream)?.below((size, addr))?;
+        let e = self.stream(stream)?.below(key(size, addr))?;
         Some(SizeKey { stream, size: e.size, addr: e.addr, index: e.index })
     }
 
@@ -495,7 +450,8 @@ mod tests {
         };
         let mut saw_trees = false;
         for step in 0..20_000u32 {
-            saw_trees |= set.streams.iter().any(|s| s.buckets.iter().any(|b| b.tree().is_some()));
+            saw_trees |=
+                set.streams.iter().any(|s| s.buckets.iter().any(|b| matches!(b, Bucket::Tree(_))));
             let r = next();
             let stream = [0, 5, 1 << 40][(r % 3) as usize];
             let size = match (r >> 8) % 4 {

@@ -284,6 +284,7 @@ impl PyTorchAllocator {
     }
 
     /// `BlockPool::insert_into_blocks`: enter the free set, stamping the GC clock.
+    #[inline(always)]
     pub(super) fn insert_into_blocks(&mut self, index: u32) {
         let pool =
             if self.arena[index].small { &mut self.small_pool } else { &mut self.large_pool };
@@ -293,6 +294,7 @@ impl PyTorchAllocator {
     }
 
     /// `pool.blocks.erase(block)`.
+    #[inline(always)]
     pub(super) fn erase_from_blocks(&mut self, index: u32) {
         let b = &self.arena[index];
         let key = b.size_key(index);

@@ -664,7 +664,7 @@ pub struct PlainOps<'a, R> {
 impl<R: Read> Iterator for PlainOps<'_, R> {
     type Item = Op;
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Op> {
         // The op is decoded straight into the result, never inside a `Result`: moving it
         // through one costs a store-forwarding stall per op (seen with `perf annotate`).
