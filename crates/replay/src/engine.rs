@@ -242,7 +242,12 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
                 match self.allocator.malloc(&mut env, id, size, stream) {
                     Ok(granted) => {
                         self.ids.set(id, IdState::Live);
-                        OpOutcome::Allocated(granted)
+                        // The policy wrote the two fields with two 8-byte stores; copied as
+                        // they are, they are read back with one 16-byte load, which cannot be
+                        // forwarded from them and stalls every allocation (`perf annotate`).
+                        // The opaque read makes them two loads.
+                        let size = std::hint::black_box(granted.size);
+                        OpOutcome::Allocated(Granted { addr: granted.addr, size })
                     }
                     Err(info) => {
                         self.ids.set(id, IdState::Failed);
