@@ -79,18 +79,20 @@ impl PyTorchAllocator {
         });
         self.ids.remove(b.id);
         let (mut net_blocks, mut net_bytes) = (0i64, 0i64);
+        let mut size = b.size;
         for candidate in [b.prev, b.next] {
             let subsumed = self.try_merge_blocks(index, candidate);
             if subsumed > 0 {
                 net_blocks -= 1;
                 net_bytes -= subsumed as i64;
+                size += subsumed;
             }
         }
-        self.insert_into_blocks(index);
-        let merged = &self.arena[index];
-        if merged.is_split() {
+        let addr = self.arena[index].addr;
+        self.insert_free(index, addr, size);
+        if self.arena[index].is_split() {
             net_blocks += 1;
-            net_bytes += merged.size as i64;
+            net_bytes += size as i64;
         }
         let pool = b.pool();
         let s = &mut self.stats;
