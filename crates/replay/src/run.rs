@@ -211,10 +211,10 @@ fn run_on<O: Borrow<Op>, D: AsDynDevice + ?Sized>(
     // trait object (see `AsDynAllocator`); `by_name` builds it the same way.
     if opts.policy == "pytorch" {
         let mut allocator = PyTorchAllocator::from_conf(&run.alloc_conf)?;
-        run.go(ops, &mut allocator, device, extra, progress)
+        run.replay(ops, &mut allocator, device, extra, progress)
     } else {
         let mut allocator = allocsim_policies::by_name(&opts.policy, Some(&run.alloc_conf))?;
-        run.go(ops, &mut *allocator, device, extra, progress)
+        run.replay(ops, &mut *allocator, device, extra, progress)
     }
 }
 
@@ -229,7 +229,7 @@ struct Run<'t, 'o> {
 }
 
 impl Run<'_, '_> {
-    fn go<O: Borrow<Op>, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized>(
+    fn replay<O: Borrow<Op>, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized>(
         self,
         ops: impl IntoIterator<Item = O>,
         allocator: &mut A,

@@ -9,7 +9,12 @@
 //! class and, if nothing there is big enough, takes two `trailing_zeros` to the next non-empty
 //! class, whose smallest block is the answer. A class that grows past [`FLAT_MAX`] blocks
 //! (many free blocks of nearly one size) switches to a `BTreeMap`, so no operation degrades
-//! past O(log n) plus a bounded scan.
+//! past O(log n) plus a bounded scan. A lookup returns a [`Found`] that says where the block
+//! is, so that `get_free_block` removes the block it chose without a second search.
+//!
+//! Two layouts measured slower and were dropped: classes boxed at a fixed capacity (8-byte
+//! table entries, +5% time), and all classes' lists in one array with a table of lengths
+//! (+4% on the lent Sapphire Rapids host). See `benches/README.md`.
 //!
 //! The order is exactly PyTorch's: classes are monotone in size, the best block of a class is
 //! the smallest (size, address), and streams are kept in numeric order.
