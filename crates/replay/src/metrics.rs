@@ -123,37 +123,33 @@ impl Observer for Metrics {
     fn on_event(&mut self, _event_index: u64, op_index: u64, event: &Event) -> bool {
         let r = &mut self.report;
         r.events += 1;
-        // The three kinds of nearly every event first, as plain branches: a `match` here is a
-        // jump table, one more indirect branch per event on top of the op's own.
-        if let Event::Alloc { size, requested, .. } = *event {
-            self.allocated += size;
-            self.active += size;
-            self.requested += requested;
-            r.peak_allocated_bytes = r.peak_allocated_bytes.max(self.allocated);
-            r.peak_active_bytes = r.peak_active_bytes.max(self.active);
-            r.peak_requested_bytes = r.peak_requested_bytes.max(self.requested);
-        } else if let Event::FreeRequested { size, .. } = *event {
-            self.allocated = self.allocated.saturating_sub(size);
-        } else if let Event::FreeCompleted { size, requested, .. } = *event {
-            self.active = self.active.saturating_sub(size);
-            self.requested = self.requested.saturating_sub(requested);
-        } else {
-            match *event {
-                Event::SegmentAlloc { size, .. } | Event::SegmentMap { size, .. } => {
-                    self.reserved += size;
-                    if self.reserved > r.peak_reserved_bytes {
-                        r.peak_reserved_bytes = self.reserved;
-                        r.peak_reserved_op = op_index;
-                    }
+        match *event {
+            Event::SegmentAlloc { size, .. } | Event::SegmentMap { size, .. } => {
+                self.reserved += size;
+                if self.reserved > r.peak_reserved_bytes {
+                    r.peak_reserved_bytes = self.reserved;
+                    r.peak_reserved_op = op_index;
                 }
-                Event::SegmentFree { size, .. } | Event::SegmentUnmap { size, .. } => {
-                    self.reserved = self.reserved.saturating_sub(size)
-                }
-                Event::Alloc { .. }
-                | Event::FreeRequested { .. }
-                | Event::FreeCompleted { .. }
-                | Event::Oom { .. } => {}
             }
+            Event::SegmentFree { size, .. } | Event::SegmentUnmap { size, .. } => {
+                self.reserved = self.reserved.saturating_sub(size)
+            }
+            Event::Alloc { size, requested, .. } => {
+                self.allocated += size;
+                self.active += size;
+                self.requested += requested;
+                r.peak_allocated_bytes = r.peak_allocated_bytes.max(self.allocated);
+                r.peak_active_bytes = r.peak_active_bytes.max(self.active);
+                r.peak_requested_bytes = r.peak_requested_bytes.max(self.requested);
+            }
+            Event::FreeRequested { size, .. } => {
+                self.allocated = self.allocated.saturating_sub(size)
+            }
+            Event::FreeCompleted { size, requested, .. } => {
+                self.active = self.active.saturating_sub(size);
+                self.requested = self.requested.saturating_sub(requested);
+            }
+            Event::Oom { .. } => {}
         }
         true
     }

@@ -614,18 +614,13 @@ fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
         *last_id = id;
         Some(id)
     };
-    // Allocations and frees first, as plain branches: a `match` is a jump table here, an
-    // indirect branch on data the predictor cannot know.
-    if tag == 0 {
-        let id = id(pos)?;
-        let size = varint(b, pos)?;
-        return Some(op_in_parts(0, id, size, varint(b, pos)?));
-    }
-    if tag == 1 {
-        return Some(op_in_parts(1, id(pos)?, 0, 0));
-    }
     Some(match tag {
-        2 => op_in_parts(tag, id(pos)?, 0, 0),
+        0 => {
+            let id = id(pos)?;
+            let size = varint(b, pos)?;
+            op_in_parts(0, id, size, varint(b, pos)?)
+        }
+        1 | 2 => op_in_parts(tag, id(pos)?, 0, 0),
         3 => {
             let id = id(pos)?;
             op_in_parts(3, id, 0, varint(b, pos)?)
