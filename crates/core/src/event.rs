@@ -7,7 +7,11 @@
 
 use crate::{AllocId, OomInfo, Pool, StreamId};
 
+/// `repr(u8)`: a plain tag byte, which observers dispatch on directly. Without it the tag is
+/// folded into `OomInfo`'s `Option` (a niche), and every `match` first rebuilds it from that
+/// word: a longer chain before each jump on the kind of event.
 #[derive(Debug, Clone, PartialEq)]
+#[repr(u8)]
 pub enum Event {
     /// A whole segment was reserved from the device (`cudaMalloc`).
     SegmentAlloc { addr: u64, size: u64, stream: StreamId, pool: Pool },
