@@ -35,6 +35,16 @@ def load_only():
     return time.process_time() - t, time.perf_counter() - w
 
 
+def calibrate():
+    """CPU seconds of a fixed CPython loop: the lent hosts run a core at one of two speeds, in
+    phases of seconds (benches/README.md), and this says which one the next run sees."""
+    t = time.process_time()
+    s = 0
+    for i in range(3_000_000):
+        s += i
+    return time.process_time() - t
+
+
 def show(label, xs, unit=1000, fmt="{:.1f}"):
     xs = [x * unit for x in xs]
     print(f"{label}: median {fmt.format(statistics.median(xs))} (min {fmt.format(min(xs))}, "
@@ -67,8 +77,9 @@ if "native" in what:
     out = "/tmp/llama10m.allocsim"
     run([GEN, LLAMA, out, "10000000"])
     print("native file bytes", os.path.getsize(out), flush=True)
-    cpus, walls, rsss = [], [], []
+    cpus, walls, rsss, cals = [], [], [], []
     for _ in range(int(os.environ.get("NATIVE_ROUNDS", 7))):
+        cals.append(calibrate())
         cpu, wall, _ = run(["/bin/sh", "-c", f"exec {BIN} replay {out} > /tmp/out.txt"])
         cpus.append(cpu); walls.append(wall)
     # Peak RSS of one replay alone, from a fresh parent.
@@ -78,6 +89,7 @@ if "native" in what:
         capture_output=True, text=True).stdout.strip()
     show("native 10M: allocsim replay CPU s", cpus, unit=1, fmt="{:.3f}")
     show("native 10M: wall s", walls, unit=1, fmt="{:.3f}")
+    show("native 10M: machine phase, CPython loop ms before each run", cals)
     print("\n".join(open("/tmp/out.txt").read().split("\n")[:5]), flush=True)
     ops, events = 10030236, 15045395
     m = statistics.median(cpus)
