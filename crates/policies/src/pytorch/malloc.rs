@@ -260,8 +260,6 @@ impl PyTorchAllocator {
     }
 
     /// The OOM branch of `malloc`: trace `oom` with the driver's free memory, count it.
-    #[cold]
-    #[inline(never)]
     fn oom(&mut self, env: &mut Env<'_>, id: AllocId, p: &Params) -> OomInfo {
         let info = self.oom_info(env, p);
         env.events.push(Event::Oom { id, size: p.size, stream: p.stream, info });
