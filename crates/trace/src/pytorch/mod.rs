@@ -193,12 +193,7 @@ fn convert_received(ctx: Ctx<'_>, stacks: bool, received: Receiver<Read2Convert>
             }
             // An error from here on is left to the generic reader too, so every message comes
             // from one place.
-            Read2Convert::End(Ok(head)) => {
-                return match conv.finish(&head.alive) {
-                    Some(converted) => Pass::Done(Box::new(trace_of(head, converted))),
-                    None => Pass::NeedsEntries,
-                };
-            }
+            Read2Convert::End(Ok(head)) => return finish_streamed(conv, head),
             Read2Convert::End(Err(pass)) => return pass,
         }
     }
@@ -255,20 +250,16 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     }
     // An error from here on is left to the generic reader too, so every message comes from
     // one place.
-    let converted = match conv {
-        Some(conv) => {
-            let Ok(head) = head_of(ctx, &records.root) else { return Ok(Pass::Unusual) };
-            match conv.finish(&head.alive) {
-                Some(converted) => trace_of(head, converted),
-                None => return Ok(Pass::NeedsEntries),
-            }
-        }
-        None => match convert_root(&records.root, path, opts.stacks, Some(entries)) {
-            Ok(trace) => trace,
-            Err(_) => return Ok(Pass::Unusual),
+    Ok(match conv {
+        Some(conv) => match head_of(ctx, &records.root) {
+            Ok(head) => finish_streamed(conv, head),
+            Err(_) => Pass::Unusual,
         },
-    };
-    Ok(Pass::Done(Box::new(converted)))
+        None => match convert_root(&records.root, path, opts.stacks, Some(entries)) {
+            Ok(trace) => Pass::Done(Box::new(trace)),
+            Err(_) => Pass::Unusual,
+        },
+    })
 }
 
 /// Convert an unpickled snapshot. `path` only names the source in errors.
@@ -289,10 +280,27 @@ struct Head {
 
 /// The snapshot's structure checked, with `device_traces[0]` streamed (so left empty).
 fn head_of(ctx: Ctx<'_>, root: &Value) -> Result<Head, TraceError> {
-    let (_, other_devices) = entries::device_trace(ctx, root, Some(Default::default()))?;
+    Ok(read_root(ctx, root, Some(Default::default()))?.0)
+}
+
+/// What the tree says besides the entries, and the entries (`streamed`, if they were).
+fn read_root(
+    ctx: Ctx<'_>,
+    root: &Value,
+    streamed: Option<entries::Entries>,
+) -> Result<(Head, entries::Entries), TraceError> {
+    let (entries, other_devices) = entries::device_trace(ctx, root, streamed)?;
     let alive = entries::alive_blocks(ctx, root)?;
     let alloc_conf = entries::alloc_conf(ctx, root)?;
-    Ok(Head { alive, alloc_conf, other_devices })
+    Ok((Head { alive, alloc_conf, other_devices }, entries))
+}
+
+/// The trace of a conversion done as the entries came, or [`Pass::NeedsEntries`].
+fn finish_streamed(conv: convert::StreamConvert<'_>, head: Head) -> Pass {
+    match conv.finish(&head.alive) {
+        Some(converted) => Pass::Done(Box::new(trace_of(head, converted))),
+        None => Pass::NeedsEntries,
+    }
 }
 
 fn trace_of(head: Head, converted: convert::Converted) -> Trace {
@@ -325,11 +333,9 @@ fn convert_root(
     streamed: Option<entries::Entries>,
 ) -> Result<Trace, TraceError> {
     let ctx = Ctx { path };
-    let (entries, other_devices) = entries::device_trace(ctx, root, streamed)?;
-    let alive = entries::alive_blocks(ctx, root)?;
-    let alloc_conf = entries::alloc_conf(ctx, root)?;
-    let converted = convert::convert(ctx, &entries, &alive, with_stacks)?;
-    Ok(trace_of(Head { alive, alloc_conf, other_devices }, converted))
+    let (head, entries) = read_root(ctx, root, streamed)?;
+    let converted = convert::convert(ctx, &entries, &head.alive, with_stacks)?;
+    Ok(trace_of(head, converted))
 }
 
 /// Write `trace` as a snapshot pickle (gzipped if `gzip`). See [`trace_to_snapshot`].
