@@ -481,16 +481,25 @@ impl<R: Read> NativeOps<R> {
         self.total
     }
 
+    /// The next op of the current chunk; `None` at its end or at a bad op (for
+    /// [`NativeOps::next_slow`] to tell which).
+    #[inline(always)]
+    fn decode_in_chunk(&mut self) -> Option<Op> {
+        if self.left == 0 {
+            return None;
+        }
+        let op = decode_op(&self.chunk.bytes, &mut self.chunk.pos, &mut self.last_id)?;
+        self.left -= 1;
+        Some(op)
+    }
+
     /// The next op, or the error that ends the ops; `None` after the end or an error.
     #[inline(always)]
     fn decode_next(&mut self) -> Option<Result<Op, TraceError>> {
-        if self.left > 0 {
-            if let Some(op) = decode_op(&self.chunk.bytes, &mut self.chunk.pos, &mut self.last_id) {
-                self.left -= 1;
-                return Some(Ok(op));
-            }
+        match self.decode_in_chunk() {
+            Some(op) => Some(Ok(op)),
+            None => self.next_slow(),
         }
-        self.next_slow()
     }
 
     /// At the end of a chunk (or at a bad op): the next chunk's first op, the end, or an error.
@@ -669,11 +678,8 @@ impl<R: Read> Iterator for PlainOps<'_, R> {
         // The op is decoded straight into the result, never inside a `Result`: moving it
         // through one costs a store-forwarding stall per op (seen with `perf annotate`).
         let ops = &mut *self.ops;
-        if ops.left > 0 {
-            if let Some(op) = decode_op(&ops.chunk.bytes, &mut ops.chunk.pos, &mut ops.last_id) {
-                ops.left -= 1;
-                return Some(op);
-            }
+        if let Some(op) = ops.decode_in_chunk() {
+            return Some(op);
         }
         match ops.next_slow()? {
             Ok(op) => Some(op),
