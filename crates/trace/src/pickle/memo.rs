@@ -113,6 +113,36 @@ impl MemoTable {
         }
     }
 
+    /// `set(len(), memo)`, as `MEMOIZE` does: the record streamer's case, whose entries are
+    /// mostly the marker or the string of one of the last two slots, for which this only
+    /// appends a key. The same result as `set`, which takes every other case.
+    #[inline]
+    pub fn push(&mut self, memo: Memo) {
+        let i = self.len;
+        let n = self.slots.len();
+        if i == self.dense.len() && n >= 2 {
+            let shared = |s: &Slot| match (&memo, s) {
+                (Memo::Streamed, Slot::Streamed) => true,
+                (Memo::Value(Value::Str(a), 0), Slot::Value(Value::Str(b))) => Rc::ptr_eq(a, b),
+                _ => false,
+            };
+            let back = if shared(&self.slots[n - 1]) {
+                1
+            } else if shared(&self.slots[n - 2]) {
+                2
+            } else {
+                0
+            };
+            if back > 0 {
+                self.dense.push((n + 1 - back) as u32);
+                self.depth.push(0);
+                self.len += 1;
+                return;
+            }
+        }
+        self.set(i as u64, memo);
+    }
+
     pub fn set(&mut self, key: u64, memo: Memo) {
         let dense = usize::try_from(key).ok().filter(|&i| i <= self.dense.len());
         let Some(i) = dense.filter(|_| self.slots.len() < u32::MAX as usize - 1) else {

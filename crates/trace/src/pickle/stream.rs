@@ -318,8 +318,7 @@ impl<R: Read> Vm<'_, R> {
             Some((used, cost)) => {
                 self.input.consume(used);
                 for memo in state.puts.drain(..) {
-                    let key = self.memo.len() as u64;
-                    self.memo.set(key, memo);
+                    self.memo.push(memo);
                 }
                 if self.memo.len() > self.limits.max_memo {
                     return Err(Failure::Unusual);
@@ -510,21 +509,16 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
     let w: &[u8; FLAT_WINDOW_BYTES] = w.get(..FLAT_WINDOW_BYTES)?.try_into().ok()?;
     let mut p = 0;
     let mut cost = VALUE_COST;
-    // The next opcode, skipping FRAMEs.
+    // The next opcode. A `FRAME` (one per 64 KiB) is none of the opcodes a flat record may
+    // hold at any position, so it sends the record to the opcode reader, which skips it.
     macro_rules! next_op {
-        () => {
-            loop {
-                if p >= FLAT_LIMIT {
-                    return None;
-                }
-                let c = w[p];
-                p += 1;
-                if c != op::FRAME {
-                    break c;
-                }
-                p += 8;
+        () => {{
+            if p >= FLAT_LIMIT {
+                return None;
             }
-        };
+            p += 1;
+            w[p - 1]
+        }};
     }
     macro_rules! bytes {
         ($n:expr) => {{
