@@ -3,8 +3,9 @@
     python3 benches/measure.py [import] [native] [compare]
 
 Run from the repository root after `cargo build --release -p allocsim-cli -p allocsim-benches`
-(or point ALLOCSIM_BIN / MAKE_NATIVE_BIN at carried binaries). ROUNDS (default 15) and
-NATIVE_ROUNDS (default 7) set the repetitions. Wall times from perf_counter, CPU times (user +
+(or point ALLOCSIM_BIN / MAKE_NATIVE_BIN at carried binaries). ROUNDS (default 15),
+NATIVE_ROUNDS (default 7) and COMPARE_ROUNDS (default 2) set the repetitions; NATIVE_CPU
+(default 2) is the core the native replays are pinned to. Wall times from perf_counter, CPU times (user +
 system, all threads) from getrusage of the child.
 """
 import gzip, os, pickle, resource, statistics, subprocess, sys, time
@@ -27,6 +28,14 @@ def run(cmd, **kw):
         print("FAILED", cmd, p.stderr.decode()[:400], flush=True)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return cpu, wall, after.ru_maxrss
+
+
+def steal_jiffies(cpu):
+    """Time the hypervisor ran something else on `cpu` (the `steal` column of /proc/stat)."""
+    for line in open("/proc/stat"):
+        if line.startswith(f"cpu{cpu} "):
+            return int(line.split()[8])
+    return 0
 
 
 def load_only():
@@ -69,7 +78,9 @@ if "import" in what:
     show("import: python3 process CPU ms", ps)
     show("import: pickle.load(gzip.open) in-process CPU ms", ls)
     show("import: pickle.load(gzip.open) in-process wall ms", lw)
-    print("WALL ratio load-only / allocsim: %.2f" % (statistics.median(lw) / statistics.median(rw)), flush=True)
+    print("WALL ratio load-only / allocsim: %.2f; median of the rounds' own ratios: %.2f" % (
+        statistics.median(lw) / statistics.median(rw),
+        statistics.median(l / r for l, r in zip(lw, rw))), flush=True)
     print("ratio load-only / allocsim: %.2f; python process / allocsim: %.2f" % (
         statistics.median(ls) / statistics.median(rs), statistics.median(ps) / statistics.median(rs)), flush=True)
 
@@ -77,10 +88,15 @@ if "native" in what:
     out = "/tmp/llama10m.allocsim"
     run([GEN, LLAMA, out, "10000000"])
     print("native file bytes", os.path.getsize(out), flush=True)
-    cpus, walls, rsss, cals = [], [], [], []
+    # Pinned to one core, whose steal time is read around each run: a slow phase that shows
+    # up there is the hypervisor running something else on the core.
+    core = os.environ.get("NATIVE_CPU", "2")
+    cpus, walls, rsss, cals, steals = [], [], [], [], []
     for _ in range(int(os.environ.get("NATIVE_ROUNDS", 7))):
         cals.append(calibrate())
-        cpu, wall, _ = run(["/bin/sh", "-c", f"exec {BIN} replay {out} > /tmp/out.txt"])
+        st = steal_jiffies(core)
+        cpu, wall, _ = run(["taskset", "-c", core, "/bin/sh", "-c", f"exec {BIN} replay {out} > /tmp/out.txt"])
+        steals.append((steal_jiffies(core) - st) / os.sysconf("SC_CLK_TCK"))
         cpus.append(cpu); walls.append(wall)
     # Peak RSS of one replay alone, from a fresh parent.
     rss = subprocess.run([sys.executable, "-c",
@@ -90,6 +106,7 @@ if "native" in what:
     show("native 10M: allocsim replay CPU s", cpus, unit=1, fmt="{:.3f}")
     show("native 10M: wall s", walls, unit=1, fmt="{:.3f}")
     show("native 10M: machine phase, CPython loop ms before each run", cals)
+    show(f"native 10M: steal time of cpu {core} during each run, s", steals, unit=1, fmt="{:.3f}")
     print("\n".join(open("/tmp/out.txt").read().split("\n")[:5]), flush=True)
     ops, events = 10030236, 15045395
     m = statistics.median(cpus)
@@ -107,10 +124,17 @@ if "compare" in what:
     two = list(cores.values())[:2]
     print("pinned to cpus", two, "(distinct cores)", flush=True)
     traces = sorted(os.path.join("traces/pytorch-2.11-h100", f) for f in os.listdir("traces/pytorch-2.11-h100") if f.endswith(".pickle.gz"))
+    one = lambda: run(["taskset", "-c", two[0], BIN, "compare", *traces, "--jobs", "1"])[1]
+    both = lambda: run(["taskset", "-c", ",".join(two), BIN, "compare", *traces, "--jobs", "2"])[1]
     w1, w2 = [], []
-    for _ in range(2):
-        _, wall, _ = run(["taskset", "-c", two[0], BIN, "compare", *traces, "--jobs", "1"]); w1.append(wall)
-        _, wall, _ = run(["taskset", "-c", ",".join(two), BIN, "compare", *traces, "--jobs", "2"]); w2.append(wall)
+    for r in range(int(os.environ.get("COMPARE_ROUNDS", 2))):
+        # Alternating which goes first, so that a slow phase falls on both alike.
+        if r % 2 == 0:
+            w1.append(one()); w2.append(both())
+        else:
+            w2.append(both()); w1.append(one())
     show("compare jobs 1 (1 core) wall s", w1, unit=1, fmt="{:.2f}")
     show("compare jobs 2 (2 cores) wall s", w2, unit=1, fmt="{:.2f}")
-    print("speedup %.2f" % (statistics.median(w1) / statistics.median(w2)), flush=True)
+    print("speedup %.2f; median of the rounds' own speedups %.2f" % (
+        statistics.median(w1) / statistics.median(w2),
+        statistics.median(a / b for a, b in zip(w1, w2))), flush=True)
