@@ -52,6 +52,14 @@ impl Slot {
     }
 }
 
+/// A state of a [`MemoTable`] to go back to.
+#[derive(Clone, Copy)]
+pub struct Mark {
+    len: usize,
+    dense: usize,
+    slots: usize,
+}
+
 /// Depths of this and more are kept in the overflow map.
 const DEEP: u8 = u8::MAX;
 /// `dense` entry of a key never stored.
@@ -76,15 +84,6 @@ impl MemoTable {
     /// Number of keys stored (CPython's `len(memo)`, the key `MEMOIZE` uses next).
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether `key` holds anything.
-    #[inline(always)]
-    pub fn contains(&self, key: u64) -> bool {
-        match usize::try_from(key).ok().and_then(|i| self.dense.get(i)) {
-            Some(&slot) => slot != EMPTY,
-            None => !self.sparse.is_empty() && self.sparse.contains_key(&key),
-        }
     }
 
     #[inline(always)]
@@ -113,34 +112,47 @@ impl MemoTable {
         }
     }
 
-    /// `set(len(), memo)`, as `MEMOIZE` does: the record streamer's case, whose entries are
-    /// mostly the marker or the string of one of the last two slots, for which this only
-    /// appends a key. The same result as `set`, which takes every other case.
+    /// `set(len(), memo)`, as `MEMOIZE` does, in the record streamer's case: the next dense
+    /// key and a shallow entry, most often the marker or the string of one of the last two
+    /// slots, which then only appends a key. `None`, storing nothing, in any other case.
+    /// Entries stored this way can be taken back with [`MemoTable::rollback`].
     #[inline]
-    pub fn push(&mut self, memo: Memo) {
-        let i = self.len;
-        let n = self.slots.len();
-        if i == self.dense.len() && n >= 2 {
-            let shared = |s: &Slot| match (&memo, s) {
-                (Memo::Streamed, Slot::Streamed) => true,
-                (Memo::Value(Value::Str(a), 0), Slot::Value(Value::Str(b))) => Rc::ptr_eq(a, b),
-                _ => false,
-            };
-            let back = if shared(&self.slots[n - 1]) {
-                1
-            } else if shared(&self.slots[n - 2]) {
-                2
-            } else {
-                0
-            };
-            if back > 0 {
-                self.dense.push((n + 1 - back) as u32);
-                self.depth.push(0);
-                self.len += 1;
-                return;
-            }
+    pub fn append(&mut self, memo: Memo) -> Option<()> {
+        if self.len != self.dense.len() || !self.sparse.is_empty() {
+            return None;
         }
-        self.set(i as u64, memo);
+        let (slot, depth) = match memo {
+            Memo::Value(v, depth) => (Slot::Value(v), depth),
+            Memo::Streamed => (Slot::Streamed, 0),
+            Memo::OnStack(_) => return None,
+        };
+        let depth = u8::try_from(depth).ok().filter(|&d| d != DEEP)?;
+        let start = self.slots.len().saturating_sub(2);
+        let index = match self.slots[start..].iter().rposition(|s| s.same_as(&slot)) {
+            Some(at) => (start + at + 1) as u32,
+            None if self.slots.len() < u32::MAX as usize - 1 => {
+                self.slots.push(slot);
+                self.slots.len() as u32
+            }
+            None => return None,
+        };
+        self.dense.push(index);
+        self.depth.push(depth);
+        self.len += 1;
+        Some(())
+    }
+
+    /// Where the table stands, for [`MemoTable::rollback`].
+    pub fn mark(&self) -> Mark {
+        Mark { len: self.len, dense: self.dense.len(), slots: self.slots.len() }
+    }
+
+    /// Forget what [`MemoTable::append`] stored since `mark`.
+    pub fn rollback(&mut self, mark: Mark) {
+        self.dense.truncate(mark.dense);
+        self.depth.truncate(mark.dense);
+        self.slots.truncate(mark.slots);
+        self.len = mark.len;
     }
 
     pub fn set(&mut self, key: u64, memo: Memo) {
@@ -179,5 +191,48 @@ impl MemoTable {
             self.depth[i] = byte;
             self.len += usize::from(std::mem::replace(&mut self.dense[i], index) == EMPTY);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn str_at(memo: &MemoTable, key: u64) -> Option<String> {
+        match memo.get(key) {
+            Some(MemoRef::Value(Value::Str(s), 0)) => Some(s.to_string()),
+            _ => None,
+        }
+    }
+
+    /// `append` stores what `set(len(), ..)` stores, and `rollback` forgets exactly what was
+    /// appended after the mark, shared slots included.
+    #[test]
+    fn append_then_rollback() {
+        let (mut appended, mut set) = (MemoTable::default(), MemoTable::default());
+        let na = Value::Str(Rc::new("N/A".to_string()));
+        let entries = [Memo::Streamed, Memo::Value(na.clone(), 0), Memo::Streamed];
+        for m in entries.iter().cloned() {
+            appended.append(m.clone()).unwrap();
+            set.set(set.len() as u64, m);
+        }
+        let mark = appended.mark();
+        appended.append(Memo::Value(na.clone(), 0)).unwrap();
+        appended.append(Memo::Value(Value::Str(Rc::new("x".to_string())), 0)).unwrap();
+        assert_eq!(str_at(&appended, 4).as_deref(), Some("x"));
+        appended.rollback(mark);
+        assert_eq!(appended.len(), set.len());
+        assert!(appended.get(3).is_none() && appended.get(4).is_none());
+        for key in 0..3 {
+            assert_eq!(str_at(&appended, key), str_at(&set, key));
+            let streamed = |m: &MemoTable| matches!(m.get(key), Some(MemoRef::Streamed));
+            assert_eq!(streamed(&appended), streamed(&set));
+        }
+        // Not the next dense key, or not shallow: refused, nothing stored.
+        assert!(appended.append(Memo::OnStack(0)).is_none());
+        assert!(appended.append(Memo::Value(na, 300)).is_none());
+        assert_eq!(appended.len(), 3);
+        appended.set(10, Memo::Streamed);
+        assert!(appended.append(Memo::Streamed).is_none());
     }
 }

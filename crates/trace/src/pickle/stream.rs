@@ -67,8 +67,6 @@ struct State<'k, F> {
     memo_key_cache: [(u64, u8); KEY_CACHE],
     /// The string value last read at each position of a record: most repeat (`"N/A"`).
     value_cache: Vec<Option<Rc<String>>>,
-    /// Memo entries a flat record makes, applied only once all of it was read.
-    puts: Vec<Memo>,
     /// The streamed list, once found (for the identity check at the end).
     list: Option<*const Vec<Value>>,
 }
@@ -170,7 +168,6 @@ pub fn read_records<R: Read>(
         key_cache: vec![None; KEY_CACHE],
         memo_key_cache: [(u64::MAX, IGNORED); KEY_CACHE],
         value_cache: vec![None; KEY_CACHE],
-        puts: Vec::new(),
         list: None,
     };
     let mut vm = Vm::new(reader, limits);
@@ -314,12 +311,10 @@ impl<R: Read> Vm<'_, R> {
         state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
     ) -> Result<(), Failure> {
         let window = self.input.window(FLAT_WINDOW_BYTES)?;
-        match flat_record(window, &self.memo, &mut self.strings, state) {
+        let mark = self.memo.mark();
+        match flat_record(window, &mut self.memo, &mut self.strings, state) {
             Some((used, cost)) => {
                 self.input.consume(used);
-                for memo in state.puts.drain(..) {
-                    self.memo.push(memo);
-                }
                 if self.memo.len() > self.limits.max_memo {
                     return Err(Failure::Unusual);
                 }
@@ -327,7 +322,7 @@ impl<R: Read> Vm<'_, R> {
                 state.deliver()
             }
             None => {
-                state.puts.clear();
+                self.memo.rollback(mark);
                 state.clear();
                 self.record(state)
             }
@@ -492,13 +487,14 @@ const FLAT_LIMIT: usize = FLAT_WINDOW_BYTES - 260;
 
 /// One record read in place from `w` (the buffered bytes after its `EMPTY_DICT`) when it is
 /// flat: `[MEMOIZE] MARK (GET-key value [MEMOIZE])* SETITEMS`, with values that are ints,
-/// short strings, None, bools or GETs of finished values. Fills `state.fields` and
-/// `state.puts` (the memo entries, in `MEMOIZE` order) and returns the bytes used and the
-/// memory to charge; `None` when the record is anything else or runs past `w`, having changed
-/// nothing but the field array and the string caches, so the opcode reader can start over.
+/// short strings, None, bools or GETs of finished values. Fills `state.fields`, appends the
+/// memo entries ([`MemoTable::append`]) and returns the bytes used and the memory to charge;
+/// `None` when the record is anything else or runs past `w`, having changed nothing but the
+/// field array, the string caches and the memo entries appended, which the caller rolls back,
+/// so that the opcode reader can start over.
 fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
     w: &[u8],
-    memo: &MemoTable,
+    memo: &mut MemoTable,
     strings: &mut StrCache,
     state: &mut State<'_, F>,
 ) -> Option<(usize, u64)> {
@@ -528,16 +524,6 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
             b
         }};
     }
-    // A MEMOIZE stores under the memo's length: deferred entries count, and the key must be
-    // new (it always is in what CPython writes).
-    let put = |puts: &mut Vec<Memo>, m: Memo| -> Option<()> {
-        let key = (memo.len() + puts.len()) as u64;
-        if memo.contains(key) {
-            return None;
-        }
-        puts.push(m);
-        Some(())
-    };
     #[inline(always)]
     fn memo_value(memo: &MemoTable, key: u64) -> Option<(&Value, u32)> {
         match memo.get(key) {
@@ -545,10 +531,9 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
             _ => None,
         }
     }
-    let get = |key: u64| memo_value(memo, key);
     let mut c = next_op!();
     if c == op::MEMOIZE {
-        put(&mut state.puts, Memo::Streamed)?;
+        memo.append(Memo::Streamed)?;
         c = next_op!();
     }
     if c != op::MARK {
@@ -567,7 +552,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
         let field = match state.memo_key_cache[slot] {
             (k, field) if k == key => field,
             _ => {
-                let field = match get(key)? {
+                let field = match memo_value(memo, key)? {
                     (Value::Str(s), _) => state.field_of_str(s, at),
                     _ => IGNORED,
                 };
@@ -611,7 +596,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
         };
         if kind == RAW_GET {
             // A GET of nothing (or of a streamed dict) is for the opcode reader to judge.
-            get(x)?;
+            memo_value(memo, x)?;
         }
         // `p` is past the value: a string's bytes end there.
         let end = p;
@@ -619,7 +604,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
         c = next_op!();
         if c == op::MEMOIZE {
             let (v, depth) = make(kind, x, &w[..end], at, memo, strings, state)?;
-            put(&mut state.puts, Memo::Value(v, depth))?;
+            memo.append(Memo::Value(v, depth))?;
             cost += VALUE_COST;
             c = next_op!();
         }
