@@ -197,6 +197,68 @@ fn unusual_shapes_give_what_the_generic_reader_gives() {
     assert_eq!(streamed, ["one", "two"], "only the plain shapes stream");
 }
 
+/// Stacks (`frames`: lists of GETs of frame dicts met before) in every shape CPython writes a
+/// list in, and in shapes it does not, read in place or sent back: the generic reader's trace.
+#[test]
+fn stacks_give_what_the_generic_reader_gives() {
+    use shapes::HEAD;
+    // Entry 1 defines the key strings (memo 5 `action`, 6 `alloc`, 7 `addr`, 8 `size`,
+    // 9 `frames`) and a frame dict (memo 11), through the opcode reader. Memo 4 is its dict,
+    // 10 its frames list.
+    let first = b"}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94M\x00\x10\x8c\x04size\x94M\x00\x02\x8c\x06frames\x94]\x94(}\x94(\x8c\x08filename\x94\x8c\x04a.py\x94\x8c\x04line\x94K\x01\x8c\x04name\x94\x8c\x01f\x94ueu";
+    // An entry at `addr` (high byte) whose keys are all GETs, with `frames` as given.
+    let entry = |addr: u8, frames: &[u8]| {
+        [b"}\x94(h\x05h\x06h\x07M\x00".as_slice(), &[addr], b"h\x08M\x00\x02h\x09", frames, b"u"]
+            .concat()
+    };
+    // Memo keys from 17 on: each entry takes one for its dict and one per memoized list.
+    let cases: Vec<(&str, Vec<Vec<u8>>)> = vec![
+        ("batch", vec![entry(0x20, b"]\x94(h\x0bh\x0be")]),
+        ("single", vec![entry(0x20, b"]\x94h\x0ba")]),
+        ("two-batches", vec![entry(0x20, b"]\x94(h\x0be(h\x0be")]),
+        ("unmemoized", vec![entry(0x20, b"](h\x0be")]),
+        ("empty", vec![entry(0x20, b"]\x94")]),
+        // The list then another key: `h\x07` is not a list item.
+        (
+            "key-after",
+            vec![[b"}\x94(h\x05h\x06h\x09]\x94h\x0bah\x07M\x00\x30h\x08M\x00\x02u".as_slice()]
+                .concat()],
+        ),
+        (
+            "empty-key-after",
+            vec![[b"}\x94(h\x05h\x06h\x09]\x94h\x07M\x00\x30h\x08M\x00\x02u".as_slice()].concat()],
+        ),
+        // A later entry sharing an earlier entry's list (memo 18).
+        ("shared", vec![entry(0x20, b"]\x94(h\x0bh\x0be"), entry(0x30, b"h\x12")]),
+        // Memoized again after its items.
+        ("memoized-after", vec![entry(0x20, b"](h\x0be\x94")]),
+        // The list holding itself (memo 18), the entry's own dict (17), a GET of nothing.
+        ("itself", vec![entry(0x20, b"]\x94(h\x12e")]),
+        ("own-dict", vec![entry(0x20, b"]\x94(h\x11e")]),
+        ("missing", vec![entry(0x20, b"]\x94(h\x7fe")]),
+        // A list of a scalar (memo 16 is the string `f`), and a frame dict made in place.
+        ("scalar", vec![entry(0x20, b"]\x94(h\x10e")]),
+        ("new-frame", vec![entry(0x20, b"]\x94(}\x94(h\x0ch\x0duh\x0be")]),
+        // Cut off inside the list.
+        ("unclosed", vec![entry(0x20, b"]\x94(h\x0bu")]),
+    ];
+    for (name, entries) in cases {
+        // A long string after the entries, so that each lies in a window the flat reader
+        // takes (it leaves the last kilobyte of a file to the opcode reader).
+        let pad = [b"\x8c\x03padX".as_slice(), &2048u32.to_le_bytes(), &[b'.'; 2048]].concat();
+        let bytes = [HEAD, b"(", first.as_slice(), &entries.concat(), b"ea", &pad, b"u."].concat();
+        let path = write(&format!("stacks-{name}.pickle"), &bytes);
+        let outcome = agree(&path);
+        match name {
+            // Recursive, a GET of nothing, a frame that is no dict, a cut-off list.
+            "itself" | "own-dict" | "missing" | "scalar" | "unclosed" => {
+                assert!(outcome.is_err(), "{name}")
+            }
+            _ => outcome.unwrap_or_else(|e| panic!("{name}: {e}")),
+        }
+    }
+}
+
 #[test]
 fn corrupted_snapshots_give_what_the_generic_reader_gives() {
     let good = std::fs::read(fixture()).unwrap();

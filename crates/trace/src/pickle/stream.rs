@@ -13,8 +13,10 @@
 //! give up with `None`, and the caller reads the file again with the generic reader, which
 //! gives the value or the error, with its byte offset, that it always gave. Nothing is ever
 //! executed here either: the only opcodes read in place are scalars, memo puts and gets,
-//! `MARK`, `SETITEMS` and `FRAME`; a value that is anything else (a new `frames` list) goes
-//! through the generic [`Vm::step`], which refuses the code-running opcodes.
+//! `MARK`, `SETITEMS`, `FRAME`, and the `EMPTY_LIST`, `APPEND` and `APPENDS` of a list of
+//! GETs (a stack whose frames were all seen before); a value that is anything else (a stack
+//! with a new frame dict) goes through the generic [`Vm::step`], which refuses the
+//! code-running opcodes.
 
 use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes as op;
@@ -312,7 +314,8 @@ impl<R: Read> Vm<'_, R> {
     ) -> Result<(), Failure> {
         let window = self.input.window(FLAT_WINDOW_BYTES)?;
         let mark = self.memo.mark();
-        match flat_record(window, &mut self.memo, &mut self.strings, state) {
+        let max_depth = self.limits.max_depth;
+        match flat_record(window, &mut self.memo, &mut self.strings, state, max_depth) {
             Some((used, cost)) => {
                 self.input.consume(used);
                 if self.memo.len() > self.limits.max_memo {
@@ -479,6 +482,8 @@ const RAW_NONE: u8 = 2;
 const RAW_BOOL: u8 = 3;
 /// `x` is a memo key.
 const RAW_GET: u8 = 4;
+/// A list of finished values, built already (see `flat_list`).
+const RAW_LIST: u8 = 5;
 
 /// Bytes a record may take to be read in place: records of a snapshot take about 60.
 const FLAT_WINDOW_BYTES: usize = 1024;
@@ -487,7 +492,7 @@ const FLAT_LIMIT: usize = FLAT_WINDOW_BYTES - 260;
 
 /// One record read in place from `w` (the buffered bytes after its `EMPTY_DICT`) when it is
 /// flat: `[MEMOIZE] MARK (GET-key value [MEMOIZE])* SETITEMS`, with values that are ints,
-/// short strings, None, bools or GETs of finished values. Fills `state.fields`, appends the
+/// short strings, None, bools, GETs of finished values or lists of such GETs (a stack). Fills `state.fields`, appends the
 /// memo entries ([`MemoTable::append`]) and returns the bytes used and the memory to charge;
 /// `None` when the record is anything else or runs past `w`, having changed nothing but the
 /// field array, the string caches and the memo entries appended, which the caller rolls back,
@@ -497,6 +502,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
     memo: &mut MemoTable,
     strings: &mut StrCache,
     state: &mut State<'_, F>,
+    max_depth: u32,
 ) -> Option<(usize, u64)> {
     // A fixed-size view of the window, and opcodes only read while they start below
     // `FLAT_LIMIT`: an opcode with its argument takes at most 257 bytes, so every index below
@@ -561,7 +567,8 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
             }
         };
         // The value as plain scalars first: a `Value` is made only where one is kept (a
-        // field, a memo entry), and written in place there.
+        // field, a memo entry), and written in place there. A list is made as it is read.
+        let mut built: Option<(Value, u32)> = None;
         let (kind, x) = match next_op!() {
             op::BININT1 => (RAW_INT, u64::from(bytes!(1)[0])),
             op::BININT2 => (RAW_INT, u64::from(u16::from_le_bytes(bytes!(2).try_into().ok()?))),
@@ -592,6 +599,66 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
             op::NEWFALSE => (RAW_BOOL, 0),
             op::BINGET => (RAW_GET, u64::from(bytes!(1)[0])),
             op::LONG_BINGET => (RAW_GET, u64::from(u32::from_le_bytes(bytes!(4).try_into().ok()?))),
+            op::EMPTY_LIST => {
+                // A stack's `frames`: a list of GETs of frame dicts read before, written as
+                // `EMPTY_LIST [MEMOIZE] (MARK GET* APPENDS | GET APPEND)*`. Built here with the
+                // depth and the charges the opcode reader's would have; anything else in it
+                // (a frame dict seen for the first time) is for the opcode reader.
+                let start = p;
+                let memoized = next_op!() == op::MEMOIZE;
+                if !memoized {
+                    p = start;
+                }
+                let (mut items, mut deepest) = (Vec::new(), 0);
+                'list: loop {
+                    let start = p;
+                    let batch = next_op!() == op::MARK;
+                    if !batch {
+                        p = start;
+                    }
+                    loop {
+                        let key = match next_op!() {
+                            op::BINGET => u64::from(bytes!(1)[0]),
+                            op::LONG_BINGET => {
+                                u64::from(u32::from_le_bytes(bytes!(4).try_into().ok()?))
+                            }
+                            op::APPENDS if batch => break,
+                            _ if batch => return None,
+                            _ => {
+                                p = start;
+                                break 'list;
+                            }
+                        };
+                        if !batch && next_op!() != op::APPEND {
+                            // A GET that is the record's next key: the list ended before it.
+                            p = start;
+                            break 'list;
+                        }
+                        let (v, depth) = memo_value(memo, key)?;
+                        deepest = deepest.max(depth);
+                        items.push(v.clone());
+                        cost += VALUE_COST;
+                        if !batch {
+                            break;
+                        }
+                    }
+                }
+                // `EMPTY_LIST` makes a container of depth 1; appending raises it above its
+                // deepest item.
+                let depth = deepest.saturating_add(1);
+                if depth > max_depth {
+                    return None;
+                }
+                let list = Value::list(items);
+                if memoized {
+                    // Its key was taken at the MEMOIZE; only GETs came since, so it is still
+                    // the next one.
+                    memo.append(Memo::Value(list.clone(), depth))?;
+                    cost += VALUE_COST;
+                }
+                built = Some((list, depth));
+                (RAW_LIST, 0)
+            }
             _ => return None,
         };
         if kind == RAW_GET {
@@ -603,7 +670,10 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
         cost += 2 * VALUE_COST;
         c = next_op!();
         if c == op::MEMOIZE {
-            let (v, depth) = make(kind, x, &w[..end], at, memo, strings, state)?;
+            let (v, depth) = match &built {
+                Some((list, depth)) => (list.clone(), *depth),
+                None => make(kind, x, &w[..end], at, memo, strings, state)?,
+            };
             memo.append(Memo::Value(v, depth))?;
             cost += VALUE_COST;
             c = next_op!();
@@ -623,6 +693,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                     _ => return None,
                 },
                 (RAW_INT, slot) => drop(slot.replace(Value::Int(x as i64))),
+                (RAW_LIST, slot) => drop(slot.replace(built.take()?.0)),
                 _ => {
                     let (v, _) = make(kind, x, &w[..end], at, memo, strings, state)?;
                     drop(state.fields[f].replace(v));
