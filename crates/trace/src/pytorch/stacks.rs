@@ -15,6 +15,11 @@ use std::rc::Rc;
 #[derive(Default)]
 pub struct Stacks {
     by_ptr: AddrMap<usize, u32>,
+    /// Each frame dict read so far, by pointer: PyTorch writes a frame once and every later
+    /// stack that holds it refers to it (a pickle GET, one `Rc` here).
+    frames_by_ptr: AddrMap<usize, [u32; 3]>,
+    /// Keeps every frame dict looked up by pointer alive, so its address names it.
+    held_frames: Vec<Value>,
     /// Each distinct stack as the ids of its strings and its lines.
     by_content: AddrMap<Vec<[u32; 3]>, u32>,
     strings: Strings,
@@ -106,9 +111,26 @@ impl Stacks {
         f: &Value,
         place: &dyn Fn() -> String,
     ) -> Result<[u32; 3], TraceError> {
-        if f.as_dict().is_none() {
+        let Value::Dict(dict) = f else {
             return Err(ctx.expected(place(), "a frame dict", f));
+        };
+        let ptr = Rc::as_ptr(dict) as usize;
+        if let Some(&frame) = self.frames_by_ptr.get(&ptr) {
+            return Ok(frame);
         }
+        let frame = self.frame_fields(ctx, f, place)?;
+        self.frames_by_ptr.insert(ptr, frame);
+        self.held_frames.push(f.clone());
+        Ok(frame)
+    }
+
+    /// [`Self::frame`] of a frame dict not seen before.
+    fn frame_fields(
+        &mut self,
+        ctx: Ctx<'_>,
+        f: &Value,
+        place: &dyn Fn() -> String,
+    ) -> Result<[u32; 3], TraceError> {
         let mut text = |field: &str| -> Result<u32, TraceError> {
             match f.get(field) {
                 Some(Value::Str(s)) => Ok(self.strings.id(s)),
