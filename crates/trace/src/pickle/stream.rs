@@ -69,6 +69,8 @@ struct State<'k, F> {
     memo_key_cache: [(u64, u8); KEY_CACHE],
     /// The string value last read at each position of a record: most repeat (`"N/A"`).
     value_cache: Vec<Option<Rc<String>>>,
+    /// The items of a list being read in place, reused so a list is allocated once, whole.
+    items: Vec<Value>,
     /// The streamed list, once found (for the identity check at the end).
     list: Option<*const Vec<Value>>,
 }
@@ -170,6 +172,7 @@ pub fn read_records<R: Read>(
         key_cache: vec![None; KEY_CACHE],
         memo_key_cache: [(u64::MAX, IGNORED); KEY_CACHE],
         value_cache: vec![None; KEY_CACHE],
+        items: Vec::new(),
         list: None,
     };
     let mut vm = Vm::new(reader, limits);
@@ -609,7 +612,9 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                 if !memoized {
                     p = start;
                 }
-                let (mut items, mut deepest) = (Vec::new(), 0);
+                let items = &mut state.items;
+                items.clear();
+                let mut deepest = 0;
                 'list: loop {
                     let start = p;
                     let batch = next_op!() == op::MARK;
@@ -649,7 +654,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                 if depth > max_depth {
                     return None;
                 }
-                let list = Value::list(items);
+                let list = Value::list(items.drain(..).collect());
                 if memoized {
                     // Its key was taken at the MEMOIZE; only GETs came since, so it is still
                     // the next one.
