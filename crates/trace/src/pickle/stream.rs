@@ -654,6 +654,8 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                 if depth > max_depth {
                     return None;
                 }
+                // An exact-size copy; the buffer keeps its room for the next list.
+                #[allow(clippy::drain_collect)]
                 let list = Value::list(items.drain(..).collect());
                 if memoized {
                     // Its key was taken at the MEMOIZE; only GETs came since, so it is still
