@@ -5,7 +5,9 @@
 Run from the repository root after `cargo build --release -p allocsim-cli -p allocsim-benches`
 (or point ALLOCSIM_BIN / MAKE_NATIVE_BIN at carried binaries). ROUNDS (default 15),
 NATIVE_ROUNDS (default 7) and COMPARE_ROUNDS (default 2) set the repetitions; NATIVE_CPU
-(default 2) is the core the native replays are pinned to. Wall times from perf_counter, CPU times (user +
+(default 2) is the core the native replays are pinned to. `import` reads IMPORT_TRACE
+(default: the Llama snapshot) and, with BASE_BIN set, runs that binary too in every round
+(alternating which goes first) and prints the median of the rounds' wall-time ratios. Wall times from perf_counter, CPU times (user +
 system, all threads) from getrusage of the child.
 """
 import gzip, os, pickle, resource, statistics, subprocess, sys, time
@@ -13,6 +15,7 @@ import gzip, os, pickle, resource, statistics, subprocess, sys, time
 ROOT = os.getcwd()
 BIN = os.path.join(ROOT, os.environ.get("ALLOCSIM_BIN", "target/release/allocsim"))
 GEN = os.path.join(ROOT, os.environ.get("MAKE_NATIVE_BIN", "target/release/make-native-trace"))
+BASE = os.environ.get("BASE_BIN")
 LLAMA = "traces/pytorch-2.11-h100-extra/llama_generate_varlen.pickle.gz"
 what = sys.argv[1:] or ["import", "native", "compare"]
 
@@ -38,9 +41,9 @@ def steal_jiffies(cpu):
     return 0
 
 
-def load_only():
+def load_only(path):
     t, w = time.process_time(), time.perf_counter()
-    pickle.load(gzip.open(LLAMA))
+    pickle.load(gzip.open(path))
     return time.process_time() - t, time.perf_counter() - w
 
 
@@ -65,16 +68,23 @@ print(open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0], flush=
 print("cpus", os.cpu_count(), "load", os.getloadavg(), flush=True)
 
 if "import" in what:
-    cmd = [BIN, "replay", LLAMA]
-    py = [sys.executable, "-c", f"import pickle,gzip; pickle.load(gzip.open('{LLAMA}'))"]
-    rs, ps, ls, rss, rw, pw, lw = [], [], [], [], [], [], []
-    for _ in range(int(os.environ.get('ROUNDS', 15))):
+    trace = os.environ.get("IMPORT_TRACE", LLAMA)
+    name = os.path.basename(trace).split(".")[0]
+    cmd = [BIN, "replay", trace]
+    base = [os.path.join(ROOT, BASE), "replay", trace] if BASE else None
+    py = [sys.executable, "-c", f"import pickle,gzip; pickle.load(gzip.open('{trace}'))"]
+    rs, ps, ls, rss, rw, pw, lw, bw = [], [], [], [], [], [], [], []
+    for r in range(int(os.environ.get('ROUNDS', 15))):
+        if base and r % 2:
+            bw.append(run(base)[1])
         cpu, wall, _ = run(cmd); rs.append(cpu); rw.append(wall)
+        if base and r % 2 == 0:
+            bw.append(run(base)[1])
         cpu, wall, _ = run(py); ps.append(cpu); pw.append(wall)
-        c, w = load_only(); ls.append(c); lw.append(w)
-    show("import: allocsim replay llama wall ms", rw)
+        c, w = load_only(trace); ls.append(c); lw.append(w)
+    show(f"import: allocsim replay {name} wall ms", rw)
     show("import: python3 process wall ms", pw)
-    show("import: allocsim replay llama CPU ms", rs)
+    show(f"import: allocsim replay {name} CPU ms", rs)
     show("import: python3 process CPU ms", ps)
     show("import: pickle.load(gzip.open) in-process CPU ms", ls)
     show("import: pickle.load(gzip.open) in-process wall ms", lw)
@@ -83,6 +93,10 @@ if "import" in what:
         statistics.median(l / r for l, r in zip(lw, rw))), flush=True)
     print("ratio load-only / allocsim: %.2f; python process / allocsim: %.2f" % (
         statistics.median(ls) / statistics.median(rs), statistics.median(ps) / statistics.median(rs)), flush=True)
+    if base:
+        show(f"import: BASE_BIN replay {name} wall ms", bw)
+        print("wall time / BASE_BIN's, median of the rounds' own ratios: %.3f" % statistics.median(
+            a / b for a, b in zip(rw, bw)), flush=True)
 
 if "native" in what:
     out = "/tmp/llama10m.allocsim"
