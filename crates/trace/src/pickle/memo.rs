@@ -127,19 +127,30 @@ impl MemoTable {
             Memo::OnStack(_) => return None,
         };
         let depth = u8::try_from(depth).ok().filter(|&d| d != DEEP)?;
-        let start = self.slots.len().saturating_sub(2);
-        let index = match self.slots[start..].iter().rposition(|s| s.same_as(&slot)) {
-            Some(at) => (start + at + 1) as u32,
-            None if self.slots.len() < u32::MAX as usize - 1 => {
-                self.slots.push(slot);
-                self.slots.len() as u32
-            }
-            None => return None,
-        };
+        if self.slots.len() >= u32::MAX as usize - 1 {
+            return None;
+        }
+        let index = self.slot_for(slot);
         self.dense.push(index);
         self.depth.push(depth);
         self.len += 1;
         Some(())
+    }
+
+    /// The `dense` entry for `slot`: one of the last two slots if it is the same marker or
+    /// string (a snapshot's entries alternate a dict marker and a string), else a new one.
+    /// `inline(always)`: with `inline` alone the pickle thread took 4% more instructions
+    /// (callgrind, 312 -> 324 M).
+    #[inline(always)]
+    fn slot_for(&mut self, slot: Slot) -> u32 {
+        let start = self.slots.len().saturating_sub(2);
+        match self.slots[start..].iter().rposition(|s| s.same_as(&slot)) {
+            Some(at) => (start + at + 1) as u32,
+            None => {
+                self.slots.push(slot);
+                self.slots.len() as u32
+            }
+        }
     }
 
     /// Where the table stands, for [`MemoTable::rollback`].
@@ -167,15 +178,7 @@ impl MemoTable {
             Memo::OnStack(at) => (Slot::OnStack(at), 0),
             Memo::Streamed => (Slot::Streamed, 0),
         };
-        // The last two slots: a snapshot's entries alternate a dict marker and a string.
-        let start = self.slots.len().saturating_sub(2);
-        let index = match self.slots[start..].iter().rposition(|s| s.same_as(&slot)) {
-            Some(at) => (start + at + 1) as u32,
-            None => {
-                self.slots.push(slot);
-                self.slots.len() as u32
-            }
-        };
+        let index = self.slot_for(slot);
         let byte = u8::try_from(depth).unwrap_or(DEEP);
         if byte == DEEP {
             self.deep.insert(i, depth);
