@@ -205,7 +205,13 @@ fn stacks_give_what_the_generic_reader_gives() {
     // Entry 1 defines the key strings (memo 5 `action`, 6 `alloc`, 7 `addr`, 8 `size`,
     // 9 `frames`) and a frame dict (memo 11), through the opcode reader. Memo 4 is its dict,
     // 10 its frames list.
-    let first = b"}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94M\x00\x10\x8c\x04size\x94M\x00\x02\x8c\x06frames\x94]\x94(}\x94(\x8c\x08filename\x94\x8c\x04a.py\x94\x8c\x04line\x94K\x01\x8c\x04name\x94\x8c\x01f\x94ueu";
+    let first = [
+        b"}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94M\x00\x10".as_slice(),
+        b"\x8c\x04size\x94M\x00\x02\x8c\x06frames\x94]\x94(",
+        b"}\x94(\x8c\x08filename\x94\x8c\x04a.py\x94\x8c\x04line\x94K\x01\x8c\x04name\x94\x8c\x01f\x94u",
+        b"eu",
+    ]
+    .concat();
     // An entry at `addr` (high byte) whose keys are all GETs, with `frames` as given.
     let entry = |addr: u8, frames: &[u8]| {
         [b"}\x94(h\x05h\x06h\x07M\x00".as_slice(), &[addr], b"h\x08M\x00\x02h\x09", frames, b"u"]
@@ -221,12 +227,11 @@ fn stacks_give_what_the_generic_reader_gives() {
         // The list then another key: `h\x07` is not a list item.
         (
             "key-after",
-            vec![[b"}\x94(h\x05h\x06h\x09]\x94h\x0bah\x07M\x00\x30h\x08M\x00\x02u".as_slice()]
-                .concat()],
+            vec![b"}\x94(h\x05h\x06h\x09]\x94h\x0bah\x07M\x00\x30h\x08M\x00\x02u".to_vec()],
         ),
         (
             "empty-key-after",
-            vec![[b"}\x94(h\x05h\x06h\x09]\x94h\x07M\x00\x30h\x08M\x00\x02u".as_slice()].concat()],
+            vec![b"}\x94(h\x05h\x06h\x09]\x94h\x07M\x00\x30h\x08M\x00\x02u".to_vec()],
         ),
         // A later entry sharing an earlier entry's list (memo 18).
         ("shared", vec![entry(0x20, b"]\x94(h\x0bh\x0be"), entry(0x30, b"h\x12")]),
@@ -246,7 +251,7 @@ fn stacks_give_what_the_generic_reader_gives() {
         // A long string after the entries, so that each lies in a window the flat reader
         // takes (it leaves the last kilobyte of a file to the opcode reader).
         let pad = [b"\x8c\x03padX".as_slice(), &2048u32.to_le_bytes(), &[b'.'; 2048]].concat();
-        let bytes = [HEAD, b"(", first.as_slice(), &entries.concat(), b"ea", &pad, b"u."].concat();
+        let bytes = [HEAD, b"(", &first, &entries.concat(), b"ea", &pad, b"u."].concat();
         let path = write(&format!("stacks-{name}.pickle"), &bytes);
         let outcome = agree(&path);
         match name {

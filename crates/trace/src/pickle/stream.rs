@@ -485,7 +485,8 @@ const RAW_NONE: u8 = 2;
 const RAW_BOOL: u8 = 3;
 /// `x` is a memo key.
 const RAW_GET: u8 = 4;
-/// A list of finished values, built already (see `flat_list`).
+/// A list of GETs of finished values, built as it was read (the `EMPTY_LIST` arm of
+/// `flat_record`).
 const RAW_LIST: u8 = 5;
 
 /// Bytes a record may take to be read in place: records of a snapshot take about 60.
@@ -495,11 +496,11 @@ const FLAT_LIMIT: usize = FLAT_WINDOW_BYTES - 260;
 
 /// One record read in place from `w` (the buffered bytes after its `EMPTY_DICT`) when it is
 /// flat: `[MEMOIZE] MARK (GET-key value [MEMOIZE])* SETITEMS`, with values that are ints,
-/// short strings, None, bools, GETs of finished values or lists of such GETs (a stack). Fills `state.fields`, appends the
-/// memo entries ([`MemoTable::append`]) and returns the bytes used and the memory to charge;
-/// `None` when the record is anything else or runs past `w`, having changed nothing but the
-/// field array, the string caches and the memo entries appended, which the caller rolls back,
-/// so that the opcode reader can start over.
+/// short strings, None, bools, GETs of finished values or lists of such GETs (a stack).
+/// Fills `state.fields`, appends the memo entries ([`MemoTable::append`]) and returns the
+/// bytes used and the memory to charge; `None` when the record is anything else or runs past
+/// `w`, having changed nothing but the field array, the string caches and the memo entries
+/// appended, which the caller rolls back, so that the opcode reader can start over.
 fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
     w: &[u8],
     memo: &mut MemoTable,
