@@ -118,19 +118,6 @@ impl Stacks {
         if let Some(&frame) = self.frames_by_ptr.get(&ptr) {
             return Ok(frame);
         }
-        let frame = self.frame_fields(ctx, f, place)?;
-        self.frames_by_ptr.insert(ptr, frame);
-        self.held_frames.push(f.clone());
-        Ok(frame)
-    }
-
-    /// [`Self::frame`] of a frame dict not seen before.
-    fn frame_fields(
-        &mut self,
-        ctx: Ctx<'_>,
-        f: &Value,
-        place: &dyn Fn() -> String,
-    ) -> Result<[u32; 3], TraceError> {
         let mut text = |field: &str| -> Result<u32, TraceError> {
             match f.get(field) {
                 Some(Value::Str(s)) => Ok(self.strings.id(s)),
@@ -148,6 +135,9 @@ impl Stacks {
             }
             None => 0,
         };
-        Ok([name, filename, line])
+        let frame = [name, filename, line];
+        self.frames_by_ptr.insert(ptr, frame);
+        self.held_frames.push(f.clone());
+        Ok(frame)
     }
 }
