@@ -2,9 +2,7 @@
 //! API boundary.
 
 use crate::Observer;
-use allocsim_core::{AllocId, Allocator, ConfigError, Device, Env, Event, Granted, OomInfo, Op};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use allocsim_core::{Allocator, ConfigError, Device, Env, Event, Granted, IdTable, OomInfo, Op};
 
 /// What happened to an op.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,69 +39,8 @@ enum IdState {
     Failed,
 }
 
-/// Allocation ids are mostly dense counters: a multiplicative hash is enough and much cheaper
-/// than SipHash for the few that do not fit the dense table. Iteration order is never used.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 /// Keep at most this many refusal messages.
 const MAX_NOTES: usize = 16;
-/// Ids below this have their state in a table indexed by id (a byte each); every trace reader
-/// numbers allocations from 0, so a hash map only takes ids of hand-made traces.
-const DENSE_IDS: u64 = 1 << 26;
-
-/// The state of every allocation id.
-#[derive(Default)]
-struct IdStates {
-    dense: Vec<IdState>,
-    sparse: HashMap<AllocId, IdState, BuildHasherDefault<IdHasher>>,
-}
-
-impl IdStates {
-    #[inline(always)]
-    fn get(&self, id: AllocId) -> IdState {
-        if id.0 < DENSE_IDS {
-            self.dense.get(id.0 as usize).copied().unwrap_or(IdState::Unknown)
-        } else {
-            self.sparse.get(&id).copied().unwrap_or(IdState::Unknown)
-        }
-    }
-
-    #[inline(always)]
-    fn set(&mut self, id: AllocId, state: IdState) {
-        if id.0 < DENSE_IDS {
-            let i = id.0 as usize;
-            if i >= self.dense.len() {
-                self.grow(i);
-            }
-            self.dense[i] = state;
-        } else if state == IdState::Unknown {
-            self.sparse.remove(&id);
-        } else {
-            self.sparse.insert(id, state);
-        }
-    }
-
-    #[cold]
-    fn grow(&mut self, i: usize) {
-        let len = (i + 1).max(self.dense.len() * 2).max(1024).min(DENSE_IDS as usize);
-        self.dense.resize(len, IdState::Unknown);
-    }
-}
 
 /// An allocator, concrete or a trait object, as the `&dyn Allocator` observers see.
 ///
@@ -155,7 +92,7 @@ impl AsDynDevice for dyn Device + '_ {
 pub struct Engine<'a, A: ?Sized = dyn Allocator + 'a, D: ?Sized = dyn Device + 'a> {
     allocator: &'a mut A,
     device: &'a mut D,
-    ids: IdStates,
+    ids: IdTable<IdState>,
     events: Vec<Event>,
     op_index: u64,
     event_index: u64,
@@ -178,7 +115,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
         Engine {
             allocator,
             device,
-            ids: IdStates::default(),
+            ids: IdTable::new(IdState::Unknown),
             events: Vec::with_capacity(64),
             op_index: 0,
             event_index: 0,

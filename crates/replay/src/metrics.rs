@@ -50,8 +50,8 @@ pub struct Metrics {
     active: u64,
     requested: u64,
     stride: u64,
-    /// Ops until the next sample.
-    until_sample: u64,
+    /// The op after which the next sample is taken.
+    next_sample: u64,
     frag_sum: f64,
     frag_samples: u64,
     /// The last op seen: the timeline ends with the state after it.
@@ -70,7 +70,7 @@ impl Metrics {
             active: 0,
             requested: 0,
             stride: (expected_ops / SAMPLES).max(1),
-            until_sample: 0,
+            next_sample: 0,
             frag_sum: 0.0,
             frag_samples: 0,
             last_op: 0,
@@ -167,12 +167,10 @@ impl Observer for Metrics {
         if let OpOutcome::OutOfMemory(info) = outcome {
             self.report.ooms.push(OomRecord { op_index, info: *info });
         }
-        // Every `stride`-th op from op 0, counted down rather than divided.
-        if self.until_sample == 0 {
-            self.until_sample = self.stride - 1;
+        // Every `stride`-th op from op 0.
+        if op_index >= self.next_sample {
+            self.next_sample = op_index + self.stride;
             self.sample(op_index, allocator);
-        } else {
-            self.until_sample -= 1;
         }
         self.last_op = op_index;
         true

@@ -9,8 +9,7 @@
 
 use super::freeset::FreeSet;
 use allocsim_core::{AllocId, Pool, StreamId};
-use std::collections::{BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeSet;
 use std::ops::{Index, IndexMut};
 
 /// "No block": the null pointer of `prev`, `next` and `expandable`.
@@ -185,72 +184,6 @@ impl BlockPool {
     }
 }
 
-/// A multiply-rotate hasher (FxHash) for `AllocId`s: they are already well spread.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Ids below this are looked up in a flat table; trace readers number allocations densely.
-const DENSE_IDS: u64 = 1 << 24;
-
-/// `AllocId` → block index for allocated and pending blocks (PyTorch's `allocated_blocks`).
-#[derive(Debug, Default)]
-pub struct IdMap {
-    dense: Vec<u32>,
-    sparse: HashMap<u64, u32, BuildHasherDefault<FxHasher>>,
-}
-
-impl IdMap {
-    #[inline]
-    pub fn get(&self, id: AllocId) -> Option<u32> {
-        if id.0 < DENSE_IDS {
-            self.dense.get(id.0 as usize).copied().filter(|&i| i != NIL)
-        } else {
-            self.sparse.get(&id.0).copied()
-        }
-    }
-
-    #[inline]
-    pub fn insert(&mut self, id: AllocId, index: u32) {
-        if id.0 < DENSE_IDS {
-            let slot = id.0 as usize;
-            if slot >= self.dense.len() {
-                let grown = (slot + 1).max(self.dense.len() * 2).min(DENSE_IDS as usize);
-                self.dense.resize(grown, NIL);
-            }
-            self.dense[slot] = index;
-        } else {
-            self.sparse.insert(id.0, index);
-        }
-    }
-
-    #[inline]
-    pub fn remove(&mut self, id: AllocId) {
-        if id.0 < DENSE_IDS {
-            if let Some(slot) = self.dense.get_mut(id.0 as usize) {
-                *slot = NIL;
-            }
-        } else {
-            self.sparse.remove(&id.0);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,17 +203,5 @@ mod tests {
         pool.blocks.insert(SizeKey { stream: 5, size: 10, addr: 0, index: 1 });
         pool.blocks.insert(SizeKey { stream: 9, size: 20, addr: 0, index: 2 });
         assert_eq!(pool.largest_free(), 50);
-    }
-
-    #[test]
-    fn id_map_dense_and_sparse() {
-        let mut m = IdMap::default();
-        m.insert(AllocId(7), 1);
-        m.insert(AllocId(1 << 40), 2);
-        assert_eq!(m.get(AllocId(7)), Some(1));
-        assert_eq!(m.get(AllocId(1 << 40)), Some(2));
-        assert_eq!(m.get(AllocId(8)), None);
-        m.remove(AllocId(7));
-        assert_eq!(m.get(AllocId(7)), None);
     }
 }

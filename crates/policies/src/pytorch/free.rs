@@ -11,7 +11,10 @@ use allocsim_core::{AllocId, Env, Event, StreamId};
 impl PyTorchAllocator {
     /// `DeviceCachingAllocator::free`.
     pub(super) fn free_impl(&mut self, env: &mut Env<'_>, id: AllocId) {
-        let Some(index) = self.ids.get(id) else { return };
+        let index = self.ids.get(id);
+        if index == NIL {
+            return;
+        }
         let b = &mut self.arena[index];
         if !b.allocated {
             return;
@@ -44,7 +47,10 @@ impl PyTorchAllocator {
 
     /// `recordStream`: the block is also used on `stream`.
     pub(super) fn record_stream_impl(&mut self, id: AllocId, stream: StreamId) {
-        let Some(index) = self.ids.get(id) else { return };
+        let index = self.ids.get(id);
+        if index == NIL {
+            return;
+        }
         let b = &self.arena[index];
         if !b.allocated || b.stream == stream || self.stream_uses.contains(&(index, stream)) {
             return;
@@ -55,7 +61,10 @@ impl PyTorchAllocator {
 
     /// The other streams' work on `id` finished: `process_events` completes its free.
     pub(super) fn free_completed_impl(&mut self, env: &mut Env<'_>, id: AllocId) {
-        let Some(index) = self.ids.get(id) else { return };
+        let index = self.ids.get(id);
+        if index == NIL {
+            return;
+        }
         if !self.arena[index].pending {
             return;
         }
@@ -77,7 +86,7 @@ impl PyTorchAllocator {
             size: b.size,
             requested: b.requested,
         });
-        self.ids.remove(b.id);
+        self.ids.set(b.id, NIL);
         let (mut net_blocks, mut net_bytes) = (0i64, 0i64);
         let mut size = b.size;
         for candidate in [b.prev, b.next] {

@@ -246,7 +246,7 @@ impl PyTorchAllocator {
             stream: p.stream,
             pool,
         });
-        self.ids.insert(id, block);
+        self.ids.set(id, block);
         let s = &mut self.stats;
         s.allocation.inc(pool, 1);
         s.allocated_bytes.inc(pool, size);

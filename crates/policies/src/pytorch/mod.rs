@@ -42,10 +42,10 @@ pub use config::Config;
 pub use rounding::{get_allocation_size, round_size};
 
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, MemoryStats, OomInfo,
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, IdTable, MemoryStats, OomInfo,
     SnapshotSegment, StreamId,
 };
-use block::{Arena, BlockPool, IdMap};
+use block::{Arena, BlockPool, NIL};
 use expandable::ExpandableSegment;
 
 /// PyTorch's `DeviceCachingAllocator` for one device, default pools only.
@@ -56,7 +56,7 @@ pub struct PyTorchAllocator {
     small_pool: BlockPool,
     large_pool: BlockPool,
     /// `allocated_blocks` / `active_blocks`: allocations by id, while allocated or pending.
-    ids: IdMap,
+    ids: IdTable<u32>,
     /// Blocks freed while in use on other streams (`cuda_events`), in the order of their frees.
     pending: Vec<u32>,
     /// `stream_uses` of allocated blocks: (block, stream) pairs; `record_stream` is rare.
@@ -85,7 +85,7 @@ impl PyTorchAllocator {
             arena: Arena::default(),
             small_pool: BlockPool::new(),
             large_pool: BlockPool::new(),
-            ids: IdMap::default(),
+            ids: IdTable::new(NIL),
             pending: Vec::new(),
             stream_uses: Vec::new(),
             segments: Vec::new(),

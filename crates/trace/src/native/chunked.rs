@@ -317,11 +317,13 @@ impl<R: Read> ChunkReader<R> {
         chunk.items = items;
         chunk.pos = 0;
         chunk.bytes.clear();
-        chunk.bytes.resize(len as usize, 0);
-        let mut bytes = std::mem::take(&mut chunk.bytes);
-        let read = self.exact(&mut bytes, "a chunk");
-        chunk.bytes = bytes;
-        read
+        // Read into the buffer's spare room: no zeroing first.
+        let read = (&mut self.input).take(u64::from(len)).read_to_end(&mut chunk.bytes);
+        match read {
+            Ok(n) if n == len as usize => Ok(()),
+            Ok(_) => Err(self.corrupt("the file ends in a chunk")),
+            Err(e) => Err(TraceError::io(&self.path, e)),
+        }
     }
 
     fn bincode<T: for<'de> Deserialize<'de>>(&self, chunk: &Chunk) -> Result<T, TraceError> {
