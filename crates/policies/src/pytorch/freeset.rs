@@ -330,11 +330,17 @@ impl FreeSet {
 
     #[inline]
     pub fn insert(&mut self, key: SizeKey) {
-        let pos = match self.position(key.stream) {
+        self.insert_parts(key.stream, key.size, key.addr, key.index);
+    }
+
+    /// [`FreeSet::insert`] with the key in registers rather than in memory.
+    #[inline(never)]
+    fn insert_parts(&mut self, stream: u64, size: u64, addr: u64, index: u32) {
+        let pos = match self.position(stream) {
             Ok(pos) => pos,
-            Err(pos) => self.add_stream(pos, key.stream),
+            Err(pos) => self.add_stream(pos, stream),
         };
-        self.streams[pos].insert(Entry { size: key.size, addr: key.addr, index: key.index });
+        self.streams[pos].insert(Entry { size, addr, index });
     }
 
     #[cold]
