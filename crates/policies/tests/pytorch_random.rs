@@ -1,14 +1,17 @@
 //! Random programs through the PyTorch clone, watched after every op by two oracles:
 //! PyTorch's `_check_memory_stat_consistency` (stats derivable from the snapshot) and the
-//! independent `allocsim-check` checker (events alone: no overlap, containment, stats).
+//! independent `allocsim-check` checker (events alone: no overlap, containment, stats), and
+//! the `active` statistics rebuilt from the events, peaks and totals included (the policy
+//! derives them from `allocation` until a free first waits on another stream).
 //! Swarm style: each seed picks its own settings, op weights and device size, and some seeds
 //! change the settings while running. A failure prints the seed and op to reproduce it.
 
 mod pytorch_support;
 
 use allocsim_check::{CheckConfig, Checker};
-use allocsim_core::{AllocId, Allocator, MIB};
+use allocsim_core::{AllocId, Allocator, Event, Pool, StatArray, MIB};
 use pytorch_support::{stat_consistency_errors, Harness, Rng};
+use std::collections::HashMap;
 
 const CONFS: [&str; 7] = [
     "",
@@ -37,6 +40,9 @@ struct Program {
     recorded: Vec<AllocId>,
     pending: Vec<AllocId>,
     events_seen: usize,
+    /// `active` and `active_bytes` as the events imply them, and each live block's pool.
+    active: (StatArray, StatArray),
+    pools: HashMap<AllocId, Pool>,
     expandable_seen: bool,
     seed: u64,
 }
@@ -59,6 +65,8 @@ impl Program {
             recorded: vec![],
             pending: vec![],
             events_seen: 0,
+            active: Default::default(),
+            pools: HashMap::new(),
             expandable_seen: false,
             seed,
         }
@@ -102,6 +110,19 @@ impl Program {
         let seed = self.seed;
         for (i, ev) in self.h.events.iter().enumerate().skip(self.events_seen) {
             self.checker.on_event(i as u64, op, ev);
+            match *ev {
+                Event::Alloc { id, size, pool, .. } => {
+                    self.pools.insert(id, pool);
+                    self.active.0.increase(pool, 1);
+                    self.active.1.increase(pool, size);
+                }
+                Event::FreeCompleted { id, size, .. } => {
+                    let pool = self.pools.remove(&id).expect("completed free of a live block");
+                    self.active.0.decrease(pool, 1);
+                    self.active.1.decrease(pool, size);
+                }
+                _ => {}
+            }
         }
         self.events_seen = self.h.events.len();
         let stats = self.h.stats();
@@ -110,6 +131,11 @@ impl Program {
             self.checker.violations().is_empty(),
             "seed {seed} op {op}: checker: {:#?}",
             self.checker.violations()
+        );
+        assert_eq!(
+            (stats.active, stats.active_bytes),
+            self.active,
+            "seed {seed} op {op}: active statistics against the events"
         );
         let errors = stat_consistency_errors(&stats, &self.h.snapshot());
         assert!(errors.is_empty(), "seed {seed} op {op}: {errors:#?}");

@@ -21,6 +21,10 @@ impl PyTorchAllocator {
         }
         b.allocated = false;
         let b = *b;
+        if b.stream_uses > 0 {
+            // Before `allocation` moves: `active` stays up until the free completes.
+            self.stop_mirroring_active();
+        }
         let pool = b.pool();
         self.stats.allocation.dec(pool, 1);
         self.stats.allocated_bytes.dec(pool, b.size);
@@ -109,8 +113,10 @@ impl PyTorchAllocator {
             s.inactive_split.add(pool, net_blocks);
             s.inactive_split_bytes.add(pool, net_bytes);
         }
-        s.active.dec(pool, 1);
-        s.active_bytes.dec(pool, b.size);
+        if !self.active_is_allocation {
+            s.active.dec(pool, 1);
+            s.active_bytes.dec(pool, b.size);
+        }
         s.requested_bytes.dec(pool, b.requested);
     }
 

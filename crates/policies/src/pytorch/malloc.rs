@@ -250,8 +250,10 @@ impl PyTorchAllocator {
         let s = &mut self.stats;
         s.allocation.inc(pool, 1);
         s.allocated_bytes.inc(pool, size);
-        s.active.inc(pool, 1);
-        s.active_bytes.inc(pool, size);
+        if !self.active_is_allocation {
+            s.active.inc(pool, 1);
+            s.active_bytes.inc(pool, size);
+        }
         s.requested_bytes.inc(pool, orig_size);
         if size >= self.config.max_split_size {
             s.oversize_allocations.inc(1);

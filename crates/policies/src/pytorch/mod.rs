@@ -64,6 +64,12 @@ pub struct PyTorchAllocator {
     /// `expandable_segments_`; a released one leaves a dead slot so indices stay valid.
     segments: Vec<ExpandableSegment>,
     stats: MemoryStats,
+    /// True until the first free that waits on other streams. Until then every free completes
+    /// in the op that requests it, so `active` and `active_bytes` move exactly as `allocation`
+    /// and `allocated_bytes` do (the same amounts, in the same ops; resets treat them alike),
+    /// and are not updated: [`Self::stats_view`] copies them. Two of the five statistics an
+    /// allocation moves, and two of the seven a free moves.
+    active_is_allocation: bool,
     /// Bytes of cudaMalloc'ed segments plus mapped expandable pages.
     total_allocated_memory: u64,
     /// `allowed_memory_maximum`: the cap from a memory fraction below 1.
@@ -75,6 +81,25 @@ pub struct PyTorchAllocator {
 }
 
 impl PyTorchAllocator {
+    /// The statistics, with `active` filled in while it mirrors `allocation`.
+    fn stats_view(&self) -> MemoryStats {
+        let mut s = self.stats.clone();
+        if self.active_is_allocation {
+            s.active = s.allocation;
+            s.active_bytes = s.allocated_bytes;
+        }
+        s
+    }
+
+    /// The first free that waits on other streams: from here on `active` is kept on its own.
+    fn stop_mirroring_active(&mut self) {
+        if self.active_is_allocation {
+            self.active_is_allocation = false;
+            self.stats.active = self.stats.allocation;
+            self.stats.active_bytes = self.stats.allocated_bytes;
+        }
+    }
+
     /// The allocator as a process with `PYTORCH_CUDA_ALLOC_CONF=conf` constructs it.
     pub fn new(config: Config) -> Self {
         let stats =
@@ -90,6 +115,7 @@ impl PyTorchAllocator {
             stream_uses: Vec::new(),
             segments: Vec::new(),
             stats,
+            active_is_allocation: true,
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
             scratch: Vec::new(),
@@ -217,7 +243,7 @@ impl Allocator for PyTorchAllocator {
     }
 
     fn stats(&self) -> MemoryStats {
-        self.stats.clone()
+        self.stats_view()
     }
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {
