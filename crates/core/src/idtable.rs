@@ -83,7 +83,7 @@ impl<T: Copy + PartialEq> IdTable<T> {
     fn cover(&mut self, id: u64) {
         let off = id - self.base;
         if off < WINDOW {
-            let len = (off + 1).max(2 * self.window.len() as u64).max(1024).min(WINDOW);
+            let len = (off + 1).max(2 * self.window.len() as u64).clamp(1024, WINDOW);
             self.window.resize(len as usize, self.empty);
             return;
         }
