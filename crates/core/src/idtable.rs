@@ -53,11 +53,6 @@ impl<T: Copy + PartialEq> IdTable<T> {
         }
     }
 
-    /// How many ids have a value outside the window (for tests and diagnostics).
-    pub fn far_len(&self) -> usize {
-        self.far.len()
-    }
-
     #[inline(never)]
     fn get_far(&self, id: AllocId) -> T {
         self.far.get(&id.0).copied().unwrap_or(self.empty)
@@ -66,8 +61,8 @@ impl<T: Copy + PartialEq> IdTable<T> {
     #[cold]
     #[inline(never)]
     fn set_far(&mut self, id: AllocId, value: T) {
-        // An id a little past the window moves it; one far past it (a hand-made trace's) or
-        // below it goes to the map.
+        // An id up to four windows past the window's start moves it; one further on (a
+        // hand-made trace's) or below it goes to the map.
         let off = id.0.wrapping_sub(self.base);
         if value != self.empty && off < 4 * WINDOW {
             self.cover(id.0);
@@ -118,7 +113,7 @@ impl<T: Copy + PartialEq> IdTable<T> {
 /// Allocation ids are mostly dense counters: a multiplicative hash spreads them enough, and
 /// is much cheaper than SipHash. Iteration order is never used.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
+struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -186,7 +181,7 @@ mod tests {
         for (&k, &v) in &model {
             assert_eq!(table.get(AllocId(k)), v, "id {k}");
         }
-        assert!(table.far_len() > 0, "no value ever left the window: the test misses the map");
+        assert!(!table.far.is_empty(), "no value ever left the window: the test misses the map");
         assert!(table.base > 4 * WINDOW, "the window never moved far");
         assert!(table.window.len() as u64 <= WINDOW);
     }

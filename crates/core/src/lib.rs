@@ -21,7 +21,7 @@ pub use allocator::{Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo};
 pub use device::{CallKind, CallStats, Device, DeviceCalls, DeviceError, MemInfo};
 pub use event::Event;
 pub use ids::{AllocId, Pool, StreamId, GIB, KIB, MIB};
-pub use idtable::{IdHasher, IdTable};
+pub use idtable::IdTable;
 pub use op::Op;
 pub use snapshot::{BlockState, SnapshotBlock, SnapshotSegment};
 pub use stats::{MemoryStats, Stat, StatArray};

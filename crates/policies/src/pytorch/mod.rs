@@ -43,7 +43,7 @@ pub use rounding::{get_allocation_size, round_size};
 
 use allocsim_core::{
     AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, IdTable, MemoryStats, OomInfo,
-    SnapshotSegment, StreamId,
+    SnapshotSegment, StatArray, StreamId,
 };
 use block::{Arena, BlockPool, NIL};
 use expandable::ExpandableSegment;
@@ -89,6 +89,15 @@ impl PyTorchAllocator {
             s.active_bytes = s.allocated_bytes;
         }
         s
+    }
+
+    /// `active_bytes`, wherever it is kept.
+    fn active_bytes(&self) -> &StatArray {
+        if self.active_is_allocation {
+            &self.stats.allocated_bytes
+        } else {
+            &self.stats.active_bytes
+        }
     }
 
     /// The first free that waits on other streams: from here on `active` is kept on its own.

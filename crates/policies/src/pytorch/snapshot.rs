@@ -51,11 +51,7 @@ impl PyTorchAllocator {
     /// Inactive bytes are reserved minus active; the largest piece comes from the free sets.
     pub(super) fn free_space_impl(&self) -> FreeSpace {
         let reserved = self.stats.reserved_bytes.all.current;
-        let active = if self.active_is_allocation {
-            self.stats.allocated_bytes.all.current
-        } else {
-            self.stats.active_bytes.all.current
-        };
+        let active = self.active_bytes().all.current;
         FreeSpace {
             cached_bytes: (reserved - active).max(0) as u64,
             largest_free_block_bytes: self
