@@ -11,10 +11,7 @@ use allocsim_core::{AllocId, Env, Event, StreamId};
 impl PyTorchAllocator {
     /// `DeviceCachingAllocator::free`.
     pub(super) fn free_impl(&mut self, env: &mut Env<'_>, id: AllocId) {
-        let index = self.ids.get(id);
-        if index == NIL {
-            return;
-        }
+        let Some(index) = self.block_of(id) else { return };
         let b = &mut self.arena[index];
         if !b.allocated {
             return;
@@ -51,10 +48,7 @@ impl PyTorchAllocator {
 
     /// `recordStream`: the block is also used on `stream`.
     pub(super) fn record_stream_impl(&mut self, id: AllocId, stream: StreamId) {
-        let index = self.ids.get(id);
-        if index == NIL {
-            return;
-        }
+        let Some(index) = self.block_of(id) else { return };
         let b = &self.arena[index];
         if !b.allocated || b.stream == stream || self.stream_uses.contains(&(index, stream)) {
             return;
@@ -65,10 +59,7 @@ impl PyTorchAllocator {
 
     /// The other streams' work on `id` finished: `process_events` completes its free.
     pub(super) fn free_completed_impl(&mut self, env: &mut Env<'_>, id: AllocId) {
-        let index = self.ids.get(id);
-        if index == NIL {
-            return;
-        }
+        let Some(index) = self.block_of(id) else { return };
         if !self.arena[index].pending {
             return;
         }

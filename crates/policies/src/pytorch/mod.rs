@@ -91,6 +91,11 @@ impl PyTorchAllocator {
         s
     }
 
+    /// The block serving `id` while it is allocated or pending.
+    fn block_of(&self, id: AllocId) -> Option<u32> {
+        Some(self.ids.get(id)).filter(|&index| index != NIL)
+    }
+
     /// `active_bytes`, wherever it is kept.
     fn active_bytes(&self) -> &StatArray {
         if self.active_is_allocation {
