@@ -35,21 +35,14 @@ const FLAT_MAX: usize = 16;
 const FLAT_MIN: usize = 8;
 
 /// The class of a size; monotone non-decreasing in `size`.
-///
-/// The geometric formula is computed for every size (from at least 64 units, where its shift
-/// is valid) and then selected, so that the choice between the two ranges is a conditional
-/// move: a branch on it follows the sizes of the trace and is mispredicted often.
 fn class_of(size: u64) -> usize {
     let units = size >> UNIT_SHIFT;
-    let u = units.max(LINEAR_CLASSES as u64);
-    let log = 63 - u.leading_zeros(); // >= 6
-    let sub = (u >> (log - SUB_BITS)) & ((1 << SUB_BITS) - 1);
-    let geometric = LINEAR_CLASSES + (log as usize - 6) * (1 << SUB_BITS) + sub as usize;
     if units < LINEAR_CLASSES as u64 {
-        units as usize
-    } else {
-        geometric
+        return units as usize;
     }
+    let log = 63 - units.leading_zeros(); // >= 6
+    let sub = (units >> (log - SUB_BITS)) & ((1 << SUB_BITS) - 1);
+    LINEAR_CLASSES + (log as usize - 6) * (1 << SUB_BITS) + sub as usize
 }
 
 /// (size, address) as one number, so that comparing two takes two instructions and no branch.
@@ -231,11 +224,12 @@ impl StreamSet {
             return false;
         }
         self.len -= 1;
-        // Clear the class's bit if it is now empty, and the word's summary bit if the word is
-        // now zero, without branching on either (which follow the trace's sizes).
-        let w = c / 64;
-        self.words[w] &= !(u64::from(self.buckets[c].len() == 0) << (c % 64));
-        self.summary &= !(u64::from(self.words[w] == 0) << w);
+        if self.buckets[c].len() == 0 {
+            self.words[c / 64] &= !(1 << (c % 64));
+            if self.words[c / 64] == 0 {
+                self.summary &= !(1 << (c / 64));
+            }
+        }
         true
     }
 

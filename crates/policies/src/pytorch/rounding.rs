@@ -23,9 +23,9 @@ pub const K_ROUNDUP_INTERVALS: usize = 16;
 
 /// `DeviceCachingAllocator::round_size`.
 pub fn round_size(config: &Config, size: u64) -> u64 {
-    // Below kMinBlockSize the rounding below gives kMinBlockSize too (0 counts as 1), and no
-    // division applies; PyTorch's early return would be a branch on the data.
-    let size = size.max(1);
+    if size < K_MIN_BLOCK_SIZE {
+        return K_MIN_BLOCK_SIZE;
+    }
     let divisions = config.roundup_divisions_for(size);
     if divisions > 1 && size > K_MIN_BLOCK_SIZE.saturating_mul(divisions) {
         roundup_power2_next_division(size, divisions)
