@@ -108,9 +108,8 @@ impl PyTorchAllocator {
     /// The first free that waits on other streams: from here on `active` is kept on its own.
     fn stop_mirroring_active(&mut self) {
         if self.active_is_allocation {
+            self.stats = self.stats_view();
             self.active_is_allocation = false;
-            self.stats.active = self.stats.allocation;
-            self.stats.active_bytes = self.stats.allocated_bytes;
         }
     }
 
