@@ -34,19 +34,19 @@ impl Rig {
         let id = AllocId(self.next_id);
         self.next_id += 1;
         self.events.clear();
-        let mut env = Env { device: &mut self.device, events: &mut self.events };
+        let mut env = Env::new(&mut self.device, &mut self.events);
         self.allocator.malloc(&mut env, id, size, StreamId(0)).ok().map(|_| id)
     }
 
     fn free(&mut self, id: AllocId) {
         self.events.clear();
-        let mut env = Env { device: &mut self.device, events: &mut self.events };
+        let mut env = Env::new(&mut self.device, &mut self.events);
         self.allocator.free(&mut env, id);
     }
 
     fn empty_cache(&mut self) {
         self.events.clear();
-        let mut env = Env { device: &mut self.device, events: &mut self.events };
+        let mut env = Env::new(&mut self.device, &mut self.events);
         self.allocator.empty_cache(&mut env);
     }
 }

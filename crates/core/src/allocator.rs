@@ -10,9 +10,9 @@
 //!   stream's work is done; a policy without stream semantics completes at `free`.
 //! - OOM is an outcome (`Err(OomInfo)`), never a panic or an error type: the engine records it
 //!   with its explanation and goes on, as a training script that catches OOM does.
-//! - Every call receives an [`Env`] (the device and the event log) instead of owning them, so
-//!   the engine can swap the device (simulated, recorded, CUDA) and observe every event without
-//!   the policy knowing.
+//! - Every call receives an [`Env`] (the device and an event sink, [`Emit`]) instead of owning
+//!   them, so the engine can swap the device (simulated, recorded, CUDA) and observe every
+//!   event without the policy knowing.
 //! - Statistics come back under PyTorch's names ([`crate::MemoryStats`]) for every policy.
 //!
 //! **API Boundary:** the replay engine guarantees that every id passed to `free`,
@@ -22,15 +22,48 @@
 use crate::{AllocId, Device, Event, MemoryStats, SnapshotSegment, StreamId};
 use std::fmt;
 
-/// What a policy works with during one call: the device it carves and the log it reports to.
-pub struct Env<'a> {
-    pub device: &'a mut dyn Device,
-    pub events: &'a mut Vec<Event>,
+/// Where a policy reports what it did, one event at a time, in order.
+///
+/// A trait rather than a `Vec<Event>` so that a caller can act on each event as it happens
+/// instead of collecting the events and walking them afterwards: the replay engine's hot loop
+/// passes a sink of a known type, which the PyTorch policy's generic entry points
+/// ([`Allocator::malloc_to`]) inline, so that an event's observers run where the policy
+/// builds it, with its kind known. Tests and tools that want the events keep a `Vec<Event>`.
+pub trait Emit {
+    fn emit(&mut self, event: Event);
 }
 
-impl fmt::Debug for Env<'_> {
+impl Emit for Vec<Event> {
+    #[inline]
+    fn emit(&mut self, event: Event) {
+        self.push(event);
+    }
+}
+
+/// What a policy works with during one call: the device it carves and the sink it reports to.
+/// `E` is the sink's type where the caller knows it ([`Allocator::malloc_to`]); the trait's
+/// own methods take any sink, `dyn Emit`.
+pub struct Env<'a, E: ?Sized = dyn Emit + 'a> {
+    pub device: &'a mut dyn Device,
+    pub events: &'a mut E,
+}
+
+impl<'a> Env<'a> {
+    pub fn new(device: &'a mut dyn Device, events: &'a mut dyn Emit) -> Self {
+        Env { device, events }
+    }
+}
+
+impl<E: Emit> Env<'_, E> {
+    /// The same device and sink, as the trait's methods take them.
+    pub fn as_dyn(&mut self) -> Env<'_> {
+        Env { device: &mut *self.device, events: &mut *self.events }
+    }
+}
+
+impl<E: ?Sized> fmt::Debug for Env<'_, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Env").field("events", &self.events.len()).finish_non_exhaustive()
+        f.debug_struct("Env").finish_non_exhaustive()
     }
 }
 
@@ -117,6 +150,43 @@ pub trait Allocator {
     /// The work on other streams recorded for `id` has completed. Default: nothing pending.
     fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
         let _ = (env, id);
+    }
+
+    /// [`Allocator::malloc`] with a sink of a type the caller knows, for a caller that also
+    /// knows `Self` (the replay engine's hot loop). A policy whose hot path is generic over its
+    /// sink overrides it, so that each event's handling is inlined where the event is made;
+    /// the default passes the sink on as `dyn Emit`. Must behave exactly as `malloc`.
+    #[inline]
+    fn malloc_to<E: Emit>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo>
+    where
+        Self: Sized,
+    {
+        self.malloc(&mut env.as_dyn(), id, size, stream)
+    }
+
+    /// [`Allocator::free`] with a sink of a known type (see [`Allocator::malloc_to`]).
+    #[inline]
+    fn free_to<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId)
+    where
+        Self: Sized,
+    {
+        self.free(&mut env.as_dyn(), id);
+    }
+
+    /// [`Allocator::free_completed`] with a sink of a known type (see
+    /// [`Allocator::malloc_to`]).
+    #[inline]
+    fn free_completed_to<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId)
+    where
+        Self: Sized,
+    {
+        self.free_completed(&mut env.as_dyn(), id);
     }
 
     /// Give cached memory back to the device, as `torch.cuda.empty_cache()`.

@@ -17,7 +17,7 @@ mod snapshot;
 mod stats;
 mod trace;
 
-pub use allocator::{Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo};
+pub use allocator::{Allocator, ConfigError, Emit, Env, FreeSpace, Granted, OomInfo};
 pub use device::{CallKind, CallStats, Device, DeviceCalls, DeviceError, MemInfo};
 pub use event::Event;
 pub use ids::{AllocId, Pool, StreamId, GIB, KIB, MIB};

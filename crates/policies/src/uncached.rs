@@ -39,7 +39,7 @@ impl Uncached {
 
     fn release(&mut self, env: &mut Env<'_>, id: AllocId) {
         let Some(b) = self.live.remove(&id) else { return };
-        env.events.push(Event::FreeCompleted {
+        env.events.emit(Event::FreeCompleted {
             id,
             addr: b.addr,
             size: b.size,
@@ -52,7 +52,7 @@ impl Uncached {
         self.stats.num_device_free += 1;
         self.stats.segment.decrease(b.pool, 1);
         self.stats.reserved_bytes.decrease(b.pool, b.size);
-        env.events.push(Event::SegmentFree {
+        env.events.emit(Event::SegmentFree {
             addr: b.addr,
             size: b.size,
             stream: b.stream,
@@ -95,20 +95,20 @@ impl Allocator for Uncached {
                     ..OomInfo::default()
                 };
                 self.stats.num_ooms += 1;
-                env.events.push(Event::Oom { id, size: segment, stream, info });
+                env.events.emit(Event::Oom { id, size: segment, stream, info });
                 return Err(info);
             }
         };
         self.stats.num_device_alloc += 1;
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, segment);
-        env.events.push(Event::SegmentAlloc { addr, size: segment, stream, pool });
+        env.events.emit(Event::SegmentAlloc { addr, size: segment, stream, pool });
         self.stats.allocation.increase(pool, 1);
         self.stats.active.increase(pool, 1);
         self.stats.allocated_bytes.increase(pool, segment);
         self.stats.active_bytes.increase(pool, segment);
         self.stats.requested_bytes.increase(pool, size);
-        env.events.push(Event::Alloc { id, addr, size: segment, requested: size, stream, pool });
+        env.events.emit(Event::Alloc { id, addr, size: segment, requested: size, stream, pool });
         let live = Live {
             addr,
             size: segment,
@@ -126,7 +126,7 @@ impl Allocator for Uncached {
         let Some(b) = self.live.get_mut(&id) else { return };
         b.pending = true;
         let b = *b;
-        env.events.push(Event::FreeRequested {
+        env.events.emit(Event::FreeRequested {
             id,
             addr: b.addr,
             size: b.size,

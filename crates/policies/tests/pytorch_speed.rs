@@ -59,7 +59,7 @@ fn replay_once(conf: &str, ops: &[Op], keep_events: bool, events: &mut Vec<alloc
     let mut dev = Bump::default();
     events.clear();
     for op in ops {
-        let mut env = Env { device: &mut dev, events };
+        let mut env = Env::new(&mut dev, events);
         match op {
             Op::Alloc { id, size, stream } => {
                 let _ = alloc.malloc(&mut env, *id, *size, *stream);

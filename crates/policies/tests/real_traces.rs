@@ -47,7 +47,7 @@ fn replay(trace: &Trace) -> Replay {
     let mut failed: HashSet<AllocId> = HashSet::new();
     for (i, op) in trace.ops.iter().enumerate() {
         allocsim_core::Device::begin_op(&mut device, i as u64);
-        let mut env = Env { device: &mut device, events: &mut events };
+        let mut env = Env::new(&mut device, &mut events);
         if i == 0 {
             if let Some(fraction) = meta.memory_fraction {
                 alloc.set_memory_fraction(&mut env, fraction).expect("recorded fraction");

@@ -2,7 +2,10 @@
 //! API boundary.
 
 use crate::Observer;
-use allocsim_core::{Allocator, ConfigError, Device, Env, Event, Granted, IdTable, OomInfo, Op};
+use allocsim_core::{
+    AllocId, Allocator, ConfigError, Device, Emit, Env, Event, Granted, IdTable, OomInfo, Op,
+    StreamId,
+};
 
 /// What happened to an op.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,20 +49,63 @@ const MAX_NOTES: usize = 16;
 ///
 /// The engine is generic over its allocator and device so that a replay of one known policy
 /// on one known device (`allocsim replay` of the PyTorch policy, the hot loop) calls them
-/// directly; everything else passes trait objects. Observers keep one signature either way.
+/// directly, with the engine's event sink of a known type too ([`Allocator::malloc_to`]);
+/// everything else passes trait objects. Observers keep one signature either way.
 pub trait AsDynAllocator: Allocator {
     fn as_dyn(&self) -> &dyn Allocator;
+    fn malloc_via<E: Emit>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo>;
+    fn free_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId);
+    fn free_completed_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId);
 }
 
 impl<T: Allocator> AsDynAllocator for T {
     fn as_dyn(&self) -> &dyn Allocator {
         self
     }
+    #[inline(always)]
+    fn malloc_via<E: Emit>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
+        self.malloc_to(env, id, size, stream)
+    }
+    #[inline(always)]
+    fn free_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
+        self.free_to(env, id);
+    }
+    #[inline(always)]
+    fn free_completed_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
+        self.free_completed_to(env, id);
+    }
 }
 
 impl AsDynAllocator for dyn Allocator + '_ {
     fn as_dyn(&self) -> &dyn Allocator {
         self
+    }
+    fn malloc_via<E: Emit>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
+        self.malloc(&mut env.as_dyn(), id, size, stream)
+    }
+    fn free_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
+        self.free(&mut env.as_dyn(), id);
+    }
+    fn free_completed_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
+        self.free_completed(&mut env.as_dyn(), id);
     }
 }
 
@@ -92,10 +138,7 @@ impl AsDynDevice for dyn Device + '_ {
 pub struct Engine<'a, A: ?Sized = dyn Allocator + 'a, D: ?Sized = dyn Device + 'a> {
     allocator: &'a mut A,
     device: &'a mut D,
-    ids: IdTable<IdState>,
-    events: Vec<Event>,
-    op_index: u64,
-    event_index: u64,
+    tally: Tally,
     skipped: Skipped,
     refusals: Vec<String>,
 }
@@ -104,8 +147,8 @@ impl<A: AsDynAllocator + ?Sized, D: ?Sized> std::fmt::Debug for Engine<'_, A, D>
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("policy", &self.allocator.name())
-            .field("op_index", &self.op_index)
-            .field("event_index", &self.event_index)
+            .field("op_index", &self.tally.op_index)
+            .field("event_index", &self.tally.event_index)
             .finish_non_exhaustive()
     }
 }
@@ -115,10 +158,12 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
         Engine {
             allocator,
             device,
-            ids: IdTable::new(IdState::Unknown),
-            events: Vec::with_capacity(64),
-            op_index: 0,
-            event_index: 0,
+            tally: Tally {
+                ids: IdTable::new(IdState::Unknown),
+                op_index: 0,
+                event_index: 0,
+                keep_going: true,
+            },
             skipped: Skipped::default(),
             refusals: Vec::new(),
         }
@@ -145,106 +190,139 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
     /// (a slice of `&mut dyn Observer` is one observer too).
     #[inline(always)]
     pub fn step_with<O: Observer + ?Sized>(&mut self, op: &Op, observer: &mut O) -> bool {
-        self.device.begin_op(self.op_index);
-        let outcome = self.apply(op);
-        let mut keep_going = true;
-        for event in &self.events {
-            if let Event::FreeCompleted { id, .. } = event {
-                self.ids.set(*id, IdState::Unknown);
-            }
-            keep_going &= observer.on_event(self.event_index, self.op_index, event);
-            self.event_index += 1;
-        }
-        self.events.clear();
-        keep_going &= observer.on_op(
-            self.op_index,
+        self.device.begin_op(self.tally.op_index);
+        self.tally.keep_going = true;
+        let outcome = self.apply(op, observer);
+        let keep_going = observer.on_op(
+            self.tally.op_index,
             op,
             &outcome,
             self.allocator.as_dyn(),
             self.device.as_dyn(),
-        );
-        self.op_index += 1;
+        ) && self.tally.keep_going;
+        self.tally.op_index += 1;
         keep_going
     }
 
+    /// Pass `op` on if it keeps the API boundary. The observer sees each event as the
+    /// allocator makes it.
     #[inline(always)]
-    fn apply(&mut self, op: &Op) -> OpOutcome {
-        let mut env = Env { device: self.device.as_dyn_mut(), events: &mut self.events };
-        match *op {
+    fn apply<O: Observer + ?Sized>(&mut self, op: &Op, observer: &mut O) -> OpOutcome {
+        let op_index = self.tally.op_index;
+        let mut sink = Sink { tally: &mut self.tally, observer };
+        let mut env = Env { device: self.device.as_dyn_mut(), events: &mut sink };
+        let allocator = &mut *self.allocator;
+        let outcome = match *op {
             Op::Alloc { id, size, stream } => {
-                if matches!(self.ids.get(id), IdState::Live | IdState::Pending) {
+                if matches!(env.events.tally.ids.get(id), IdState::Live | IdState::Pending) {
                     self.skipped.duplicate_allocs += 1;
-                    return OpOutcome::Skipped;
-                }
-                match self.allocator.malloc(&mut env, id, size, stream) {
-                    Ok(granted) => {
-                        self.ids.set(id, IdState::Live);
-                        // The policy wrote the two fields with two 8-byte stores; copied as
-                        // they are, they are read back with one 16-byte load, which cannot be
-                        // forwarded from them and stalls every allocation (`perf annotate`).
-                        // The opaque read makes them two loads.
-                        let size = std::hint::black_box(granted.size);
-                        OpOutcome::Allocated(Granted { addr: granted.addr, size })
-                    }
-                    Err(info) => {
-                        self.ids.set(id, IdState::Failed);
-                        OpOutcome::OutOfMemory(info)
+                    OpOutcome::Skipped
+                } else {
+                    match allocator.malloc_via(&mut env, id, size, stream) {
+                        Ok(granted) => {
+                            env.events.tally.ids.set(id, IdState::Live);
+                            // The policy wrote the two fields with two 8-byte stores; copied
+                            // as they are, they are read back with one 16-byte load, which
+                            // cannot be forwarded from them and stalls every allocation
+                            // (`perf annotate`). The opaque read makes them two loads.
+                            let size = std::hint::black_box(granted.size);
+                            OpOutcome::Allocated(Granted { addr: granted.addr, size })
+                        }
+                        Err(info) => {
+                            env.events.tally.ids.set(id, IdState::Failed);
+                            OpOutcome::OutOfMemory(info)
+                        }
                     }
                 }
             }
-            Op::FreeRequested { id } => match self.ids.get(id) {
+            Op::FreeRequested { id } => match env.events.tally.ids.get(id) {
                 IdState::Live => {
-                    self.ids.set(id, IdState::Pending);
-                    self.allocator.free(&mut env, id);
+                    env.events.tally.ids.set(id, IdState::Pending);
+                    allocator.free_via(&mut env, id);
                     OpOutcome::Done
                 }
                 other => skip(&mut self.skipped, other),
             },
-            Op::RecordStream { id, stream } => match self.ids.get(id) {
+            Op::RecordStream { id, stream } => match env.events.tally.ids.get(id) {
                 IdState::Live => {
-                    self.allocator.record_stream(id, stream);
+                    allocator.record_stream(id, stream);
                     OpOutcome::Done
                 }
                 other => skip(&mut self.skipped, other),
             },
-            Op::FreeCompleted { id } => match self.ids.get(id) {
+            Op::FreeCompleted { id } => match env.events.tally.ids.get(id) {
                 IdState::Pending => {
-                    self.allocator.free_completed(&mut env, id);
+                    allocator.free_completed_via(&mut env, id);
                     OpOutcome::Done
                 }
                 other => skip(&mut self.skipped, other),
             },
             Op::EmptyCache => {
-                self.allocator.empty_cache(&mut env);
+                allocator.empty_cache(&mut env.as_dyn());
                 OpOutcome::Done
             }
             Op::SetMemoryFraction { fraction } => {
-                let result = self.allocator.set_memory_fraction(&mut env, fraction);
-                self.settings_outcome(result)
+                let result = allocator.set_memory_fraction(&mut env.as_dyn(), fraction);
+                settings_outcome(result, op_index, &mut self.skipped, &mut self.refusals)
             }
             Op::SetAllocatorSettings { ref conf } => {
-                let result = self.allocator.set_settings(conf);
-                self.settings_outcome(result)
+                let result = allocator.set_settings(conf);
+                settings_outcome(result, op_index, &mut self.skipped, &mut self.refusals)
             }
-        }
-    }
-
-    fn settings_outcome(&mut self, result: Result<(), ConfigError>) -> OpOutcome {
-        match result {
-            Ok(()) => OpOutcome::Done,
-            Err(e) => {
-                self.skipped.refused_settings += 1;
-                if self.refusals.len() < MAX_NOTES {
-                    self.refusals.push(format!("op {}: {e}", self.op_index));
-                }
-                OpOutcome::Skipped
-            }
-        }
+        };
+        outcome
     }
 
     /// Why settings ops were refused (the first few).
     pub fn refusals(&self) -> &[String] {
         &self.refusals
+    }
+}
+
+fn settings_outcome(
+    result: Result<(), ConfigError>,
+    op_index: u64,
+    skipped: &mut Skipped,
+    refusals: &mut Vec<String>,
+) -> OpOutcome {
+    match result {
+        Ok(()) => OpOutcome::Done,
+        Err(e) => {
+            skipped.refused_settings += 1;
+            if refusals.len() < MAX_NOTES {
+                refusals.push(format!("op {op_index}: {e}"));
+            }
+            OpOutcome::Skipped
+        }
+    }
+}
+
+/// What the engine keeps while it runs, and its event sink updates.
+#[derive(Debug)]
+struct Tally {
+    ids: IdTable<IdState>,
+    op_index: u64,
+    event_index: u64,
+    /// False once an observer asked to stop during the current op.
+    keep_going: bool,
+}
+
+/// The engine's event sink: the observer sees each event as the allocator makes it, and a
+/// completed free makes its id unknown again.
+struct Sink<'s, O: ?Sized> {
+    tally: &'s mut Tally,
+    observer: &'s mut O,
+}
+
+impl<O: Observer + ?Sized> Emit for Sink<'_, O> {
+    #[inline(always)]
+    fn emit(&mut self, event: Event) {
+        let t = &mut *self.tally;
+        if let Event::FreeCompleted { id, .. } = event {
+            t.ids.set(id, IdState::Unknown);
+        }
+        t.keep_going &= self.observer.on_event(t.event_index, t.op_index, &event);
+        t.event_index += 1;
     }
 }
 

@@ -241,7 +241,7 @@ impl Run<'_, '_> {
         let memory_fraction = opts.memory_fraction.or(trace.meta.memory_fraction);
         if let Some(fraction) = memory_fraction {
             let mut events = Vec::new();
-            let mut env = Env { device: device.as_dyn_mut(), events: &mut events };
+            let mut env = Env::new(device.as_dyn_mut(), &mut events);
             allocator.set_memory_fraction(&mut env, fraction)?;
         }
 

@@ -47,7 +47,7 @@ fn replay_uncached(ops: &[Op]) -> MemoryStats {
     let mut events = Vec::new();
     let mut live = BTreeSet::new();
     for op in ops {
-        let mut env = Env { device: &mut device, events: &mut events };
+        let mut env = Env::new(&mut device, &mut events);
         match *op {
             Op::Alloc { id, size, stream } => {
                 assert!(live.insert(id), "{id:?} allocated twice");

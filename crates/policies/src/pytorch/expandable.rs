@@ -12,7 +12,7 @@ use super::malloc::pool_of;
 use super::rounding::{K_LARGE_BUFFER, K_SMALL_BUFFER};
 use super::stats::StatArrayExt;
 use super::PyTorchAllocator;
-use allocsim_core::{Env, Event, StreamId};
+use allocsim_core::{Emit, Env, Event, StreamId};
 
 /// PyTorch's `ExpandableSegment`: a reserved range cut into pages of `page` bytes.
 #[derive(Debug, Clone, Copy)]
@@ -47,9 +47,9 @@ impl ExpandableSegment {
 impl PyTorchAllocator {
     /// `try_allocate_expandable_block`: find room, map what is missing, and hand back one free
     /// mapped block of at least `size` bytes, out of the free set.
-    pub(super) fn try_allocate_expandable_block(
+    pub(super) fn try_allocate_expandable_block<E: Emit + ?Sized>(
         &mut self,
-        env: &mut Env<'_>,
+        env: &mut Env<'_, E>,
         stream: StreamId,
         small: bool,
         size: u64,
@@ -80,9 +80,9 @@ impl PyTorchAllocator {
 
     /// `find_expandable_block`: the lowest-address unmapped range of this stream (with the
     /// free block just before it) that can hold `size`; else a new segment's whole range.
-    fn find_expandable_block(
+    fn find_expandable_block<E: Emit + ?Sized>(
         &mut self,
-        env: &mut Env<'_>,
+        env: &mut Env<'_, E>,
         stream: StreamId,
         small: bool,
         size: u64,
@@ -127,7 +127,12 @@ impl PyTorchAllocator {
 
     /// `map_block`: back the pages covering the first `size` bytes of unmapped block
     /// `to_map`, split off the unmapped rest, merge with free neighbours, and count it.
-    fn map_block(&mut self, env: &mut Env<'_>, to_map: u32, size: u64) -> bool {
+    fn map_block<E: Emit + ?Sized>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        to_map: u32,
+        size: u64,
+    ) -> bool {
         let b = self.arena[to_map];
         let seg = self.segments[b.expandable as usize];
         let (addr, mapped) = seg.pages_covering(b.addr, size);
@@ -157,13 +162,13 @@ impl PyTorchAllocator {
         self.total_allocated_memory += mapped;
         self.stats.reserved_bytes.inc(pool, mapped);
         self.stats.num_device_alloc += 1;
-        env.events.push(Event::SegmentMap { addr, size: mapped, stream: b.stream, pool });
+        env.events.emit(Event::SegmentMap { addr, size: mapped, stream: b.stream, pool });
         true
     }
 
     /// `unmap_block`: unmap the whole pages inside free block `index`; the partial pages at
     /// either end stay mapped as new free blocks.
-    pub(super) fn unmap_block(&mut self, env: &mut Env<'_>, index: u32) {
+    pub(super) fn unmap_block<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, index: u32) {
         let b = self.arena[index];
         let seg = self.segments[b.expandable as usize];
         let (addr, unmapped) = seg.pages_inside(b.addr, b.size);
@@ -210,11 +215,15 @@ impl PyTorchAllocator {
         self.total_allocated_memory -= unmapped;
         self.stats.reserved_bytes.dec(pool, unmapped);
         self.stats.num_device_free += 1;
-        env.events.push(Event::SegmentUnmap { addr, size: unmapped, stream: b.stream, pool });
+        env.events.emit(Event::SegmentUnmap { addr, size: unmapped, stream: b.stream, pool });
     }
 
     /// `release_expandable_segment`: the whole range is unmapped; give the address space back.
-    pub(super) fn release_expandable_segment(&mut self, env: &mut Env<'_>, index: u32) {
+    pub(super) fn release_expandable_segment<E: Emit + ?Sized>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        index: u32,
+    ) {
         let b = self.arena[index];
         let seg = &mut self.segments[b.expandable as usize];
         seg.live = false;

@@ -6,11 +6,11 @@
 use super::block::NIL;
 use super::stats::{StatArrayExt, StatExt};
 use super::PyTorchAllocator;
-use allocsim_core::{AllocId, Env, Event, StreamId};
+use allocsim_core::{AllocId, Emit, Env, Event, StreamId};
 
 impl PyTorchAllocator {
     /// `DeviceCachingAllocator::free`.
-    pub(super) fn free_impl(&mut self, env: &mut Env<'_>, id: AllocId) {
+    pub(super) fn free_impl<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
         let Some(index) = self.block_of(id) else { return };
         let b = &mut self.arena[index];
         if !b.allocated {
@@ -25,7 +25,7 @@ impl PyTorchAllocator {
         let pool = b.pool();
         self.stats.allocation.dec(pool, 1);
         self.stats.allocated_bytes.dec(pool, b.size);
-        env.events.push(Event::FreeRequested {
+        env.events.emit(Event::FreeRequested {
             id,
             addr: b.addr,
             size: b.size,
@@ -58,7 +58,11 @@ impl PyTorchAllocator {
     }
 
     /// The other streams' work on `id` finished: `process_events` completes its free.
-    pub(super) fn free_completed_impl(&mut self, env: &mut Env<'_>, id: AllocId) {
+    pub(super) fn free_completed_impl<E: Emit + ?Sized>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        id: AllocId,
+    ) {
         let Some(index) = self.block_of(id) else { return };
         if !self.arena[index].pending {
             return;
@@ -73,9 +77,9 @@ impl PyTorchAllocator {
     /// `free_block`: trace `free_completed`, merge with the previous then the next block, back
     /// into the free set, and account the change in inactive split blocks (spec 7.2).
     #[inline(always)]
-    pub(super) fn free_block(&mut self, env: &mut Env<'_>, index: u32) {
+    pub(super) fn free_block<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, index: u32) {
         let b = self.arena[index];
-        env.events.push(Event::FreeCompleted {
+        env.events.emit(Event::FreeCompleted {
             id: b.id,
             addr: b.addr,
             size: b.size,

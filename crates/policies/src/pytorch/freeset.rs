@@ -112,6 +112,7 @@ impl Bucket {
     }
 
     /// Remove the block with this key; `at` is its position in a list if the caller knows it.
+    #[inline(always)]
     fn remove(&mut self, key: Key, at: u32) -> bool {
         let Bucket::Flat(v) = self else { return self.remove_from_tree(key) };
         let pos = if at != NO_POS {
@@ -384,6 +385,7 @@ impl FreeSet {
 
     /// `lower_bound`, restricted to one stream: the smallest block of `stream` with at least
     /// `size` bytes, lowest address first among equals.
+    #[inline]
     pub fn lower_bound(&self, stream: u64, size: u64) -> Option<Found> {
         self.find(stream, size, 0)
     }

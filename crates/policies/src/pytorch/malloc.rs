@@ -7,7 +7,7 @@ use super::block::{Block, SizeKey, NIL};
 use super::rounding::{get_allocation_size, is_small, round_size, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
 use super::stats::{StatArrayExt, StatExt};
 use super::PyTorchAllocator;
-use allocsim_core::{AllocId, Env, Event, Granted, OomInfo, Pool, StreamId};
+use allocsim_core::{AllocId, Emit, Env, Event, Granted, OomInfo, Pool, StreamId};
 
 /// Requests of at least 1 EiB are refused before anything else ("Tried to allocate more than
 /// 1EB memory").
@@ -36,13 +36,14 @@ pub(super) fn pool_of(small: bool) -> Pool {
 
 impl PyTorchAllocator {
     /// `DeviceCachingAllocator::malloc`.
-    pub(super) fn malloc_impl(
+    pub(super) fn malloc_impl<E: Emit + ?Sized>(
         &mut self,
-        env: &mut Env<'_>,
+        env: &mut Env<'_, E>,
         id: AllocId,
         orig_size: u64,
         stream: StreamId,
     ) -> Result<Granted, OomInfo> {
+        self.apply_initial_fraction(env);
         if orig_size == 0 {
             // NativeCachingAllocator::allocate(0) returns nullptr: no stats, no trace.
             return Ok(Granted { addr: 0, size: 0 });
@@ -56,7 +57,7 @@ impl PyTorchAllocator {
                 Params { size: orig_size, alloc_size: orig_size, stream, small: false, block: NIL };
             self.stats.num_ooms += 1;
             let info = self.oom_info(env, &p);
-            env.events.push(Event::Oom { id, size: orig_size, stream, info });
+            env.events.emit(Event::Oom { id, size: orig_size, stream, info });
             return Err(info);
         }
         let size = round_size(&self.config, orig_size);
@@ -73,7 +74,7 @@ impl PyTorchAllocator {
     /// The cache had no block: GC, a new segment, and the release-and-retry chain. Out of
     /// line, so that the hit path stays small.
     #[inline(never)]
-    fn malloc_miss(&mut self, env: &mut Env<'_>, p: &mut Params) -> bool {
+    fn malloc_miss<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, p: &mut Params) -> bool {
         // trigger_free_memory_callbacks only has the CUDA-IPC collector, false in one process.
         if self.gc_enabled() {
             self.garbage_collect_cached_blocks(env);
@@ -85,6 +86,7 @@ impl PyTorchAllocator {
 
     /// `get_free_block`: best fit on the same stream, with the expandable preference and the
     /// max_split rules. No fallback search: a rejected candidate means a miss.
+    #[inline(always)]
     fn get_free_block(&mut self, p: &mut Params) -> bool {
         let gc = self.gc_enabled();
         let expandable_on = self.config.expandable_segments;
@@ -137,9 +139,9 @@ impl PyTorchAllocator {
 
     /// `alloc_block`: a new segment (or expandable pages) for `p`. The fraction check comes
     /// before any device call; a retry is counted before any check.
-    pub(super) fn alloc_block(
+    pub(super) fn alloc_block<E: Emit + ?Sized>(
         &mut self,
-        env: &mut Env<'_>,
+        env: &mut Env<'_, E>,
         p: &mut Params,
         is_retry: bool,
     ) -> bool {
@@ -172,7 +174,7 @@ impl PyTorchAllocator {
             self.stats.oversize_segments.inc(1);
         }
         self.stats.num_device_alloc += 1;
-        env.events.push(Event::SegmentAlloc { addr, size: p.alloc_size, stream: p.stream, pool });
+        env.events.emit(Event::SegmentAlloc { addr, size: p.alloc_size, stream: p.stream, pool });
         true
     }
 
@@ -190,9 +192,9 @@ impl PyTorchAllocator {
 
     /// `alloc_found_block`: the low part becomes a new block handed out, the found block object
     /// becomes the high remainder (keeping its stale `requested_size`).
-    fn alloc_found_block(
+    fn alloc_found_block<E: Emit + ?Sized>(
         &mut self,
-        env: &mut Env<'_>,
+        env: &mut Env<'_, E>,
         id: AllocId,
         p: &Params,
         orig_size: u64,
@@ -238,7 +240,7 @@ impl PyTorchAllocator {
         b.requested = orig_size;
         b.id = id;
         let (addr, size) = (b.addr, b.size);
-        env.events.push(Event::Alloc {
+        env.events.emit(Event::Alloc {
             id,
             addr,
             size,
@@ -262,14 +264,14 @@ impl PyTorchAllocator {
     }
 
     /// The OOM branch of `malloc`: trace `oom` with the driver's free memory, count it.
-    fn oom(&mut self, env: &mut Env<'_>, id: AllocId, p: &Params) -> OomInfo {
+    fn oom<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, id: AllocId, p: &Params) -> OomInfo {
         let info = self.oom_info(env, p);
-        env.events.push(Event::Oom { id, size: p.size, stream: p.stream, info });
+        env.events.emit(Event::Oom { id, size: p.size, stream: p.stream, info });
         self.stats.num_ooms += 1;
         info
     }
 
-    fn oom_info(&self, env: &Env<'_>, p: &Params) -> OomInfo {
+    fn oom_info<E: Emit + ?Sized>(&self, env: &Env<'_, E>, p: &Params) -> OomInfo {
         let mem = env.device.mem_info();
         OomInfo {
             rounded_bytes: p.size,

@@ -42,7 +42,7 @@ pub use config::Config;
 pub use rounding::{get_allocation_size, round_size};
 
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, IdTable, MemoryStats, OomInfo,
+    AllocId, Allocator, ConfigError, Emit, Env, FreeSpace, Granted, IdTable, MemoryStats, OomInfo,
     SnapshotSegment, StatArray, StreamId,
 };
 use block::{Arena, BlockPool, NIL};
@@ -187,13 +187,13 @@ impl PyTorchAllocator {
     }
 
     /// `setMemoryFraction`: NEWEST semantics, a cap only below 1.0, of `totalGlobalMem`.
-    fn apply_fraction(&mut self, env: &Env<'_>, fraction: f64) {
+    fn apply_fraction<E: Emit + ?Sized>(&mut self, env: &Env<'_, E>, fraction: f64) {
         let total = env.device.mem_info().total_bytes;
         self.allowed_memory_maximum = (fraction < 1.0).then_some((fraction * total as f64) as u64);
     }
 
     /// The config's `per_process_memory_fraction`, applied on first sight of the device.
-    fn apply_initial_fraction(&mut self, env: &Env<'_>) {
+    fn apply_initial_fraction<E: Emit + ?Sized>(&mut self, env: &Env<'_, E>) {
         if self.initial_fraction_pending {
             self.initial_fraction_pending = false;
             let fraction = self.config.per_process_memory_fraction;
@@ -219,12 +219,34 @@ impl Allocator for PyTorchAllocator {
         size: u64,
         stream: StreamId,
     ) -> Result<Granted, OomInfo> {
-        self.apply_initial_fraction(env);
         self.malloc_impl(env, id, size, stream)
     }
 
     fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
         self.free_impl(env, id);
+    }
+
+    // The same three calls with the sink's type known: each event's handling is inlined where
+    // the event is made (the replay engine's hot loop).
+    #[inline]
+    fn malloc_to<E: Emit>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
+        self.malloc_impl(env, id, size, stream)
+    }
+
+    #[inline]
+    fn free_to<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
+        self.free_impl(env, id);
+    }
+
+    #[inline]
+    fn free_completed_to<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
+        self.free_completed_impl(env, id);
     }
 
     fn record_stream(&mut self, id: AllocId, stream: StreamId) {

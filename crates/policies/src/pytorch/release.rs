@@ -11,15 +11,15 @@
 use super::malloc::{pool_of, Params};
 use super::stats::{StatArrayExt, StatExt};
 use super::PyTorchAllocator;
-use allocsim_core::{Env, Event};
+use allocsim_core::{Emit, Env, Event};
 
 impl PyTorchAllocator {
     /// `release_available_cached_blocks`: free one cached oversize block big enough for `p`,
     /// or else several of the largest, until their sizes add up to the request. Blocks freed
     /// stay freed even when the sum falls short.
-    pub(super) fn release_available_cached_blocks(
+    pub(super) fn release_available_cached_blocks<E: Emit + ?Sized>(
         &mut self,
-        env: &mut Env<'_>,
+        env: &mut Env<'_, E>,
         p: &Params,
     ) -> bool {
         let max_split = self.config.max_split_size;
@@ -64,7 +64,7 @@ impl PyTorchAllocator {
 
     /// `release_cached_blocks` for the default pools: wait for every stream (completing
     /// pending frees), then free whole cached segments, large pool first.
-    pub(super) fn release_cached_blocks(&mut self, env: &mut Env<'_>) -> bool {
+    pub(super) fn release_cached_blocks<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>) -> bool {
         self.synchronize_and_free_events(env);
         self.release_blocks(env, false);
         self.release_blocks(env, true);
@@ -72,7 +72,7 @@ impl PyTorchAllocator {
     }
 
     /// `synchronize_and_free_events`: every outstanding stream use completes now.
-    fn synchronize_and_free_events(&mut self, env: &mut Env<'_>) {
+    fn synchronize_and_free_events<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>) {
         self.stats.num_sync_all_streams += 1;
         let mut pending = std::mem::take(&mut self.pending);
         for &index in &pending {
@@ -85,7 +85,7 @@ impl PyTorchAllocator {
 
     /// `release_blocks`: in (stream, size, address) order, free every unsplit segment and
     /// unmap the whole free pages of expandable blocks.
-    fn release_blocks(&mut self, env: &mut Env<'_>, small: bool) {
+    fn release_blocks<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, small: bool) {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         self.pool(small).blocks.collect_indices(&mut scratch);
@@ -110,11 +110,11 @@ impl PyTorchAllocator {
     }
 
     /// `release_block`: cudaFree a whole cached segment.
-    pub(super) fn release_block(&mut self, env: &mut Env<'_>, index: u32) {
+    pub(super) fn release_block<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, index: u32) {
         let b = self.arena[index];
         let pool = pool_of(b.small);
         self.stats.num_device_free += 1;
-        env.events.push(Event::SegmentFree { addr: b.addr, size: b.size, stream: b.stream, pool });
+        env.events.emit(Event::SegmentFree { addr: b.addr, size: b.size, stream: b.stream, pool });
         env.device.free(b.addr, b.size);
         self.total_allocated_memory -= b.size;
         self.stats.segment.dec(pool, 1);
@@ -129,7 +129,7 @@ impl PyTorchAllocator {
     /// `garbage_collect_cached_blocks`: above `threshold * allowed`, free unsplit large cached
     /// segments at least as old as the average, pass after pass, without stopping at the
     /// target inside a pass (fidelity-notes 4).
-    pub(super) fn garbage_collect_cached_blocks(&mut self, env: &mut Env<'_>) {
+    pub(super) fn garbage_collect_cached_blocks<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>) {
         let Some(allowed) = self.allowed_memory_maximum else { return };
         let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
         if self.total_allocated_memory <= gc_threshold {

@@ -379,7 +379,7 @@ mod tests {
         let mut bfc = super::Bfc::from_conf("allow_growth:false,memory_limit:16MiB").unwrap();
         let mut device = BumpDevice::new(GIB);
         let mut events = Vec::new();
-        let mut env = Env { device: &mut device, events: &mut events };
+        let mut env = Env::new(&mut device, &mut events);
         for i in 0..4 {
             bfc.malloc(&mut env, AllocId(i), 4 * MIB - 1024, StreamId(0)).unwrap();
         }

@@ -121,7 +121,7 @@ impl Books {
         self.stats.num_device_alloc += 1;
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
-        env.events.push(Event::SegmentAlloc { addr, size, stream, pool });
+        env.events.emit(Event::SegmentAlloc { addr, size, stream, pool });
         Some(addr)
     }
 
@@ -132,7 +132,7 @@ impl Books {
         self.stats.num_device_free += 1;
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size);
-        env.events.push(Event::SegmentFree { addr, size, stream, pool });
+        env.events.emit(Event::SegmentFree { addr, size, stream, pool });
     }
 
     /// Map physical pages at `[addr, addr+size)` of a reservation, respecting the cap; on
@@ -150,7 +150,7 @@ impl Books {
         }
         self.stats.num_device_alloc += 1;
         self.stats.reserved_bytes.increase(pool, size);
-        env.events.push(Event::SegmentMap { addr, size, stream, pool });
+        env.events.emit(Event::SegmentMap { addr, size, stream, pool });
         true
     }
 
@@ -165,7 +165,7 @@ impl Books {
         env.device.unmap(addr, size);
         self.stats.num_device_free += 1;
         self.stats.reserved_bytes.decrease(pool, size);
-        env.events.push(Event::SegmentUnmap { addr, size, stream, pool });
+        env.events.emit(Event::SegmentUnmap { addr, size, stream, pool });
     }
 
     /// Record a block handed out for `id` and push `Alloc`.
@@ -183,7 +183,7 @@ impl Books {
         self.stats.allocated_bytes.increase(pool, size);
         self.stats.active_bytes.increase(pool, size);
         self.stats.requested_bytes.increase(pool, requested);
-        env.events.push(Event::Alloc { id, addr, size, requested, stream, pool });
+        env.events.emit(Event::Alloc { id, addr, size, requested, stream, pool });
         let live =
             Live { addr, size, requested, stream, pool, pending: false, other_stream_uses: false };
         self.live.insert(id, live);
@@ -199,7 +199,7 @@ impl Books {
         }
         b.pending = true;
         let b = *b;
-        env.events.push(Event::FreeRequested {
+        env.events.emit(Event::FreeRequested {
             id,
             addr: b.addr,
             size: b.size,
@@ -225,7 +225,7 @@ impl Books {
 
     fn complete(&mut self, env: &mut Env<'_>, id: AllocId) -> Option<Live> {
         let b = self.live.remove(&id)?;
-        env.events.push(Event::FreeCompleted {
+        env.events.emit(Event::FreeCompleted {
             id,
             addr: b.addr,
             size: b.size,
@@ -264,7 +264,7 @@ impl Books {
             largest_free_large_bytes: largest_free.1,
         };
         self.stats.num_ooms += 1;
-        env.events.push(Event::Oom { id, size: rounded, stream, info });
+        env.events.emit(Event::Oom { id, size: rounded, stream, info });
         info
     }
 

@@ -119,7 +119,7 @@ fn run_checked(
     let started = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
         device.begin_op(i as u64);
-        let mut env = Env { device: &mut device, events: &mut events };
+        let mut env = Env::new(&mut device, &mut events);
         if i == 0 && fraction {
             if let Some(f) = trace.meta.memory_fraction {
                 alloc.set_memory_fraction(&mut env, f).expect("fraction");
@@ -310,7 +310,7 @@ fn call_timeline() {
     let n = trace.ops.len();
     let mut buckets = [(0u32, 0u32, 0u64); 20];
     for (i, op) in trace.ops.iter().enumerate() {
-        let mut env = Env { device: &mut device, events: &mut events };
+        let mut env = Env::new(&mut device, &mut events);
         match op {
             Op::Alloc { id, size, stream } => {
                 let granted = alloc.malloc(&mut env, *id, *size, *stream).is_ok();

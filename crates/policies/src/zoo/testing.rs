@@ -352,7 +352,7 @@ impl Rig {
     }
 
     fn env(&mut self) -> (&mut dyn Allocator, Env<'_>) {
-        (self.policy.as_mut(), Env { device: &mut self.device, events: &mut self.events })
+        (self.policy.as_mut(), Env::new(&mut self.device, &mut self.events))
     }
 
     pub fn malloc(&mut self, id: u64, size: u64, stream: u64) -> Result<Granted, OomInfo> {
@@ -698,7 +698,7 @@ fn extreme_requests_and_bad_settings_never_panic() {
         }
         let mut device = BumpDevice::new(GIB);
         let mut events = Vec::new();
-        let mut env = Env { device: &mut device, events: &mut events };
+        let mut env = Env::new(&mut device, &mut events);
         assert!(rig.policy.set_memory_fraction(&mut env, f64::NAN).is_err());
         assert!(rig.policy.set_memory_fraction(&mut env, -0.5).is_err());
     }

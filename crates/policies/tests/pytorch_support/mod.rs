@@ -138,7 +138,7 @@ impl Harness {
     }
 
     fn env(&mut self) -> (Env<'_>, &mut PyTorchAllocator) {
-        (Env { device: &mut self.dev, events: &mut self.events }, &mut self.alloc)
+        (Env::new(&mut self.dev, &mut self.events), &mut self.alloc)
     }
 
     pub fn malloc_on(&mut self, size: u64, stream: u64) -> Result<(AllocId, Granted), OomInfo> {

@@ -89,14 +89,9 @@ pub fn compare_with_reference(policy: &str, trace: &Trace) -> Result<(), Failure
     let (mut model_device, mut policy_device) = (device(trace), device(trace));
     if let Some(fraction) = trace.meta.memory_fraction {
         let mut sink = Vec::new();
-        let a = model.set_memory_fraction(
-            &mut Env { device: &mut model_device, events: &mut sink },
-            fraction,
-        );
-        let b = policy_alloc.set_memory_fraction(
-            &mut Env { device: &mut policy_device, events: &mut sink },
-            fraction,
-        );
+        let a = model.set_memory_fraction(&mut Env::new(&mut model_device, &mut sink), fraction);
+        let b = policy_alloc
+            .set_memory_fraction(&mut Env::new(&mut policy_device, &mut sink), fraction);
         if a.is_ok() != b.is_ok() {
             return Err(fail(
                 None,

@@ -225,7 +225,7 @@ impl Reference {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        env.events.push(Event::SegmentAlloc { addr, size: alloc_size, stream, pool });
+        env.events.emit(Event::SegmentAlloc { addr, size: alloc_size, stream, pool });
         let at = self.blocks.partition_point(|b| b.addr < addr);
         let block = Block {
             addr,
@@ -268,7 +268,7 @@ impl Reference {
             self.stats.oversize_segments.decrease(1);
         }
         self.stats.num_device_free += 1;
-        env.events.push(Event::SegmentFree {
+        env.events.emit(Event::SegmentFree {
             addr: b.addr,
             size: b.size,
             stream: b.stream,
@@ -424,7 +424,7 @@ impl Reference {
     fn free_block(&mut self, env: &mut Env<'_>, mut i: usize) {
         let b = &mut self.blocks[i];
         let id = b.id.take().expect("reference: free_block of a block without an id");
-        env.events.push(Event::FreeCompleted {
+        env.events.emit(Event::FreeCompleted {
             id,
             addr: b.addr,
             size: b.size,
@@ -476,7 +476,7 @@ impl Reference {
             largest_free_large_bytes: self.largest_free(Pool::Large),
         };
         self.stats.num_ooms += 1;
-        env.events.push(Event::Oom { id, size, stream, info });
+        env.events.emit(Event::Oom { id, size, stream, info });
         info
     }
 
@@ -526,7 +526,7 @@ impl Allocator for Reference {
             return Err(self.oom(env, id, size, stream));
         };
         let granted = self.alloc_found_block(addr, size, orig, id);
-        env.events.push(Event::Alloc {
+        env.events.emit(Event::Alloc {
             id,
             addr: granted.addr,
             size: granted.size,
@@ -545,7 +545,7 @@ impl Allocator for Reference {
             (b.addr, b.size, b.requested, b.pool, b.used_elsewhere);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
-        env.events.push(Event::FreeRequested { id, addr, size, requested });
+        env.events.emit(Event::FreeRequested { id, addr, size, requested });
         if size >= self.settings.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }

@@ -54,11 +54,11 @@ impl Rig {
         }
     }
     fn alloc(&mut self, id: u64, size: u64) -> Result<Granted, OomInfo> {
-        let mut env = Env { device: &mut self.device, events: &mut self.events };
+        let mut env = Env::new(&mut self.device, &mut self.events);
         self.model.malloc(&mut env, AllocId(id), size, StreamId(0))
     }
     fn free(&mut self, id: u64) {
-        let mut env = Env { device: &mut self.device, events: &mut self.events };
+        let mut env = Env::new(&mut self.device, &mut self.events);
         self.model.free(&mut env, AllocId(id));
     }
     fn actions(&mut self) -> Vec<&'static str> {
