@@ -9,7 +9,9 @@ use std::io::Write;
 ///
 /// Two callbacks, because some observers need the allocator's own view (its statistics, its
 /// free space) and that is only consistent between ops, while others need each event as it
-/// happens. Observers get shared references only: they can never steer the policy.
+/// happens: `on_event` runs while the allocator is inside the op (the engine's event sink
+/// calls it), `on_op` once the op is done. Observers get shared references only: they can
+/// never steer the policy.
 pub trait Observer {
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
         let _ = (event_index, op_index, event);
