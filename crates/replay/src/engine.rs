@@ -212,7 +212,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
         let mut sink = Sink { tally: &mut self.tally, observer };
         let mut env = Env { device: self.device.as_dyn_mut(), events: &mut sink };
         let allocator = &mut *self.allocator;
-        let outcome = match *op {
+        match *op {
             Op::Alloc { id, size, stream } => {
                 if matches!(env.events.tally.ids.get(id), IdState::Live | IdState::Pending) {
                     self.skipped.duplicate_allocs += 1;
@@ -269,8 +269,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
                 let result = allocator.set_settings(conf);
                 settings_outcome(result, op_index, &mut self.skipped, &mut self.refusals)
             }
-        };
-        outcome
+        }
     }
 
     /// Why settings ops were refused (the first few).

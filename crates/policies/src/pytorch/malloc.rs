@@ -7,7 +7,7 @@ use super::block::{Block, SizeKey, NIL};
 use super::rounding::{get_allocation_size, is_small, round_size, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
 use super::stats::{StatArrayExt, StatExt};
 use super::PyTorchAllocator;
-use allocsim_core::{AllocId, Emit, Env, Event, Granted, OomInfo, Pool, StreamId};
+use allocsim_core::{AllocId, Device, Emit, Env, Event, Granted, OomInfo, Pool, StreamId};
 
 /// Requests of at least 1 EiB are refused before anything else ("Tried to allocate more than
 /// 1EB memory").
@@ -43,7 +43,7 @@ impl PyTorchAllocator {
         orig_size: u64,
         stream: StreamId,
     ) -> Result<Granted, OomInfo> {
-        self.apply_initial_fraction(env);
+        self.apply_initial_fraction(env.device);
         if orig_size == 0 {
             // NativeCachingAllocator::allocate(0) returns nullptr: no stats, no trace.
             return Ok(Granted { addr: 0, size: 0 });
@@ -56,7 +56,7 @@ impl PyTorchAllocator {
             let p =
                 Params { size: orig_size, alloc_size: orig_size, stream, small: false, block: NIL };
             self.stats.num_ooms += 1;
-            let info = self.oom_info(env, &p);
+            let info = self.oom_info(env.device, &p);
             env.events.emit(Event::Oom { id, size: orig_size, stream, info });
             return Err(info);
         }
@@ -265,14 +265,14 @@ impl PyTorchAllocator {
 
     /// The OOM branch of `malloc`: trace `oom` with the driver's free memory, count it.
     fn oom<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, id: AllocId, p: &Params) -> OomInfo {
-        let info = self.oom_info(env, p);
+        let info = self.oom_info(env.device, p);
         env.events.emit(Event::Oom { id, size: p.size, stream: p.stream, info });
         self.stats.num_ooms += 1;
         info
     }
 
-    fn oom_info<E: Emit + ?Sized>(&self, env: &Env<'_, E>, p: &Params) -> OomInfo {
-        let mem = env.device.mem_info();
+    fn oom_info(&self, device: &dyn Device, p: &Params) -> OomInfo {
+        let mem = device.mem_info();
         OomInfo {
             rounded_bytes: p.size,
             device_free_bytes: mem.free_bytes,

@@ -42,8 +42,8 @@ pub use config::Config;
 pub use rounding::{get_allocation_size, round_size};
 
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Emit, Env, FreeSpace, Granted, IdTable, MemoryStats, OomInfo,
-    SnapshotSegment, StatArray, StreamId,
+    AllocId, Allocator, ConfigError, Device, Emit, Env, FreeSpace, Granted, IdTable, MemoryStats,
+    OomInfo, SnapshotSegment, StatArray, StreamId,
 };
 use block::{Arena, BlockPool, NIL};
 use expandable::ExpandableSegment;
@@ -187,17 +187,17 @@ impl PyTorchAllocator {
     }
 
     /// `setMemoryFraction`: NEWEST semantics, a cap only below 1.0, of `totalGlobalMem`.
-    fn apply_fraction<E: Emit + ?Sized>(&mut self, env: &Env<'_, E>, fraction: f64) {
-        let total = env.device.mem_info().total_bytes;
+    fn apply_fraction(&mut self, device: &dyn Device, fraction: f64) {
+        let total = device.mem_info().total_bytes;
         self.allowed_memory_maximum = (fraction < 1.0).then_some((fraction * total as f64) as u64);
     }
 
     /// The config's `per_process_memory_fraction`, applied on first sight of the device.
-    fn apply_initial_fraction<E: Emit + ?Sized>(&mut self, env: &Env<'_, E>) {
+    fn apply_initial_fraction(&mut self, device: &dyn Device) {
         if self.initial_fraction_pending {
             self.initial_fraction_pending = false;
             let fraction = self.config.per_process_memory_fraction;
-            self.apply_fraction(env, fraction);
+            self.apply_fraction(device, fraction);
         }
     }
 }
@@ -269,7 +269,7 @@ impl Allocator for PyTorchAllocator {
             )));
         }
         self.initial_fraction_pending = false;
-        self.apply_fraction(env, fraction);
+        self.apply_fraction(env.device, fraction);
         Ok(())
     }
 
