@@ -193,6 +193,7 @@ impl PyTorchAllocator {
     }
 
     /// The config's `per_process_memory_fraction`, applied on first sight of the device.
+    #[inline(always)]
     fn apply_initial_fraction(&mut self, device: &dyn Device) {
         if self.initial_fraction_pending {
             self.initial_fraction_pending = false;
