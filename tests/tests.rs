@@ -45,7 +45,9 @@ fn every_policy_replays_every_trace_with_zero_checker_violations() {
 }
 
 /// The PyTorch clone, replayed on the device that follows each recording, reproduces every
-/// recorded event (action, size, segment offset) and every `memory_stats()` key.
+/// recorded event (action, size, segment offset) and every `memory_stats()` key, and makes
+/// every device call the recording shows, at its address: the device never falls back to
+/// its model.
 #[test]
 fn pytorch_reproduces_every_recording_exactly() {
     let mut failures = Vec::new();
@@ -54,6 +56,9 @@ fn pytorch_reproduces_every_recording_exactly() {
         let opts = RunOptions { policy: "pytorch".into(), fidelity: true, ..RunOptions::default() };
         let report = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
         assert_eq!(report.device, "recorded", "{}", path.display());
+        if !report.device_notes.iter().any(|n| n.starts_with("followed the recording for all")) {
+            failures.push(format!("{}: device: {}", name(&path), report.device_notes.join("; ")));
+        }
         match report.fidelity.unwrap() {
             Ok(n) => assert_eq!(n, trace.recorded.len() as u64),
             Err(d) => failures.push(format!("{}: events part at {d:?}", name(&path))),

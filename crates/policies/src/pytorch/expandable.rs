@@ -104,7 +104,10 @@ impl PyTorchAllocator {
         let page = if small { K_SMALL_BUFFER } else { K_LARGE_BUFFER };
         let total = env.device.mem_info().total_bytes;
         let reserve = total.saturating_add(total / 8).div_ceil(page).max(1).saturating_mul(page);
-        let base = env.device.reserve_address(reserve, page).ok()?;
+        // `cuMemAddressReserve(&ptr_, size, 0, 0, 0)`: alignment 0, the driver's default (its
+        // granularity, 2 MiB), not the page size. Pages count from `base`, so nothing here
+        // needs more; a recording shows large-pool ranges that are not 20 MiB-aligned.
+        let base = env.device.reserve_address(reserve, 0).ok()?;
         let segment = self.segments.len() as u32;
         self.segments.push(ExpandableSegment { base, size: reserve, page, live: true });
         let mut whole = Block::new(base, reserve, stream, small);
