@@ -97,6 +97,71 @@ fn deferred_free_gets_record_stream_and_free_completed() {
     assert_eq!(pytorch::UNKNOWN_STREAM, MAX);
 }
 
+/// A deferred completion that empties every pending free right before an `oom` (or in an
+/// attempt that frees segments) was `synchronize_and_free_events` in that allocation's release
+/// path: it is recorded on the allocation's op and is no op of its own, so that a replay's
+/// lookup still finds the block pending, as PyTorch's did. One before a plain `alloc` was
+/// polled at the start of the `malloc`: an `Op::FreeCompleted` before it.
+#[test]
+fn completions_in_the_release_path_belong_to_the_allocation() {
+    let t = read(
+        vec![
+            entry("alloc", 0xa00, 10, 0),
+            entry("free_requested", 0xa00, 10, 0),
+            entry("alloc", 0xc00, 30, 0),
+            entry("free_completed", 0xa00, 10, 0),
+            entry("oom", 0, 40, 0),
+            entry("alloc", 0xb00, 20, 0),
+            entry("free_requested", 0xb00, 20, 0),
+            entry("free_completed", 0xb00, 20, 0),
+            entry("alloc", 0xd00, 50, 0),
+            entry("free_requested", 0xd00, 50, 0),
+            entry("alloc", 0xe00, 60, 0),
+            entry("free_completed", 0xd00, 50, 0),
+            entry("alloc", 0xd00, 50, 0),
+        ],
+        vec![],
+    );
+    let (a, d) = (AllocId(0), AllocId(4));
+    assert_eq!(
+        t.ops,
+        vec![
+            alloc(0, 10, 0),
+            Op::RecordStream { id: a, stream: MAX },
+            Op::FreeRequested { id: a },
+            alloc(1, 30, 0),
+            alloc(2, 40, 0),
+            alloc(3, 20, 0),
+            Op::FreeRequested { id: AllocId(3) },
+            alloc(4, 50, 0),
+            Op::RecordStream { id: d, stream: MAX },
+            Op::FreeRequested { id: d },
+            alloc(5, 60, 0),
+            Op::FreeCompleted { id: d },
+            alloc(6, 50, 0),
+        ]
+    );
+    let kinds: Vec<(u64, K)> = t.recorded.iter().map(|r| (r.op, r.kind)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (0, K::Alloc),
+            (2, K::FreeRequested),
+            (3, K::Alloc),
+            (4, K::FreeCompleted),
+            (4, K::Oom),
+            (5, K::Alloc),
+            (6, K::FreeRequested),
+            (6, K::FreeCompleted),
+            (7, K::Alloc),
+            (9, K::FreeRequested),
+            (10, K::Alloc),
+            (11, K::FreeCompleted),
+            (12, K::Alloc),
+        ]
+    );
+}
+
 #[test]
 fn a_free_never_completed_still_gets_record_stream() {
     let t = read(

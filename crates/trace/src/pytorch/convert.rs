@@ -11,7 +11,14 @@
 //! - `free_requested` -> `Op::FreeRequested`. When the very next entry is its `free_completed`
 //!   (no stream uses), that entry is recorded on the same op. Otherwise the block was used on
 //!   another stream: `Op::RecordStream { stream: u64::MAX }` goes right before the
-//!   `FreeRequested`, and the later `free_completed` becomes `Op::FreeCompleted` where it is.
+//!   `FreeRequested`, and the later `free_completed` becomes `Op::FreeCompleted` where it is
+//!   (PyTorch polled the stream's event at the start of a `malloc`, `process_events`), unless
+//!   it was `synchronize_and_free_events` inside an allocation's release path: completions
+//!   that empty every pending free, in an attempt that then fails (`oom`) or frees segments.
+//!   Those are recorded on the allocation's op and are no ops of their own, since the policy
+//!   makes them itself there, after its cache lookup failed. (Still ambiguous: a pending free
+//!   whose completion comes right after its request, synchronised in the very next `malloc`,
+//!   reads as a free without stream uses.)
 //! - `segment_*` entries wait for the op they belong to: the next `alloc`/`oom` (a new
 //!   segment, the retry path, or the frees before an OOM). A run of segment frees/unmaps that
 //!   reaches a `free_requested` (or the end) without one was no allocation's doing: an
@@ -141,6 +148,15 @@ impl SyntheticFinder {
     }
 }
 
+/// A deferred `free_completed` waiting for its op: its block's id, its recorded event, and its
+/// stack and entry index.
+struct Completion {
+    id: AllocId,
+    recorded: usize,
+    frames: Option<crate::pickle::Value>,
+    entry: usize,
+}
+
 struct Builder<'a> {
     ctx: Ctx<'a>,
     ops: Vec<Op>,
@@ -159,6 +175,15 @@ struct Builder<'a> {
     run_frames: Option<(crate::pickle::Value, usize)>,
     /// The FreeRequested op of the free whose completion may come next, and its address.
     direct: Option<(u64, u64)>,
+    /// Frees requested and not yet completed (blocks used on another stream).
+    pending_frees: usize,
+    /// Deferred completions since the last program entry, whose op is decided by what ends
+    /// them (see [`Builder::settle_completions`]).
+    completions: Vec<Completion>,
+    /// `pending_frees` before the first of `completions`.
+    pending_before_completions: usize,
+    /// The run holds a segment free or unmap: the allocation went down its release path.
+    run_has_release: bool,
     inferred_empty_cache: usize,
     misplaced_device_events: usize,
 }
@@ -285,6 +310,10 @@ impl<'a> Builder<'a> {
             run_has_alloc_side: false,
             run_frames: None,
             direct: None,
+            pending_frees: 0,
+            completions: Vec::new(),
+            pending_before_completions: 0,
+            run_has_release: false,
             inferred_empty_cache: 0,
             misplaced_device_events: 0,
         }
@@ -296,6 +325,7 @@ impl<'a> Builder<'a> {
         synthetic: usize,
         frees_complete_at_once: bool,
     ) -> Result<Converted, TraceError> {
+        self.settle_completions(false)?;
         self.close_run(None)?;
         let mut warnings = Vec::new();
         if frees_complete_at_once {
@@ -395,6 +425,7 @@ impl<'a> Builder<'a> {
         }
         self.run.clear();
         self.run_has_alloc_side = false;
+        self.run_has_release = false;
         self.run_frames = None;
     }
 
@@ -432,8 +463,18 @@ impl<'a> Builder<'a> {
                 _ => {
                     let id = self.id_at(i, e)?;
                     self.ids.remove(&e.addr);
-                    let k = self.push_op(Op::FreeCompleted { id }, frames, i)?;
-                    self.record(k, RecordedKind::FreeCompleted, e);
+                    if self.completions.is_empty() {
+                        self.pending_before_completions = self.pending_frees;
+                    }
+                    self.pending_frees = self.pending_frees.saturating_sub(1);
+                    let recorded = self.recorded.len();
+                    self.record(UNTAGGED, RecordedKind::FreeCompleted, e);
+                    self.completions.push(Completion {
+                        id,
+                        recorded,
+                        frames: frames.cloned(),
+                        entry: i,
+                    });
                 }
             },
         }
@@ -452,6 +493,7 @@ impl<'a> Builder<'a> {
             self.run_frames = frames.map(|f| (f.clone(), i));
         }
         self.run_has_alloc_side |= matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
+        self.run_has_release |= matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
         self.run.push(self.recorded.len());
         self.record(UNTAGGED, kind, e);
     }
@@ -463,6 +505,12 @@ impl<'a> Builder<'a> {
         e: &Entry,
         frames: Option<&crate::pickle::Value>,
     ) -> Result<(), TraceError> {
+        // Completions that emptied every pending free, in an attempt that went down the release
+        // path (it failed, or freed segments), were `synchronize_and_free_events` inside it.
+        let synchronized = !self.completions.is_empty()
+            && self.completions.len() == self.pending_before_completions
+            && (e.action == Action::Oom || self.run_has_release);
+        self.settle_completions(synchronized)?;
         let id = self.fresh_id();
         let k = self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, frames, i)?;
         self.tag_run(k);
@@ -486,6 +534,7 @@ impl<'a> Builder<'a> {
         completes_next: bool,
         frees_complete_at_once: bool,
     ) -> Result<u64, TraceError> {
+        self.settle_completions(false)?;
         self.close_run(Some(i))?;
         let id = self.id_at(i, e)?;
         if !completes_next {
@@ -497,7 +546,26 @@ impl<'a> Builder<'a> {
             self.ids.remove(&e.addr);
         } else if !completes_next {
             self.ids.insert(e.addr, id);
+            self.pending_frees += 1;
         }
         Ok(k)
+    }
+
+    /// Give the deferred completions since the last program entry their op. Polled ones
+    /// (`process_events`, at the start of a `malloc`, or `empty_cache`'s synchronisation before
+    /// its segment frees) become `Op::FreeCompleted`s where they are. Ones that
+    /// `synchronize_and_free_events` made inside an allocation's release path belong to that
+    /// allocation: the policy completes them itself there, after its cache lookup failed, so
+    /// they must not be ops before it.
+    fn settle_completions(&mut self, synchronized: bool) -> Result<(), TraceError> {
+        for c in std::mem::take(&mut self.completions) {
+            if synchronized {
+                self.run.push(c.recorded);
+            } else {
+                let k = self.push_op(Op::FreeCompleted { id: c.id }, c.frames.as_ref(), c.entry)?;
+                self.recorded[c.recorded].op = k;
+            }
+        }
+        Ok(())
     }
 }
