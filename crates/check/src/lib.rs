@@ -21,7 +21,7 @@ mod violation;
 
 pub use violation::{CheckReport, Violation, ViolationKind};
 
-use allocsim_core::{Event, MemoryStats};
+use allocsim_core::{BlockState, Event, MemoryStats, StartState};
 use memory::MemoryMap;
 use stats::Implied;
 
@@ -102,6 +102,30 @@ impl Checker {
             },
             events_checked: 0,
             stats_checked: 0,
+        }
+    }
+
+    /// The run starts from `start` (a recording that begins mid-run): its segments and live
+    /// blocks are in the map, and the statistics the events imply start at its figures, with
+    /// no device calls counted. Called before the first event.
+    pub fn on_start(&mut self, start: &StartState) {
+        let (memory, implied, sink) = (&mut self.memory, &mut self.implied, &mut self.sink);
+        for seg in &start.segments {
+            memory.segment_alloc(sink, seg.address, seg.total_size);
+            implied.start_segment(seg.pool, seg.total_size);
+            for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
+                let Some(id) = start.id_at(b.address) else { continue };
+                if memory.alloc(sink, id, b.address, b.size, b.requested_size, seg.pool) {
+                    implied.alloc(seg.pool, b.size, b.requested_size);
+                }
+                if b.state == BlockState::ActivePendingFree {
+                    let freed =
+                        memory.free_requested(sink, id, b.address, b.size, b.requested_size);
+                    if freed.is_some() {
+                        implied.free_requested(seg.pool, b.size);
+                    }
+                }
+            }
         }
     }
 

@@ -101,6 +101,12 @@ impl Implied {
         }
     }
 
+    /// A segment alive when the run starts: reserved, but no device call of this run.
+    pub(crate) fn start_segment(&mut self, pool: Pool, size: u64) {
+        add(&mut self.reserved_bytes, pool, signed(size));
+        add(&mut self.segment, pool, 1);
+    }
+
     pub(crate) fn oom(&mut self) {
         self.num_ooms += 1;
     }

@@ -19,7 +19,7 @@
 //! `record_stream` and `free_completed` names a live allocation of this allocator, and that ids
 //! are never reused; policies may rely on it.
 
-use crate::{AllocId, Device, Event, MemoryStats, SnapshotSegment, StreamId};
+use crate::{AllocId, Device, Event, MemoryStats, SnapshotSegment, StartState, StreamId};
 use std::fmt;
 
 /// Where a policy reports what it did, one event at a time, in order.
@@ -187,6 +187,26 @@ pub trait Allocator {
         Self: Sized,
     {
         self.free_completed(&mut env.as_dyn(), id);
+    }
+
+    /// Start from `start` instead of empty: the segments and blocks a recording that begins
+    /// mid-run shows alive at its first entry. Called once, before any other call; adopts the
+    /// segments on the device ([`Device::adopt_segment`]) and emits no events, since nothing
+    /// happens. `stats` is `memory_stats()` at that moment when the recording says; without
+    /// it, cumulative statistics count from here and peaks start at the current values.
+    ///
+    /// A policy that cannot take a state as it is returns why, and the caller lays the live
+    /// blocks out by allocating them instead ([`StartState::prologue`]). Only the PyTorch
+    /// clone takes one: the state is PyTorch's block layout, which another policy would not
+    /// have made. Default: refused.
+    fn seed(
+        &mut self,
+        env: &mut Env<'_>,
+        start: &StartState,
+        stats: Option<&MemoryStats>,
+    ) -> Result<(), String> {
+        let _ = (env, start, stats);
+        Err(format!("policy {} lays out a recording's live blocks itself", self.name()))
     }
 
     /// Give cached memory back to the device, as `torch.cuda.empty_cache()`.

@@ -127,6 +127,15 @@ pub trait Device {
     /// Reserve a whole segment of `size` bytes (`cudaMalloc`).
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError>;
 
+    /// Count `[addr, addr+size)` as a segment the allocator already holds when the run starts
+    /// (a recording that begins mid-run, [`crate::StartState`]), as if `malloc` had returned
+    /// it, without being a call. Default: refused, as a real device must (it cannot adopt
+    /// memory it never gave).
+    fn adopt_segment(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        let _ = (addr, size);
+        Err(DeviceError::Driver("this device cannot adopt a recording's segments".to_string()))
+    }
+
     /// Return a segment obtained from `malloc` (`cudaFree`).
     fn free(&mut self, addr: u64, size: u64);
 

@@ -14,6 +14,7 @@ mod ids;
 mod idtable;
 mod op;
 mod snapshot;
+mod start;
 mod stats;
 mod trace;
 
@@ -24,5 +25,6 @@ pub use ids::{AllocId, Pool, StreamId, GIB, KIB, MIB};
 pub use idtable::IdTable;
 pub use op::Op;
 pub use snapshot::{BlockState, SnapshotBlock, SnapshotSegment};
+pub use start::{StartState, UNKNOWN_STREAM};
 pub use stats::{MemoryStats, Stat, StatArray};
 pub use trace::{RecordedEvent, RecordedKind, Stack, StackFrame, Trace, TraceMeta};

@@ -199,6 +199,52 @@ impl MemoryStats {
         self.num_device_free = 0;
     }
 
+    /// Set the value of one flat key of [`MemoryStats::flat`]; false for a key it does not
+    /// have. Setting every key of `flat` gives back the same stats.
+    pub fn set_flat(&mut self, key: &str, value: i64) -> bool {
+        let scalar = match key {
+            "max_split_size" => Some(&mut self.max_split_size),
+            "num_alloc_retries" => Some(&mut self.num_alloc_retries),
+            "num_device_alloc" => Some(&mut self.num_device_alloc),
+            "num_device_free" => Some(&mut self.num_device_free),
+            "num_ooms" => Some(&mut self.num_ooms),
+            "num_sync_all_streams" => Some(&mut self.num_sync_all_streams),
+            _ => None,
+        };
+        if let Some(slot) = scalar {
+            *slot = value;
+            return true;
+        }
+        let (stat, field) = match key.rsplit_once('.') {
+            Some(parts) => parts,
+            None => return false,
+        };
+        let stat = match stat {
+            "oversize_allocations" => Some(&mut self.oversize_allocations),
+            "oversize_segments" => Some(&mut self.oversize_segments),
+            _ => stat.split_once('.').and_then(|(array, pool)| {
+                let i = self.arrays().iter().position(|(name, _)| *name == array)?;
+                let array = self.arrays_mut().into_iter().nth(i)?;
+                match pool {
+                    "all" => Some(&mut array.all),
+                    "small_pool" => Some(&mut array.small_pool),
+                    "large_pool" => Some(&mut array.large_pool),
+                    _ => None,
+                }
+            }),
+        };
+        let Some(stat) = stat else { return false };
+        let slot = match field {
+            "current" => &mut stat.current,
+            "peak" => &mut stat.peak,
+            "allocated" => &mut stat.allocated,
+            "freed" => &mut stat.freed,
+            _ => return false,
+        };
+        *slot = value;
+        true
+    }
+
     fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
         [
             &mut self.allocation,
@@ -227,6 +273,17 @@ mod tests {
         assert!(keys.contains(&"allocation.all.current".to_string()));
         assert!(keys.contains(&"oversize_segments.peak".to_string()));
         assert!(keys.contains(&"max_split_size".to_string()));
+    }
+
+    #[test]
+    fn set_flat_inverts_flat() {
+        let mut s = MemoryStats::default();
+        for (i, (key, _)) in MemoryStats::default().flat().into_iter().enumerate() {
+            assert!(s.set_flat(&key, i as i64 + 1), "{key}");
+        }
+        let flat = s.flat();
+        assert!(flat.iter().enumerate().all(|(i, (_, v))| *v == i as i64 + 1), "{flat:?}");
+        assert!(!s.set_flat("allocation.all", 1) && !s.set_flat("nope.all.current", 1));
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! A workload as read from a file: the ops, and, when the file is a recording, what the
 //! recorded allocator did while running them.
 
-use crate::{Op, StreamId};
+use crate::{Op, StartState, StreamId};
 
 /// A recorded program plus what is known of the run that produced it.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
     pub meta: TraceMeta,
     pub ops: Vec<Op>,
+    /// What was alive at the first recorded entry, for a recording that starts mid-run.
+    pub start: Option<StartState>,
     /// What the recorded allocator did, in order; empty when the source records only requests.
     pub recorded: Vec<RecordedEvent>,
     /// Distinct call stacks, referred to by index from `op_stacks`.
@@ -16,6 +18,29 @@ pub struct Trace {
     pub op_stacks: Vec<(u64, u32)>,
     /// Things the reader tolerated but the user should know (history enabled late, ...).
     pub warnings: Vec<String>,
+}
+
+impl Trace {
+    /// The same trace with its state at the start ([`Trace::start`]) made into ops that
+    /// allocate the live blocks before the recorded ones ([`StartState::prologue`]), for
+    /// formats and policies that take ops only. Recorded events and stacks keep their ops.
+    pub fn with_start_as_ops(mut self) -> Trace {
+        let Some(start) = self.start.take() else { return self };
+        let mut ops = start.prologue();
+        let shift = ops.len() as u64;
+        ops.append(&mut self.ops);
+        self.ops = ops;
+        for r in &mut self.recorded {
+            r.op += shift;
+        }
+        for (op, _) in &mut self.op_stacks {
+            *op += shift;
+        }
+        self.warnings.push(format!(
+            "the live blocks at the history's start are laid out by {shift} ops before it"
+        ));
+        self
+    }
 }
 
 /// Settings and device facts a trace carries. Every field is optional: a what-if run
@@ -33,6 +58,8 @@ pub struct TraceMeta {
     pub device_free_bytes: Option<u64>,
     /// `torch.cuda.memory_stats()` as the recorded run reported it at the end, if known.
     pub expected_stats: Option<Vec<(String, i64)>>,
+    /// `torch.cuda.memory_stats()` when a history that starts mid-run began, if known.
+    pub stats_at_start: Option<Vec<(String, i64)>>,
 }
 
 /// What kind of thing the recording shows the allocator doing.

@@ -3,9 +3,10 @@
 
 use crate::Observer;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Device, Emit, Env, Event, Granted, IdTable, OomInfo, Op,
-    StreamId,
+    AllocId, Allocator, BlockState, ConfigError, Device, Emit, Env, Event, Granted, IdTable,
+    MemoryStats, OomInfo, Op, StartState, StreamId,
 };
+use std::borrow::Borrow;
 
 /// What happened to an op.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -179,6 +180,48 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
 
     pub fn device(&self) -> &dyn Device {
         self.device.as_dyn()
+    }
+
+    /// Start the allocator from `start` ([`Allocator::seed`]); its live blocks become live
+    /// ids here too. On refusal nothing changed, and the caller lays the blocks out instead
+    /// ([`StartState::prologue`]).
+    pub fn seed(&mut self, start: &StartState, stats: Option<&MemoryStats>) -> Result<(), String> {
+        let mut events = Vec::new();
+        let mut env = Env::new(self.device.as_dyn_mut(), &mut events);
+        self.allocator.seed(&mut env, start, stats)?;
+        debug_assert!(events.is_empty(), "seeding emits no events");
+        for seg in &start.segments {
+            for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
+                if let Some(id) = start.id_at(b.address) {
+                    let live = b.state == BlockState::ActiveAllocated;
+                    self.tally.ids.set(id, if live { IdState::Live } else { IdState::Pending });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Run `ops` one after the other until an observer asks to stop; `progress` hears the
+    /// count every 4096 ops and at the end. Returns how many ran.
+    pub fn run<O: Borrow<Op>, B: Observer + ?Sized>(
+        &mut self,
+        ops: impl IntoIterator<Item = O>,
+        observer: &mut B,
+        mut progress: impl FnMut(u64),
+    ) -> u64 {
+        let mut ran = 0;
+        for op in ops {
+            let keep_going = self.step_with(op.borrow(), observer);
+            ran += 1;
+            if ran % 4096 == 0 {
+                progress(ran);
+            }
+            if !keep_going {
+                break;
+            }
+        }
+        progress(ran);
+        ran
     }
 
     /// Run one op and notify the observers. Returns false when an observer asked to stop.

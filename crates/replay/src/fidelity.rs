@@ -8,7 +8,7 @@
 //! same offset.
 
 use crate::Observer;
-use allocsim_core::{Event, RecordedEvent, RecordedKind};
+use allocsim_core::{Event, RecordedEvent, RecordedKind, StartState};
 use std::collections::BTreeMap;
 
 /// The first place where simulation and recording part.
@@ -156,6 +156,14 @@ fn simulated_comparable(e: &Event, regions: &mut Regions) -> Comparable {
 }
 
 impl Observer for Fidelity<'_> {
+    /// Both sides start with the recording's segments at the recorded addresses.
+    fn on_start(&mut self, start: &StartState) {
+        for seg in &start.segments {
+            self.recorded_regions.add(seg.address, seg.total_size, false);
+            self.simulated_regions.add(seg.address, seg.total_size, false);
+        }
+    }
+
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
         if self.divergence.is_some() {
             return true;

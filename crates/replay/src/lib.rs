@@ -23,7 +23,7 @@ pub use grid::{compare, min_feasible_capacity, GridCell, CAPACITY_RESOLUTION_BYT
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
 pub use observers::{format_event, CheckObserver, EventLog, Observer, Recorder};
 pub use run::{
-    run_trace, run_trace_on, run_trace_streamed, DeviceChoice, RunOptions, RunReport,
+    run_trace, run_trace_on, run_trace_streamed, DeviceChoice, RunOptions, RunReport, StartedFrom,
     H100_FREE_BYTES, H100_TOTAL_BYTES,
 };
 
@@ -50,7 +50,7 @@ pub fn replay_with<O, B, A, D>(
     allocator: &mut A,
     device: &mut D,
     observer: &mut B,
-    mut progress: impl FnMut(u64),
+    progress: impl FnMut(u64),
 ) -> (u64, Skipped)
 where
     O: Borrow<Op>,
@@ -59,17 +59,6 @@ where
     D: AsDynDevice + ?Sized,
 {
     let mut engine = Engine::new(allocator, device);
-    let mut ran = 0;
-    for op in ops {
-        let keep_going = engine.step_with(op.borrow(), observer);
-        ran += 1;
-        if ran % 4096 == 0 {
-            progress(ran);
-        }
-        if !keep_going {
-            break;
-        }
-    }
-    progress(ran);
+    let ran = engine.run(ops, observer, progress);
     (ran, engine.skipped())
 }

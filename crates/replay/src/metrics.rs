@@ -4,7 +4,7 @@
 //! same thing for every policy and cannot be wrong in the same way the policy's counters are.
 
 use crate::{Observer, OpOutcome};
-use allocsim_core::{Allocator, Device, Event, OomInfo, Op};
+use allocsim_core::{Allocator, BlockState, Device, Event, OomInfo, Op, StartState};
 
 /// One OOM and the figures that explain it.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +119,25 @@ impl Metrics {
 }
 
 impl Observer for Metrics {
+    /// The live blocks and segments at the start count from the start, peaks included.
+    fn on_start(&mut self, start: &StartState) {
+        for seg in &start.segments {
+            self.reserved += seg.total_size;
+            for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
+                self.active += b.size;
+                self.requested += b.requested_size;
+                if b.state == BlockState::ActiveAllocated {
+                    self.allocated += b.size;
+                }
+            }
+        }
+        let r = &mut self.report;
+        r.peak_reserved_bytes = self.reserved;
+        r.peak_allocated_bytes = self.allocated;
+        r.peak_active_bytes = self.active;
+        r.peak_requested_bytes = self.requested;
+    }
+
     #[inline]
     fn on_event(&mut self, _event_index: u64, op_index: u64, event: &Event) -> bool {
         let r = &mut self.report;

@@ -2,7 +2,9 @@
 
 use crate::OpOutcome;
 use allocsim_check::Checker;
-use allocsim_core::{Allocator, Device, Event, Op, RecordedEvent, RecordedKind, StreamId};
+use allocsim_core::{
+    Allocator, Device, Event, Op, RecordedEvent, RecordedKind, StartState, StreamId,
+};
 use std::io::Write;
 
 /// Sees every event and every finished op of a run. Return `false` to stop the run.
@@ -13,6 +15,12 @@ use std::io::Write;
 /// calls it), `on_op` once the op is done. Observers get shared references only: they can
 /// never steer the policy.
 pub trait Observer {
+    /// The allocator starts from `start` instead of empty (a recording that begins mid-run,
+    /// seeded into the policy): called once, before any event.
+    fn on_start(&mut self, start: &StartState) {
+        let _ = start;
+    }
+
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
         let _ = (event_index, op_index, event);
         true
@@ -33,6 +41,12 @@ pub trait Observer {
 
 /// A list of observers is one observer: each sees everything, and any of them can stop the run.
 impl Observer for [&mut dyn Observer] {
+    fn on_start(&mut self, start: &StartState) {
+        for o in self.iter_mut() {
+            o.on_start(start);
+        }
+    }
+
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
         let mut keep_going = true;
         for o in self.iter_mut() {
@@ -148,6 +162,10 @@ impl CheckObserver {
 }
 
 impl Observer for CheckObserver {
+    fn on_start(&mut self, start: &StartState) {
+        self.checker.on_start(start);
+    }
+
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
         self.checker.on_event(event_index, op_index, event);
         self.last_event_index = event_index;

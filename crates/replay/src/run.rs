@@ -3,13 +3,13 @@
 //! thing by "replay this trace under this policy".
 
 use crate::{
-    replay_with, AsDynAllocator, AsDynDevice, CheckObserver, Divergence, Fidelity, Metrics,
+    AsDynAllocator, AsDynDevice, CheckObserver, Divergence, Engine, Fidelity, Metrics,
     MetricsReport, Observer, OpOutcome, Skipped,
 };
 use allocsim_check::{CheckConfig, CheckReport, Checker};
 use allocsim_core::{
     Allocator, ConfigError, Device, DeviceCalls, Env, Event, MemoryStats, Op, RecordedEvent,
-    SnapshotSegment, Trace, TraceMeta,
+    SnapshotSegment, StartState, Trace, TraceMeta,
 };
 use allocsim_policies::pytorch::PyTorchAllocator;
 use allocsim_sim::{Fault, RecordedDevice, SimConfig, SimDevice};
@@ -69,6 +69,48 @@ pub struct RunReport {
     pub check: Option<CheckReport>,
     pub fidelity: Option<Result<u64, Divergence>>,
     pub snapshot: Vec<SnapshotSegment>,
+    /// How a recording that starts mid-run was started from.
+    pub start: StartedFrom,
+}
+
+/// How a run began.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StartedFrom {
+    /// An empty allocator: the recording starts at the allocator's first call.
+    #[default]
+    Empty,
+    /// The policy took the recording's state at its first entry as it is. Cumulative
+    /// statistics are exact when the statistics at that moment were known (`stats_known`);
+    /// otherwise they count from there, the live blocks at the start counted once as
+    /// allocated.
+    Seeded { stats_known: bool },
+    /// The policy laid the live blocks out itself, by `ops` allocations run before the
+    /// recorded ops (op indices count them), because it does not take a state (`why`).
+    LaidOut { ops: u64, why: String },
+}
+
+impl StartedFrom {
+    /// A line for the report; `None` for a run from empty.
+    pub fn note(&self) -> Option<String> {
+        match self {
+            StartedFrom::Empty => None,
+            StartedFrom::Seeded { stats_known: true } => Some(
+                "the history starts mid-run: the allocator started from the state at its first \
+                 entry, with the statistics recorded at that moment"
+                    .to_string(),
+            ),
+            StartedFrom::Seeded { stats_known: false } => Some(
+                "the history starts mid-run: the allocator started from the state at its first \
+                 entry; cumulative statistics (allocated, freed, peak, num_*) count since the \
+                 history began, the blocks alive then counted once as allocated"
+                    .to_string(),
+            ),
+            StartedFrom::LaidOut { ops, why } => Some(format!(
+                "the history starts mid-run: its {ops} live blocks were laid out by this policy \
+                 as allocations before the first recorded op ({why}); statistics count them"
+            )),
+        }
+    }
 }
 
 /// The H100 80GB of the shared recordings: `totalGlobalMem`, and what the driver reported free
@@ -80,6 +122,7 @@ pub const H100_FREE_BYTES: u64 = 84_465_090_560;
 #[derive(Clone, Copy)]
 struct Head<'t> {
     meta: &'t TraceMeta,
+    start: Option<&'t StartState>,
     /// The recording, or (streaming) at least its device events.
     recorded: &'t [RecordedEvent],
     has_recording: bool,
@@ -90,6 +133,7 @@ impl<'t> Head<'t> {
     fn of(trace: &'t Trace) -> Self {
         Head {
             meta: &trace.meta,
+            start: trace.start.as_ref(),
             recorded: &trace.recorded,
             has_recording: !trace.recorded.is_empty(),
             ops: trace.ops.len() as u64,
@@ -128,6 +172,7 @@ pub fn run_trace_streamed<O: Borrow<Op>>(
     }
     let head = Head {
         meta: &head.meta,
+        start: head.start.as_ref(),
         recorded: &head.recorded,
         has_recording: recorded_len > 0,
         ops: ops_len,
@@ -257,16 +302,40 @@ impl Run<'_, '_> {
             fidelity: opts.fidelity.then(|| Fidelity::new(trace.recorded)),
             extra,
         };
+        let mut engine = Engine::new(allocator, device);
+        let mut started = StartedFrom::Empty;
+        if let Some(start) = trace.start {
+            let stats = trace.meta.stats_at_start.as_ref().map(|flat| {
+                let mut stats = MemoryStats::default();
+                for (key, value) in flat {
+                    stats.set_flat(key, *value);
+                }
+                stats
+            });
+            started = match engine.seed(start, stats.as_ref()) {
+                Ok(()) => {
+                    observers.on_start(start);
+                    StartedFrom::Seeded { stats_known: stats.is_some() }
+                }
+                Err(why) => {
+                    let prologue = start.prologue();
+                    engine.run(&prologue, &mut observers, |_| {});
+                    StartedFrom::LaidOut { ops: prologue.len() as u64, why }
+                }
+            };
+        }
         // Metrics alone is the common case (`allocsim replay`, the grid): replay with it directly,
         // without a check per event for observers that are not there.
         let metrics_only = observers.checker.is_none()
             && observers.fidelity.is_none()
             && observers.extra.is_empty();
-        let (ops_run, skipped) = if metrics_only {
-            replay_with(ops, allocator, device, &mut observers.metrics, progress)
+        let ops_run = if metrics_only {
+            engine.run(ops, &mut observers.metrics, progress)
         } else {
-            replay_with(ops, allocator, device, &mut observers, progress)
+            engine.run(ops, &mut observers, progress)
         };
+        let skipped = engine.skipped();
+        drop(engine);
 
         Ok(RunReport {
             policy: opts.policy.clone(),
@@ -284,6 +353,7 @@ impl Run<'_, '_> {
             check: observers.checker.map(|c| c.checker.finish()),
             fidelity: observers.fidelity.map(Fidelity::finish),
             snapshot: allocator.snapshot(),
+            start: started,
         })
     }
 }
@@ -298,6 +368,17 @@ struct RunObservers<'r, 'a, 'b> {
 }
 
 impl Observer for RunObservers<'_, '_, '_> {
+    fn on_start(&mut self, start: &StartState) {
+        self.metrics.on_start(start);
+        if let Some(c) = self.checker.as_mut() {
+            c.on_start(start);
+        }
+        if let Some(f) = self.fidelity.as_mut() {
+            f.on_start(start);
+        }
+        self.extra.on_start(start);
+    }
+
     #[inline]
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
         let mut keep_going = self.metrics.on_event(event_index, op_index, event);

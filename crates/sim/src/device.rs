@@ -362,6 +362,16 @@ impl Device for SimDevice {
         result
     }
 
+    /// The segment takes its place and its pages, free memory or not: it was there before.
+    fn adopt_segment(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        if size == 0 || !self.va.place_at(addr, size) {
+            let msg = format!("cannot adopt segment {size} at {addr:#x}: overlaps a live range");
+            return Err(DeviceError::Driver(msg));
+        }
+        self.insert_segment(addr, size);
+        Ok(())
+    }
+
     fn free(&mut self, addr: u64, size: u64) {
         let ok = self.try_free(addr, size);
         self.record(CallKind::Free, ok, size);

@@ -212,6 +212,11 @@ impl Device for RecordedDevice {
         self.op_end = start + this_op.iter().position(|e| e.op > index).unwrap_or(this_op.len());
     }
 
+    /// The recording starts with these segments alive: the model holds them from the start.
+    fn adopt_segment(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        self.model.adopt_segment(addr, size)
+    }
+
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
         if !self.following() {
             return self.model.malloc(size);

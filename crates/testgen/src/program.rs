@@ -160,7 +160,7 @@ impl Program {
                 memory_fraction: self.memory_fraction,
                 device_total_bytes: Some(self.device.total_bytes),
                 device_free_bytes: Some(self.device.free_bytes),
-                expected_stats: None,
+                ..TraceMeta::default()
             },
             ops: self.ops(),
             ..Trace::default()

@@ -149,6 +149,14 @@ pub fn write_trace(trace: &Trace, path: impl AsRef<Path>) -> Result<(), TraceErr
     let path = path.as_ref();
     let format =
         Format::from_path(path).ok_or_else(|| TraceError::UnknownFormat { path: path.into() })?;
+    // No format but the snapshot itself holds a state at the start: lay it out as ops.
+    let laid_out;
+    let trace = if trace.start.is_some() {
+        laid_out = trace.clone().with_start_as_ops();
+        &laid_out
+    } else {
+        trace
+    };
     write_atomically(path, |out| match format {
         Format::PytorchSnapshot => pytorch::write_snapshot(trace, out, false, path),
         Format::PytorchSnapshotGz => pytorch::write_snapshot(trace, out, true, path),

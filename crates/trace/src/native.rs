@@ -130,6 +130,7 @@ impl NativeMeta {
             device_total_bytes: self.device_total_bytes,
             device_free_bytes: self.device_free_bytes,
             expected_stats: self.expected_stats,
+            stats_at_start: None,
         }
     }
 }
@@ -164,6 +165,7 @@ impl NativeFile {
         }
         Ok(Trace {
             meta: self.meta.into_meta(),
+            start: None,
             ops: self.ops.into_iter().map(op_in).collect(),
             recorded: self.recorded.into_iter().map(recorded_in).collect(),
             stacks: self

@@ -206,9 +206,8 @@ fn convert(rows: Vec<Row>) -> Trace {
         meta: TraceMeta { source_format: SOURCE_FORMAT.to_string(), ..TraceMeta::default() },
         ops,
         recorded,
-        stacks: Vec::new(),
-        op_stacks: Vec::new(),
         warnings,
+        ..Trace::default()
     }
 }
 

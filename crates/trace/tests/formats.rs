@@ -27,6 +27,7 @@ fn everything() -> Trace {
             device_total_bytes: Some(80 << 30),
             device_free_bytes: Some(79 << 30),
             expected_stats: Some(vec![("a".into(), -1), ("b".into(), 7)]),
+            stats_at_start: None,
         },
         ops: vec![
             Op::Alloc { id: id(0), size: 100, stream: StreamId(0) },

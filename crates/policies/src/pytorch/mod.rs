@@ -35,6 +35,7 @@ mod freeset;
 mod malloc;
 mod release;
 mod rounding;
+mod seed;
 mod snapshot;
 mod stats;
 
@@ -43,7 +44,7 @@ pub use rounding::{get_allocation_size, round_size};
 
 use allocsim_core::{
     AllocId, Allocator, ConfigError, Device, Emit, Env, FreeSpace, Granted, IdTable, MemoryStats,
-    OomInfo, SnapshotSegment, StatArray, StreamId,
+    OomInfo, SnapshotSegment, StartState, StatArray, StreamId,
 };
 use block::{Arena, BlockPool, NIL};
 use expandable::ExpandableSegment;
@@ -256,6 +257,15 @@ impl Allocator for PyTorchAllocator {
 
     fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
         self.free_completed_impl(env, id);
+    }
+
+    fn seed(
+        &mut self,
+        env: &mut Env<'_>,
+        start: &StartState,
+        stats: Option<&MemoryStats>,
+    ) -> Result<(), String> {
+        self.seed_impl(env, start, stats)
     }
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {

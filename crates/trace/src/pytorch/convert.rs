@@ -22,7 +22,8 @@
 //! - `segment_*` entries wait for the op they belong to: the next `alloc`/`oom` (a new
 //!   segment, the retry path, or the frees before an OOM). A run of segment frees/unmaps that
 //!   reaches a `free_requested` (or the end) without one was no allocation's doing: an
-//!   `Op::EmptyCache` is inferred there. A deferred `free_completed` does not end a run:
+//!   `Op::EmptyCache` is inferred there. So is a run of frees/unmaps alone before an `alloc`:
+//!   a successful allocation frees segments only on its retry path, which then reserves one. A deferred `free_completed` does not end a run:
 //!   PyTorch completes pending frees inside `malloc`'s retry path and inside `empty_cache`.
 //! - `snapshot` entries are skipped.
 //! - A trace that starts mid-run (history enabled late, or a ring buffer that wrapped) frees
@@ -33,20 +34,25 @@
 //! `recorded` is in trace order. Its op tags never decrease except around a deferred
 //! `free_completed` inside a run, whose own op comes before the allocation the run belongs to.
 
-use super::entries::{Action, AliveBlock, Ctx, Entries, Entry};
+use super::entries::{segment_pool, Action, Ctx, Entries, Entry};
 use super::stacks::Stacks;
 use crate::addr_map::AddrMap;
 use crate::error::TraceError;
-use allocsim_core::{AllocId, Op, RecordedEvent, RecordedKind, StreamId};
+use allocsim_core::{
+    AllocId, BlockState, Op, RecordedEvent, RecordedKind, SnapshotBlock, SnapshotSegment,
+    StartState, StreamId, MIB, Pool,
+};
 
 /// The stream of the `RecordStream` inferred for a deferred free: the recording does not say
 /// which stream used the block, only that one did.
-pub const UNKNOWN_STREAM: StreamId = StreamId(u64::MAX);
+#[doc(no_inline)]
+pub use allocsim_core::UNKNOWN_STREAM;
 
 /// Placeholder op tag of a device event whose op is not known yet.
 const UNTAGGED: u64 = u64::MAX;
 
 pub struct Converted {
+    pub start: Option<StartState>,
     pub ops: Vec<Op>,
     pub recorded: Vec<RecordedEvent>,
     pub stacks: Vec<allocsim_core::Stack>,
@@ -54,9 +60,13 @@ pub struct Converted {
     pub warnings: Vec<String>,
 }
 
-/// A block alive before the history starts, and what it needs at the start.
+/// A block alive before the history starts.
 struct Synthetic {
+    addr: u64,
+    /// The requested size.
     size: u64,
+    /// The block's size, when the final segments show it.
+    block_size: Option<u64>,
     stream: StreamId,
     /// Its free was requested before the history too: only the completion is in the trace.
     free_requested: bool,
@@ -106,8 +116,14 @@ impl SyntheticFinder {
                     }
                 }
                 None => {
-                    let (size, stream) = (e.size, e.stream);
-                    out.push(Synthetic { size, stream, free_requested: false, entry: Some(i) });
+                    out.push(Synthetic {
+                        addr: e.addr,
+                        size: e.size,
+                        block_size: None,
+                        stream: e.stream,
+                        free_requested: false,
+                        entry: Some(i),
+                    });
                     if !frees_complete_at_once {
                         state.insert(e.addr, Life::PendingFree);
                     }
@@ -124,7 +140,9 @@ impl SyntheticFinder {
                     return Err(ctx.err(place(), msg));
                 }
                 None => out.push(Synthetic {
+                    addr: e.addr,
                     size: e.size,
+                    block_size: None,
                     stream: e.stream,
                     free_requested: true,
                     entry: Some(i),
@@ -136,12 +154,21 @@ impl SyntheticFinder {
     }
 
     /// The blocks alive at the end that the history never allocated are synthetic too.
-    fn finish(mut self, alive: &[AliveBlock]) -> Vec<Synthetic> {
-        for b in alive {
-            if let std::collections::hash_map::Entry::Vacant(slot) = self.state.entry(b.addr) {
-                slot.insert(Life::Live);
-                let (size, stream) = (b.requested_size, b.stream);
-                self.out.push(Synthetic { size, stream, free_requested: false, entry: None });
+    fn finish(mut self, last: &[SnapshotSegment]) -> Vec<Synthetic> {
+        for seg in last {
+            for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
+                if let std::collections::hash_map::Entry::Vacant(slot) = self.state.entry(b.address)
+                {
+                    slot.insert(Life::Live);
+                    self.out.push(Synthetic {
+                        addr: b.address,
+                        size: b.requested_size,
+                        block_size: Some(b.size),
+                        stream: seg.stream,
+                        free_requested: b.state == BlockState::ActivePendingFree,
+                        entry: None,
+                    });
+                }
             }
         }
         self.out
@@ -191,7 +218,7 @@ struct Builder<'a> {
 pub fn convert(
     ctx: Ctx<'_>,
     all: &Entries,
-    alive: &[AliveBlock],
+    last: &[SnapshotSegment],
     with_stacks: bool,
 ) -> Result<Converted, TraceError> {
     let entries = &all.list[..];
@@ -203,19 +230,21 @@ pub fn convert(
     for (i, e) in entries.iter().enumerate() {
         finder.step(ctx, i, e, frees_complete_at_once)?;
     }
-    let synthetic = finder.finish(alive);
+    let synthetic = finder.finish(last);
     let mut b = Builder::new(ctx, entries.len(), with_stacks);
-    for s in &synthetic {
-        let id = b.fresh_id();
-        b.ops.push(Op::Alloc { id, size: s.size, stream: s.stream });
-        if s.free_requested {
-            b.ops.push(Op::RecordStream { id, stream: UNKNOWN_STREAM });
-            b.ops.push(Op::FreeRequested { id });
-        }
-        if let Some(entry) = s.entry {
-            b.synthetic_ids.insert(entry, id);
-        }
-    }
+    let start = (!synthetic.is_empty()).then(|| {
+        let ids: Vec<AllocId> = synthetic
+            .iter()
+            .map(|s| {
+                let id = b.fresh_id();
+                if let Some(entry) = s.entry {
+                    b.synthetic_ids.insert(entry, id);
+                }
+                id
+            })
+            .collect();
+        start_state(entries, last, &synthetic, &ids)
+    });
     for (i, e) in entries.iter().enumerate() {
         if e.action == Action::Snapshot {
             continue;
@@ -223,7 +252,155 @@ pub fn convert(
         let next = entries[i + 1..].iter().find(|n| n.action != Action::Snapshot);
         b.step(i, e, frames(e), next, frees_complete_at_once)?;
     }
-    b.finish(synthetic.len(), frees_complete_at_once)
+    b.finish(start, frees_complete_at_once)
+}
+
+/// What [`start_state`] could not tell from the recording.
+#[derive(Debug, Default)]
+struct StartGuesses {
+    /// Large blocks whose size was taken as their request rounded to 512 B, with a free gap
+    /// after them (PyTorch may have left up to 1 MiB of it unsplit in the block).
+    rounded_sizes: usize,
+    /// Blocks in no known segment (an expandable segment's range, say): each is its own.
+    outside_segments: usize,
+}
+
+/// The allocator's state at the first entry of a history that starts mid-run.
+///
+/// Segments: those the trace frees before it reserves them (address, size and stream from
+/// the `segment_free`), and those alive at the end that it never reserved. Blocks: those the
+/// trace frees without having allocated them (their request and stream from the free), and
+/// those alive at the end that it never allocated (their size from the final segments).
+/// Between two active blocks of a segment lies one free block, since PyTorch merges free
+/// neighbours. An active block's size is its request rounded to 512 B, extended in the large
+/// pool to the next boundary when what is left is 1 MiB or less (PyTorch splits a large block
+/// only for a remainder over 1 MiB, so no free large block is that small), or else to where
+/// the trace first allocates after it ([`first_alloc_after`]).
+fn start_state(
+    entries: &[Entry],
+    last: &[SnapshotSegment],
+    synthetic: &[Synthetic],
+    ids: &[AllocId],
+) -> (StartState, StartGuesses) {
+    let mut seen = std::collections::HashSet::new();
+    let mut segments = Vec::new();
+    let segment = |address, total_size, stream, is_expandable| SnapshotSegment {
+        address,
+        total_size,
+        stream,
+        pool: segment_pool(total_size),
+        is_expandable,
+        blocks: Vec::new(),
+    };
+    for e in entries {
+        let reserves = matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
+        let releases = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+        if (reserves || releases) && seen.insert(e.addr) && releases {
+            let expandable = e.action == Action::SegmentUnmap;
+            segments.push(segment(e.addr, e.size, e.stream, expandable));
+        }
+    }
+    for seg in last.iter().filter(|s| !seen.contains(&s.address)) {
+        segments.push(SnapshotSegment { blocks: Vec::new(), ..seg.clone() });
+    }
+    segments.sort_by_key(|s| s.address);
+
+    let mut guesses = StartGuesses::default();
+    let mut by_segment: Vec<Vec<(usize, &Synthetic)>> = vec![Vec::new(); segments.len()];
+    for (k, syn) in synthetic.iter().enumerate() {
+        let i = segments.partition_point(|s| s.address <= syn.addr);
+        match i.checked_sub(1).filter(|&i| syn.addr < segments[i].address + segments[i].total_size)
+        {
+            Some(i) => by_segment[i].push((k, syn)),
+            None => {
+                guesses.outside_segments += 1;
+                let size = syn.block_size.unwrap_or_else(|| round_512(syn.size));
+                segments.push(segment(syn.addr, size, syn.stream, true));
+                by_segment.push(vec![(k, syn)]);
+            }
+        }
+    }
+    let mut allocs: Vec<(u64, usize)> = (entries.iter().enumerate())
+        .filter(|(_, e)| e.action == Action::Alloc)
+        .map(|(i, e)| (e.addr, i))
+        .collect();
+    allocs.sort_unstable();
+    let mut state = StartState::default();
+    for (seg, mut blocks) in segments.iter_mut().zip(by_segment) {
+        blocks.sort_by_key(|(_, b)| b.addr);
+        let end = seg.address + seg.total_size;
+        let mut cursor = seg.address;
+        for (j, &(k, b)) in blocks.iter().enumerate() {
+            if b.addr > cursor {
+                seg.blocks.push(free_block(cursor, b.addr - cursor));
+            }
+            let next = blocks.get(j + 1).map_or(end, |(_, n)| n.addr);
+            let room = next.saturating_sub(b.addr);
+            let size = match b.block_size {
+                Some(size) => size,
+                None => {
+                    let rounded = round_512(b.size).min(room);
+                    if seg.pool == Pool::Small || room - rounded <= MIB {
+                        if seg.pool == Pool::Small { rounded } else { room }
+                    } else if let Some(end) = first_alloc_after(&allocs, b, rounded, next) {
+                        end - b.addr
+                    } else {
+                        guesses.rounded_sizes += 1;
+                        rounded
+                    }
+                }
+            };
+            let state_of = if b.free_requested {
+                BlockState::ActivePendingFree
+            } else {
+                BlockState::ActiveAllocated
+            };
+            seg.blocks.push(SnapshotBlock {
+                address: b.addr,
+                size,
+                requested_size: b.size,
+                state: state_of,
+            });
+            state.ids.push((b.addr, ids[k]));
+            cursor = b.addr + size;
+        }
+        if cursor < end {
+            seg.blocks.push(free_block(cursor, end - cursor));
+        }
+    }
+    state.ids.sort_unstable();
+    segments.sort_by_key(|s| s.address);
+    state.segments = segments;
+    (state, guesses)
+}
+
+/// Where the free block after `b` begins, if the trace allocates from it before `b` is
+/// freed: PyTorch carves an allocation from the start of a free block, so the lowest address
+/// allocated in `[b.addr + rounded, next)` while `b` lives is the end of `b`. Only an end
+/// within 1 MiB of the rounded size is taken (PyTorch leaves no larger remainder unsplit).
+fn first_alloc_after(
+    allocs: &[(u64, usize)],
+    b: &Synthetic,
+    rounded: u64,
+    next: u64,
+) -> Option<u64> {
+    let from = b.addr + rounded;
+    let lived_until = b.entry.unwrap_or(usize::MAX);
+    let at = allocs.partition_point(|&(addr, _)| addr < from);
+    allocs[at..]
+        .iter()
+        .take_while(|&&(addr, _)| addr < next && addr <= from + MIB)
+        .find(|&&(_, i)| i < lived_until)
+        .map(|&(addr, _)| addr)
+}
+
+fn free_block(address: u64, size: u64) -> SnapshotBlock {
+    SnapshotBlock { address, size, requested_size: 0, state: BlockState::Inactive }
+}
+
+/// A request rounded as PyTorch rounds it by default (`kMinBlockSize`, 512 B).
+fn round_512(size: u64) -> u64 {
+    size.max(1).div_ceil(512) * 512
 }
 
 /// The conversion done as the entries stream in, for the usual recording: the whole history
@@ -281,17 +458,17 @@ impl<'a> StreamConvert<'a> {
     }
 
     /// The conversion, or `None` when the trace needs [`convert`].
-    pub fn finish(mut self, alive: &[AliveBlock]) -> Option<Converted> {
+    pub fn finish(mut self, last: &[SnapshotSegment]) -> Option<Converted> {
         if !self.seen_free_completed && self.seen_free_requested {
             return None;
         }
         if let Some((j, w, w_frames)) = self.waiting.take() {
             self.builder.step(j, &w, w_frames.as_ref(), None, false).ok()?;
         }
-        if !self.finder.finish(alive).is_empty() {
+        if !self.finder.finish(last).is_empty() {
             return None;
         }
-        self.builder.finish(0, false).ok()
+        self.builder.finish(None, false).ok()
     }
 }
 
@@ -322,7 +499,7 @@ impl<'a> Builder<'a> {
     /// Close the last run and say what was inferred.
     fn finish(
         mut self,
-        synthetic: usize,
+        start: Option<(StartState, StartGuesses)>,
         frees_complete_at_once: bool,
     ) -> Result<Converted, TraceError> {
         self.settle_completions(false)?;
@@ -335,11 +512,30 @@ impl<'a> Builder<'a> {
                     .to_string(),
             );
         }
-        if synthetic > 0 {
+        if let Some((state, guesses)) = &start {
+            let blocks = state.ids.len();
             warnings.push(format!(
-                "the history starts mid-run: {synthetic} allocations alive at its start were \
-                 added as synthetic alloc ops at the beginning, sized by their requested size"
+                "the history starts mid-run: {} segments ({} bytes) and {blocks} live blocks \
+                 were alive at its first entry, reconstructed from the final segments and the \
+                 trace; cumulative statistics count from there unless the stats at history \
+                 start are known",
+                state.segments.len(),
+                state.reserved_bytes()
             ));
+            if guesses.rounded_sizes > 0 {
+                warnings.push(format!(
+                    "guessed: {} large blocks alive at the start are taken as their request \
+                     rounded to 512 B (an unsplit remainder of up to 1 MiB would not show)",
+                    guesses.rounded_sizes
+                ));
+            }
+            if guesses.outside_segments > 0 {
+                warnings.push(format!(
+                    "guessed: {} blocks alive at the start lie in no segment the recording \
+                     shows; each is taken as a segment of its own",
+                    guesses.outside_segments
+                ));
+            }
         }
         if self.inferred_empty_cache > 0 {
             warnings.push(format!(
@@ -355,6 +551,7 @@ impl<'a> Builder<'a> {
             ));
         }
         Ok(Converted {
+            start: start.map(|(state, _)| state),
             ops: self.ops,
             recorded: self.recorded,
             stacks: self.stacks.map(|s| s.stacks).unwrap_or_default(),
@@ -505,6 +702,12 @@ impl<'a> Builder<'a> {
         e: &Entry,
         frames: Option<&crate::pickle::Value>,
     ) -> Result<(), TraceError> {
+        // A successful allocation's release path ends with its retry's segment_alloc/map: a
+        // run of device frees alone before an `alloc` was an `empty_cache` before it.
+        if e.action == Action::Alloc && self.run_has_release && !self.run_has_alloc_side {
+            self.settle_completions(false)?;
+            self.close_run(None)?;
+        }
         // Completions that emptied every pending free, in an attempt that went down the release
         // path (it failed, or freed segments), were `synchronize_and_free_events` inside it.
         let synchronized = !self.completions.is_empty()

@@ -7,7 +7,7 @@
 
 use crate::error::TraceError;
 use crate::pickle::Value;
-use allocsim_core::StreamId;
+use allocsim_core::{BlockState, Pool, SnapshotBlock, SnapshotSegment, StreamId, MIB};
 use std::path::Path;
 
 /// Sizes above this are treated as corrupt: no device has 4 EiB.
@@ -84,14 +84,6 @@ pub const ENTRY_FIELDS: [&str; 6] = ["action", "addr", "device_free", "size", "s
 
 /// An entry's values for [`ENTRY_FIELDS`], `None` where the key is absent.
 pub type Fields<'v> = [Option<&'v Value>; 6];
-
-/// A block the final `segments` list shows as allocated.
-#[derive(Debug, Clone, Copy)]
-pub struct AliveBlock {
-    pub addr: u64,
-    pub requested_size: u64,
-    pub stream: StreamId,
-}
 
 /// Builds errors that name the file.
 #[derive(Clone, Copy)]
@@ -260,8 +252,8 @@ pub fn entry_from_fields<'v>(
     Ok((Entry { action, addr, size, stream, frames: NO_FRAMES }, frames))
 }
 
-/// Blocks that `segments` shows as `active_allocated` on device 0.
-pub fn alive_blocks(ctx: Ctx<'_>, root: &Value) -> Result<Vec<AliveBlock>, TraceError> {
+/// The final `segments` list of device 0, each with its blocks, sorted by address.
+pub fn final_segments(ctx: Ctx<'_>, root: &Value) -> Result<Vec<SnapshotSegment>, TraceError> {
     let Some(segments) = root.get("segments") else {
         return Ok(Vec::new());
     };
@@ -284,8 +276,13 @@ pub fn alive_blocks(ctx: Ctx<'_>, root: &Value) -> Result<Vec<AliveBlock>, Trace
             Some(v) => StreamId(ctx.handle(v, || place("stream"))?),
             None => StreamId(0),
         };
+        let is_expandable = match seg.get("is_expandable") {
+            Some(Value::Bool(b)) => *b,
+            _ => false,
+        };
         let blocks = seg.get("blocks").ok_or_else(|| ctx.err(place("blocks"), "missing"))?;
         let mut offset = 0u64;
+        let mut out_blocks = Vec::new();
         for (b, block) in ctx.seq(blocks, || place("blocks"))?.iter().enumerate() {
             let bplace = |field: &str| format!("segments[{s}].blocks[{b}].{field}");
             if block.as_dict().is_none() {
@@ -295,7 +292,7 @@ pub fn alive_blocks(ctx: Ctx<'_>, root: &Value) -> Result<Vec<AliveBlock>, Trace
                 |field: &str| block.get(field).ok_or_else(|| ctx.err(bplace(field), "missing"));
             let size = ctx.size(get("size")?, || bplace("size"))?;
             // PyTorch 2.0 blocks have no address: it is the segment's plus the sizes before.
-            let addr = match block.get("address") {
+            let address = match block.get("address") {
                 Some(v) => ctx.handle(v, || bplace("address"))?,
                 None => seg_addr.wrapping_add(offset),
             };
@@ -303,16 +300,47 @@ pub fn alive_blocks(ctx: Ctx<'_>, root: &Value) -> Result<Vec<AliveBlock>, Trace
             let state_v = get("state")?;
             let state =
                 state_v.as_str().ok_or_else(|| ctx.expected(bplace("state"), "a str", state_v))?;
-            if state == "active_allocated" {
-                let requested_size = match block.get("requested_size") {
-                    Some(v) => ctx.size(v, || bplace("requested_size"))?,
-                    None => size,
-                };
-                out.push(AliveBlock { addr, requested_size, stream });
-            }
+            let state = match state {
+                "active_allocated" => BlockState::ActiveAllocated,
+                "active_pending_free" => BlockState::ActivePendingFree,
+                _ => BlockState::Inactive,
+            };
+            let requested_size = match block.get("requested_size") {
+                Some(v) => ctx.size(v, || bplace("requested_size"))?,
+                None => size,
+            };
+            out_blocks.push(SnapshotBlock { address, size, requested_size, state });
         }
+        let total_size = match seg.get("total_size") {
+            Some(v) => ctx.size(v, || place("total_size"))?,
+            None => offset,
+        };
+        let pool = match seg.get("segment_type") {
+            Some(Value::Str(t)) if t.as_str() == "small" => Pool::Small,
+            Some(_) => Pool::Large,
+            None => segment_pool(total_size),
+        };
+        out.push(SnapshotSegment {
+            address: seg_addr,
+            total_size,
+            stream,
+            pool,
+            is_expandable,
+            blocks: out_blocks,
+        });
     }
+    out.sort_by_key(|s| s.address);
     Ok(out)
+}
+
+/// The pool of a segment of the default pools by its size: small segments are 2 MiB
+/// (`kSmallBuffer`), large ones at least 10 MiB.
+pub fn segment_pool(size: u64) -> Pool {
+    if size <= 2 * MIB {
+        Pool::Small
+    } else {
+        Pool::Large
+    }
 }
 
 /// `allocator_settings['PYTORCH_CUDA_ALLOC_CONF']` (or a fork's `PYTORCH_ALLOC_CONF`).

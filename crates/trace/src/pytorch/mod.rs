@@ -273,7 +273,7 @@ pub fn snapshot_to_trace(
 
 /// What a snapshot says besides its entries.
 struct Head {
-    alive: Vec<entries::AliveBlock>,
+    last: Vec<allocsim_core::SnapshotSegment>,
     alloc_conf: Option<String>,
     other_devices: Vec<usize>,
 }
@@ -290,14 +290,14 @@ fn read_root(
     streamed: Option<entries::Entries>,
 ) -> Result<(Head, entries::Entries), TraceError> {
     let (entries, other_devices) = entries::device_trace(ctx, root, streamed)?;
-    let alive = entries::alive_blocks(ctx, root)?;
+    let last = entries::final_segments(ctx, root)?;
     let alloc_conf = entries::alloc_conf(ctx, root)?;
-    Ok((Head { alive, alloc_conf, other_devices }, entries))
+    Ok((Head { last, alloc_conf, other_devices }, entries))
 }
 
 /// The trace of a conversion done as the entries came, or [`Pass::NeedsEntries`].
 fn finish_streamed(conv: convert::StreamConvert<'_>, head: Head) -> Pass {
-    match conv.finish(&head.alive) {
+    match conv.finish(&head.last) {
         Some(converted) => Pass::Done(Box::new(trace_of(head, converted))),
         None => Pass::NeedsEntries,
     }
@@ -319,6 +319,7 @@ fn trace_of(head: Head, converted: convert::Converted) -> Trace {
             ..TraceMeta::default()
         },
         ops: converted.ops,
+        start: converted.start,
         recorded: converted.recorded,
         stacks: converted.stacks,
         op_stacks: converted.op_stacks,
@@ -334,7 +335,7 @@ fn convert_root(
 ) -> Result<Trace, TraceError> {
     let ctx = Ctx { path };
     let (head, entries) = read_root(ctx, root, streamed)?;
-    let converted = convert::convert(ctx, &entries, &head.alive, with_stacks)?;
+    let converted = convert::convert(ctx, &entries, &head.last, with_stacks)?;
     Ok(trace_of(head, converted))
 }
 

@@ -71,19 +71,26 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
             }
         }
     }
-    if let Some(s) = top.get("memory_stats") {
-        let Json::Object(s) = s else {
-            return Err(err("memory_stats", format!("expected an object, got {}", got(s))));
+    let stats = |value: &Json, place: &str| -> Result<Vec<(String, i64)>, TraceError> {
+        let Json::Object(s) = value else {
+            return Err(err(place, format!("expected an object, got {}", got(value))));
         };
         let mut stats = Vec::with_capacity(s.len());
         for (k, v) in s {
             let n = v.as_i64().ok_or_else(|| {
-                err(&format!("memory_stats[{k:?}]"), format!("expected an integer, got {v}"))
+                err(&format!("{place}[{k:?}]"), format!("expected an integer, got {v}"))
             })?;
             stats.push((k.clone(), n));
         }
         stats.sort();
-        meta.expected_stats = Some(stats);
+        Ok(stats)
+    };
+    if let Some(s) = top.get("memory_stats") {
+        meta.expected_stats = Some(stats(s, "memory_stats")?);
+    }
+    let at_start = top.get("meta").and_then(|m| m.get("memory_stats_at_history_start"));
+    if let Some(s) = at_start.filter(|s| !s.is_null()) {
+        meta.stats_at_start = Some(stats(s, "meta.memory_stats_at_history_start")?);
     }
     Ok(true)
 }

@@ -1,0 +1,142 @@
+//! Starting from a recording's state at its first entry ([`allocsim_core::StartState`]), for
+//! a history that begins mid-run: the segments become blocks linked as PyTorch links them,
+//! free blocks enter their pool's free set, active ones are found by their allocation ids, and
+//! the statistics start at the state's `current` values.
+
+use super::block::{Block, NIL};
+use super::PyTorchAllocator;
+use allocsim_core::{BlockState, Env, MemoryStats, Pool, StartState, StatArray};
+
+impl PyTorchAllocator {
+    pub(super) fn seed_impl(
+        &mut self,
+        env: &mut Env<'_>,
+        start: &StartState,
+        stats: Option<&MemoryStats>,
+    ) -> Result<(), String> {
+        if start.segments.iter().any(|s| s.is_expandable) {
+            return Err("expandable segments alive at the start are not seeded".to_string());
+        }
+        let fresh = self.total_allocated_memory == 0 && self.arena.iter_live().next().is_none();
+        if !fresh {
+            return Err("the allocator has already run".to_string());
+        }
+        for seg in &start.segments {
+            env.device
+                .adopt_segment(seg.address, seg.total_size)
+                .map_err(|e| format!("segment at {:#x}: {e}", seg.address))?;
+            self.seed_segment(seg, start)?;
+        }
+        self.stats = self.seeded_stats(stats);
+        self.active_is_allocation = false;
+        Ok(())
+    }
+
+    /// The blocks of one segment, linked in address order.
+    fn seed_segment(
+        &mut self,
+        seg: &allocsim_core::SnapshotSegment,
+        start: &StartState,
+    ) -> Result<(), String> {
+        let small = seg.pool == Pool::Small;
+        let mut prev = NIL;
+        for b in &seg.blocks {
+            let mut block = Block::new(b.address, b.size, seg.stream, small);
+            block.requested = b.requested_size;
+            block.prev = prev;
+            if b.state.is_active() {
+                let id = start
+                    .id_at(b.address)
+                    .ok_or_else(|| format!("active block at {:#x} has no id", b.address))?;
+                block.id = id;
+                block.allocated = b.state == BlockState::ActiveAllocated;
+                block.pending = b.state == BlockState::ActivePendingFree;
+            }
+            let index = self.arena.insert(block);
+            if prev != NIL {
+                self.arena[prev].next = index;
+            }
+            prev = index;
+            match b.state {
+                BlockState::Inactive => self.insert_into_blocks(index),
+                BlockState::ActiveAllocated => self.ids.set(block.id, index),
+                BlockState::ActivePendingFree => {
+                    self.ids.set(block.id, index);
+                    self.pending.push(index);
+                }
+            }
+        }
+        self.total_allocated_memory += seg.total_size;
+        Ok(())
+    }
+
+    /// The statistics of the seeded blocks: `current` from the blocks, the rest from `at_start`
+    /// when known; otherwise counting from here (peaks at the current values).
+    fn seeded_stats(&self, at_start: Option<&MemoryStats>) -> MemoryStats {
+        let mut s = MemoryStats { max_split_size: self.config.max_split_size_stat(), ..MemoryStats::default() };
+        let max_split = self.config.max_split_size;
+        let add = |a: &mut StatArray, pool: Pool, n: u64| {
+            a.all.current += n as i64;
+            a.pool(pool).current += n as i64;
+        };
+        for (_, b) in self.arena.iter_live() {
+            let pool = b.pool();
+            if b.prev == NIL {
+                let size = self.segment_size_from(b);
+                add(&mut s.segment, pool, 1);
+                add(&mut s.reserved_bytes, pool, size);
+                if size >= max_split {
+                    s.oversize_segments.current += 1;
+                }
+            }
+            if b.allocated {
+                add(&mut s.allocation, pool, 1);
+                add(&mut s.allocated_bytes, pool, b.size);
+                if b.size >= max_split {
+                    s.oversize_allocations.current += 1;
+                }
+            }
+            if b.allocated || b.pending {
+                add(&mut s.active, pool, 1);
+                add(&mut s.active_bytes, pool, b.size);
+                add(&mut s.requested_bytes, pool, b.requested);
+            } else if b.is_split() {
+                add(&mut s.inactive_split, pool, 1);
+                add(&mut s.inactive_split_bytes, pool, b.size);
+            }
+        }
+        match at_start {
+            None => {
+                // The blocks alive at the start count as allocated once, so that
+                // `allocated - freed == current` holds as in every PyTorch run.
+                for (name, value) in s.flat() {
+                    if let Some(stat) = name.strip_suffix(".current") {
+                        s.set_flat(&format!("{stat}.allocated"), value);
+                        s.set_flat(&format!("{stat}.peak"), value);
+                    }
+                }
+                s
+            }
+            Some(given) => {
+                let mut out = given.clone();
+                for (name, value) in s.flat() {
+                    if name.ends_with(".current") {
+                        out.set_flat(&name, value);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// The size of the segment whose first block is `first`.
+    fn segment_size_from(&self, first: &Block) -> u64 {
+        let (mut size, mut next) = (first.size, first.next);
+        while next != NIL {
+            size += self.arena[next].size;
+            next = self.arena[next].next;
+        }
+        size
+    }
+}
+
