@@ -1,8 +1,8 @@
 //! `allocsim fidelity TRACE [--truth STATS.json]`.
 
-use crate::output::{outln, stat_differences};
+use crate::output::{comparable, outln, read_stats_json, recorded_differences};
 use allocsim_replay::{run_trace, DeviceChoice, RunOptions};
-use anyhow::{bail, Context};
+use anyhow::bail;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,29 +20,20 @@ pub struct Args {
     /// Follow the recording's addresses and refusals (the default) or use the modelled device.
     #[arg(long)]
     model: bool,
-}
-
-fn read_truth(path: &PathBuf) -> anyhow::Result<Vec<(String, i64)>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("parsing {} as JSON", path.display()))?;
-    let stats = json.get("memory_stats").unwrap_or(&json);
-    let Some(map) = stats.as_object() else {
-        bail!("{}: expected an object of memory_stats keys", path.display());
-    };
-    map.iter()
-        .map(|(k, v)| match v.as_i64() {
-            Some(n) => Ok((k.clone(), n)),
-            None => bail!("{}: memory_stats key {k:?} is not an integer", path.display()),
-        })
-        .collect()
+    /// `torch.cuda.memory_stats()` when a history that starts mid-run began, as JSON (the flat
+    /// dict, or an object with a `memory_stats` member). Default: the sidecar's
+    /// `meta.memory_stats_at_history_start`, if any.
+    #[arg(long, value_name = "FILE")]
+    stats_at_start: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut trace = allocsim_trace::read_trace(&args.trace)?;
     if let Some(path) = &args.truth {
-        trace.meta.expected_stats = Some(read_truth(path)?);
+        trace.meta.expected_stats = Some(read_stats_json(path)?);
+    }
+    if let Some(path) = &args.stats_at_start {
+        trace.meta.stats_at_start = Some(read_stats_json(path)?);
     }
     if trace.recorded.is_empty() {
         bail!("{}: the trace records no allocator events to compare with", args.trace.display());
@@ -56,7 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report = run_trace(&trace, &opts, &mut [], |_| {})?;
     let mut out = String::new();
     let mut exact = true;
-    match report.fidelity.unwrap_or(Ok(0)) {
+    match report.fidelity.clone().unwrap_or(Ok(0)) {
         Ok(n) => outln!(out, "events: exact ({n} events, every action, size and segment offset)"),
         Err(d) => {
             exact = false;
@@ -68,10 +59,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for note in &report.device_notes {
         outln!(out, "  device: {note}");
     }
+    if let Some(note) = report.start.note() {
+        outln!(out, "  start: {note}");
+    }
     match &trace.meta.expected_stats {
         Some(expected) => {
-            let d = stat_differences(&report.stats, expected);
-            if d.is_empty() {
+            let d = recorded_differences(&report, expected);
+            let compared = comparable(&report, expected).count();
+            if d.is_empty() && compared < expected.len() {
+                outln!(
+                    out,
+                    "memory_stats: exact ({compared} current values; cumulative values are \
+                     compared with --stats-at-start)"
+                );
+            } else if d.is_empty() {
                 outln!(out, "memory_stats: exact ({} keys)", expected.len());
             } else {
                 exact = false;

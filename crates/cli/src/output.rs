@@ -2,6 +2,7 @@
 //! the comparison with recorded statistics.
 
 use allocsim_core::{MemoryStats, Stat, StatArray};
+use allocsim_replay::{RunReport, StartedFrom};
 
 /// PyTorch's `format_size`-like rendering, with the exact count alongside for big values.
 pub fn bytes(n: u64) -> String {
@@ -115,6 +116,53 @@ pub fn stat_differences(
         .filter_map(|k| {
             let (a, b) = (theirs.get(k).copied(), ours.get(k).copied());
             (a != b).then(|| (k.to_string(), a, b))
+        })
+        .collect()
+}
+
+/// Whether a run can be held to every recorded statistic, or only to the `current` values:
+/// a run that started mid-run without the statistics of that moment counts cumulative values
+/// since the history began, and they differ from the recording's by what came before.
+pub fn compares_cumulative(report: &RunReport) -> bool {
+    !matches!(report.start, StartedFrom::Seeded { stats_known: false } | StartedFrom::LaidOut { .. })
+}
+
+/// The recorded statistics the run is held to ([`compares_cumulative`]).
+pub fn comparable<'e>(
+    report: &RunReport,
+    expected: &'e [(String, i64)],
+) -> impl Iterator<Item = &'e (String, i64)> {
+    let all = compares_cumulative(report);
+    expected.iter().filter(move |(k, _)| all || k.ends_with(".current"))
+}
+
+/// [`stat_differences`] over the [`comparable`] statistics.
+pub fn recorded_differences(
+    report: &RunReport,
+    expected: &[(String, i64)],
+) -> Vec<(String, Option<i64>, Option<i64>)> {
+    let all = compares_cumulative(report);
+    let mut d = stat_differences(&report.stats, expected);
+    d.retain(|(k, _, _)| all || k.ends_with(".current"));
+    d
+}
+
+/// `torch.cuda.memory_stats()` from a JSON file: the flat dict, or an object with a
+/// `memory_stats` member (a sidecar).
+pub fn read_stats_json(path: &std::path::Path) -> anyhow::Result<Vec<(String, i64)>> {
+    use anyhow::{bail, Context};
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("parsing {} as JSON", path.display()))?;
+    let stats = json.get("memory_stats").unwrap_or(&json);
+    let Some(map) = stats.as_object() else {
+        bail!("{}: expected an object of memory_stats keys", path.display());
+    };
+    map.iter()
+        .map(|(k, v)| match v.as_i64() {
+            Some(n) => Ok((k.clone(), n)),
+            None => bail!("{}: memory_stats key {k:?} is not an integer", path.display()),
         })
         .collect()
 }

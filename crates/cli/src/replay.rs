@@ -1,11 +1,11 @@
 //! `allocsim replay TRACE --policy NAME ...`.
 
-use crate::output::{bytes, memory_summary, stat_differences};
+use crate::output::{bytes, memory_summary, read_stats_json, recorded_differences};
 use crate::output::{emit, outln};
 use allocsim_core::CallKind;
 use allocsim_replay::{
     run_trace, run_trace_streamed, DeviceChoice, EventLog, Observer, Recorder, RunOptions,
-    RunReport,
+    RunReport, StartedFrom,
 };
 use allocsim_sim::Fault;
 use anyhow::Context;
@@ -78,6 +78,11 @@ pub struct Args {
     /// Seed for the simulated device's random choices.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// `torch.cuda.memory_stats()` when a history that starts mid-run began, as JSON (the flat
+    /// dict, or an object with a `memory_stats` member), so that cumulative statistics are
+    /// exact. Default: the sidecar's `meta.memory_stats_at_history_start`, if any.
+    #[arg(long, value_name = "FILE")]
+    pub stats_at_start: Option<PathBuf>,
 }
 
 impl Args {
@@ -147,10 +152,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         && allocsim_trace::Format::from_path(&args.trace) == Some(allocsim_trace::Format::Native);
     let mut stream =
         if streams { Some(allocsim_trace::native::read_native_ops(&args.trace)?) } else { None };
-    let trace = match stream.as_mut() {
+    let mut trace = match stream.as_mut() {
         Some(s) => std::mem::take(&mut s.head),
         None => crate::validate::load_trace(&args.trace)?,
     };
+    if let Some(path) = &args.stats_at_start {
+        trace.meta.stats_at_start = Some(read_stats_json(path)?);
+    }
     let opts = args.options();
     let mut log = match &args.event_log {
         Some(path) => Some(EventLog::new(BufWriter::new(
@@ -203,7 +211,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eprintln!("wrote {}", path.display());
     }
     let differences =
-        trace.meta.expected_stats.as_ref().map(|e| stat_differences(&report.stats, e));
+        trace.meta.expected_stats.as_ref().map(|e| recorded_differences(&report, e));
     let violations = report.check.as_ref().map_or(0, |c| c.total_violations());
     let mut out = if args.json {
         serde_json::to_string_pretty(&json_report(&args, &report, &differences))? + "\n"
@@ -247,6 +255,13 @@ pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> ser
         "device_free_bytes": r.device_free_bytes,
         "ops": r.ops_run,
         "events": m.events,
+        "history_start": match &r.start {
+            StartedFrom::Empty => "complete",
+            StartedFrom::Seeded { stats_known: true } => "mid_run_stats_known",
+            StartedFrom::Seeded { stats_known: false } => "mid_run_cumulative_since_history_start",
+            StartedFrom::LaidOut { .. } => "mid_run_laid_out",
+        },
+        "start_note": r.start.note(),
         "memory_stats": stats,
         "recorded_stats_match": differences.as_ref().map(|d| d.is_empty()),
         "recorded_stats_differences": differences.as_ref().map(|d| d.iter().map(|(k, a, b)| serde_json::json!({"key": k, "recorded": a, "simulated": b})).collect::<Vec<_>>()),
@@ -303,6 +318,9 @@ fn print_report(
     );
     for note in &r.device_notes {
         outln!(out, "    {note}");
+    }
+    if let Some(note) = r.start.note() {
+        outln!(out, "  start: {note}");
     }
     outln!(out, "  ops: {}  events: {}", r.ops_run, m.events);
     outln!(out, "  peak allocated: {}", bytes(m.peak_allocated_bytes));
