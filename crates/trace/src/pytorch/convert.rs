@@ -772,3 +772,95 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 }
+
+/// Free device memory that a failed `cudaMalloc` would still have left, at least, for a run of
+/// device frees before a successful allocation to be read as its retry path: below this, the
+/// driver may have refused (memory outside the allocator, the CUDA context's growth, is a few
+/// hundred MB on an H100).
+const RETRY_HEADROOM_BYTES: u64 = 2 << 30;
+
+/// Read as `empty_cache` the device frees that open an allocation's run when the allocation's
+/// `cudaMalloc` could not have failed first: with `device_free_bytes` known at the start and
+/// no memory fraction, a
+/// reservation that leaves more than [`RETRY_HEADROOM_BYTES`] free was granted at once, so
+/// the frees before it were no retry path but an `empty_cache` the program called right before
+/// (the recording shows the two alike). Each such allocation gets an `Op::EmptyCache` before
+/// it, which takes the run's frees and the completions before them. Returns how many.
+pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
+    let Some(free_at_start) = trace.meta.device_free_bytes else { return 0 };
+    // Under a memory fraction the cap refuses before the driver does, and garbage collection
+    // frees segments before an allocation that then reserves one: leave those runs as they are.
+    let fraction_in_conf =
+        trace.meta.alloc_conf.as_deref().is_some_and(|c| c.contains("per_process_memory_fraction"));
+    if trace.meta.memory_fraction.is_some() || fraction_in_conf {
+        return 0;
+    }
+    let mut reserved = trace.start.as_ref().map_or(0, StartState::reserved_bytes);
+    // Old op index of each allocation to split.
+    let mut splits = Vec::new();
+    let mut i = 0;
+    let recorded = &trace.recorded;
+    while i < recorded.len() {
+        let op = recorded[i].op;
+        let end = i + recorded[i..].iter().position(|r| r.op != op).unwrap_or(recorded.len() - i);
+        let run = &recorded[i..end];
+        let first_reserve = run
+            .iter()
+            .position(|r| matches!(r.kind, RecordedKind::SegmentAlloc | RecordedKind::SegmentMap));
+        let opens_with_free = run
+            .iter()
+            .find(|r| r.kind != RecordedKind::FreeCompleted)
+            .is_some_and(|r| matches!(r.kind, RecordedKind::SegmentFree | RecordedKind::SegmentUnmap));
+        let is_alloc = matches!(trace.ops.get(op as usize), Some(Op::Alloc { .. }));
+        if let (Some(k), true, true) = (first_reserve, opens_with_free, is_alloc) {
+            let size = run[k].size;
+            if free_at_start.saturating_sub(reserved).saturating_sub(size) > RETRY_HEADROOM_BYTES {
+                splits.push(op);
+            }
+        }
+        for r in run {
+            match r.kind {
+                RecordedKind::SegmentAlloc | RecordedKind::SegmentMap => reserved += r.size,
+                RecordedKind::SegmentFree | RecordedKind::SegmentUnmap => {
+                    reserved = reserved.saturating_sub(r.size)
+                }
+                _ => {}
+            }
+        }
+        i = end;
+    }
+    if splits.is_empty() {
+        return 0;
+    }
+    // Rebuild: each split allocation `s` becomes `EmptyCache` at `s + shift`, itself after.
+    let shift_of = |op: u64| splits.partition_point(|&s| s < op) as u64;
+    let is_split = |op: u64| splits.binary_search(&op).is_ok();
+    let mut ops = Vec::with_capacity(trace.ops.len() + splits.len());
+    for (k, op) in std::mem::take(&mut trace.ops).into_iter().enumerate() {
+        if is_split(k as u64) {
+            ops.push(Op::EmptyCache);
+        }
+        ops.push(op);
+    }
+    trace.ops = ops;
+    let mut reserving = false;
+    let mut last_op = u64::MAX;
+    for r in &mut trace.recorded {
+        if r.op != last_op {
+            last_op = r.op;
+            reserving = false;
+        }
+        let new = r.op + shift_of(r.op);
+        if is_split(r.op) {
+            reserving |= matches!(r.kind, RecordedKind::SegmentAlloc | RecordedKind::SegmentMap);
+            let belongs_to_alloc = reserving || matches!(r.kind, RecordedKind::Alloc | RecordedKind::Oom);
+            r.op = if belongs_to_alloc { new + 1 } else { new };
+        } else {
+            r.op = new;
+        }
+    }
+    for (op, _) in &mut trace.op_stacks {
+        *op += shift_of(*op) + u64::from(is_split(*op));
+    }
+    splits.len()
+}

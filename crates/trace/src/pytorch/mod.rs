@@ -50,6 +50,14 @@ pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceErro
     if opts.sidecar {
         sidecar::apply(path, &mut trace.meta)?;
     }
+    let read_as_empty_cache = convert::split_empty_cache_runs(&mut trace);
+    if read_as_empty_cache > 0 {
+        trace.warnings.push(format!(
+            "{read_as_empty_cache} runs of device frees before an allocation were read as \
+             empty_cache calls: the free memory at the start says the allocation's cudaMalloc \
+             could not have failed first (the recording shows both alike)"
+        ));
+    }
     Ok(trace)
 }
 
