@@ -50,6 +50,7 @@ fn everything() -> Trace {
         }],
         op_stacks: vec![(0, 0)],
         warnings: vec!["a warning".into()],
+        start: None,
     }
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use allocsim_core::{AllocId, Op, RecordedEvent, RecordedKind as K, StreamId, Trace};
+use allocsim_core::{AllocId, BlockState, Op, RecordedEvent, RecordedKind as K, StreamId, Trace};
 use allocsim_trace::pickle::{self, Value};
 use allocsim_trace::{pytorch, read_trace, read_trace_with, ReadOptions, TraceError};
 use common::{entry, snapshot, write_pickle};
@@ -275,43 +275,72 @@ fn snapshot_entries_are_skipped() {
 }
 
 #[test]
-fn history_started_mid_run_gets_synthetic_allocs() {
+fn history_started_mid_run_starts_from_the_reconstructed_state() {
+    const MIB: i64 = 1 << 20;
+    let (small, large) = (0x10000, 0x2000_0000);
     let t = read(
         vec![
+            // Allocated from the free block after the large block alive at the start: that
+            // block ends here (3 MiB requested, 3.5 MiB with the remainder left unsplit).
+            entry("alloc", large + 7 * MIB / 2, 2 * MIB, 0),
             // Freed without being allocated in the history.
-            entry("free_requested", 0xf00, 64, 7),
-            entry("free_completed", 0xf00, 64, 7),
+            entry("free_requested", large, 3 * MIB, 0),
+            entry("free_completed", large, 3 * MIB, 0),
             // Its free was requested before the history: only the completion is here.
-            entry("free_completed", 0xe00, 32, 0),
-            entry("alloc", 0xa00, 10, 0),
+            entry("free_completed", small + 0x200, 32, 5),
+            entry("free_requested", large + 7 * MIB / 2, 2 * MIB, 0),
+            entry("free_completed", large + 7 * MIB / 2, 2 * MIB, 0),
+            // A segment the history never reserved, freed by an empty_cache before an alloc.
+            entry("segment_free", large, 20 * MIB, 0),
+            entry("alloc", small + 0x400, 10, 5),
         ],
         vec![common::segment(
-            0x10000,
+            small,
             5,
             vec![
-                common::block(0x10000, 512, 500, "active_allocated"),
-                common::block(0x10200, 512, 0, "inactive"),
+                common::block(small, 512, 500, "active_allocated"),
+                common::block(small + 0x200, 512, 32, "inactive"),
+                common::block(small + 0x400, 512, 10, "active_allocated"),
+                common::block(small + 0x600, 2 * MIB - 0x600, 0, "inactive"),
             ],
         )],
     );
     assert_eq!(
         t.ops,
         vec![
-            // Synthetic, before the history's first op, sized by the requested size.
-            alloc(0, 64, 7),
-            alloc(1, 32, 0),
-            Op::RecordStream { id: AllocId(1), stream: MAX },
-            Op::FreeRequested { id: AllocId(1) },
-            alloc(2, 500, 5),
-            // The history.
+            alloc(3, 2 << 20, 0),
             Op::FreeRequested { id: AllocId(0) },
             Op::FreeCompleted { id: AllocId(1) },
-            alloc(3, 10, 0),
+            Op::FreeRequested { id: AllocId(3) },
+            Op::EmptyCache,
+            alloc(4, 10, 5),
         ]
     );
-    let tags: Vec<u64> = t.recorded.iter().map(|r| r.op).collect();
-    assert_eq!(tags, vec![5, 5, 6, 7]);
-    assert!(t.warnings.iter().any(|w| w.contains("3 allocations alive")), "{:?}", t.warnings);
+    let start = t.start.as_ref().expect("a state at the start");
+    let layout: Vec<Vec<(u64, u64, u64, BlockState)>> = start
+        .segments
+        .iter()
+        .map(|s| s.blocks.iter().map(|b| (b.address, b.size, b.requested_size, b.state)).collect())
+        .collect();
+    let (small, large, mib) = (small as u64, large as u64, MIB as u64);
+    assert_eq!(
+        layout,
+        vec![
+            vec![
+                (small, 512, 500, BlockState::ActiveAllocated),
+                (small + 0x200, 512, 32, BlockState::ActivePendingFree),
+                (small + 0x400, 2 * mib - 0x400, 0, BlockState::Inactive),
+            ],
+            vec![
+                (large, 7 * mib / 2, 3 * mib, BlockState::ActiveAllocated),
+                (large + 7 * mib / 2, 33 * mib / 2, 0, BlockState::Inactive),
+            ],
+        ]
+    );
+    assert_eq!(start.segments[0].pool, allocsim_core::Pool::Small);
+    assert_eq!(start.segments[1].pool, allocsim_core::Pool::Large);
+    assert_eq!(start.ids, vec![(small, AllocId(2)), (small + 0x200, AllocId(1)), (large, AllocId(0))]);
+    assert!(t.warnings.iter().any(|w| w.contains("starts mid-run")), "{:?}", t.warnings);
 }
 
 #[test]
