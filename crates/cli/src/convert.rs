@@ -14,7 +14,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = allocsim_trace::read_trace(&args.input)?;
+    let trace = crate::read_trace(&args.input)?;
     allocsim_trace::write_trace(&trace, &args.output)
         .with_context(|| format!("converting {}", args.input.display()))?;
     eprintln!(

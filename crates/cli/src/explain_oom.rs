@@ -36,7 +36,7 @@ fn stack_of(trace: &Trace, op: u64) -> Vec<String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = allocsim_trace::read_trace(&args.trace)?;
+    let trace = crate::read_trace(&args.trace)?;
     let opts = RunOptions {
         policy: args.policy.clone(),
         alloc_conf: args.alloc_conf.clone(),

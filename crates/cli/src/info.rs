@@ -62,7 +62,7 @@ fn summarise(trace: &Trace) -> Summary {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = allocsim_trace::read_trace(&args.trace)?;
+    let trace = crate::read_trace(&args.trace)?;
     let s = summarise(&trace);
     let m = &trace.meta;
     if args.json {

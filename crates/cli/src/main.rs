@@ -22,6 +22,20 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// For a PyTorch snapshot of several GPUs: read the trace of `device_traces[N]`. Default:
+    /// the one GPU whose trace has entries (a snapshot where several have is refused).
+    #[arg(long, global = true, value_name = "N")]
+    cuda_device: Option<usize>,
+}
+
+/// How every command reads its trace files: set once from the command line.
+static READ_OPTIONS: std::sync::OnceLock<allocsim_trace::ReadOptions> = std::sync::OnceLock::new();
+
+/// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
+pub fn read_trace(
+    path: &std::path::Path,
+) -> Result<allocsim_core::Trace, allocsim_trace::TraceError> {
+    allocsim_trace::read_trace_with(path, READ_OPTIONS.get_or_init(Default::default))
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,6 +77,8 @@ pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let opts = allocsim_trace::ReadOptions { cuda_device: cli.cuda_device, ..Default::default() };
+    READ_OPTIONS.set(opts).expect("read options are set once");
     let result = match cli.command {
         Command::Info(args) => info::run(args),
         Command::Replay(args) => replay::run(args),

@@ -124,7 +124,10 @@ pub fn stat_differences(
 /// a run that started mid-run without the statistics of that moment counts cumulative values
 /// since the history began, and they differ from the recording's by what came before.
 pub fn compares_cumulative(report: &RunReport) -> bool {
-    !matches!(report.start, StartedFrom::Seeded { stats_known: false } | StartedFrom::LaidOut { .. })
+    !matches!(
+        report.start,
+        StartedFrom::Seeded { stats_known: false } | StartedFrom::LaidOut { .. }
+    )
 }
 
 /// The recorded statistics the run is held to ([`compares_cumulative`]).

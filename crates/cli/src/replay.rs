@@ -210,8 +210,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )?;
         eprintln!("wrote {}", path.display());
     }
-    let differences =
-        trace.meta.expected_stats.as_ref().map(|e| recorded_differences(&report, e));
+    let differences = trace.meta.expected_stats.as_ref().map(|e| recorded_differences(&report, e));
     let violations = report.check.as_ref().map_or(0, |c| c.total_violations());
     let mut out = if args.json {
         serde_json::to_string_pretty(&json_report(&args, &report, &differences))? + "\n"

@@ -35,7 +35,7 @@ pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
     match text.strip_prefix(WORKLOAD_PREFIX) {
         Some(spec) => allocsim_workloads::trace(spec)
             .with_context(|| format!("building {text} (`allocsim workload` lists workloads)")),
-        None => Ok(allocsim_trace::read_trace(input)?),
+        None => Ok(crate::read_trace(input)?),
     }
 }
 

@@ -93,6 +93,9 @@ pub struct ReadOptions {
     /// Read a snapshot's entries straight from the pickle stream (the fast path; the result
     /// is the same). False always builds the whole pickle as values first: for comparisons.
     pub streaming: bool,
+    /// Which GPU's trace to read from a snapshot of several (`device_traces[N]`). `None`: the
+    /// one that has entries; a snapshot where several have entries is refused.
+    pub cuda_device: Option<usize>,
 }
 
 impl Default for ReadOptions {
@@ -102,6 +105,7 @@ impl Default for ReadOptions {
             stacks: true,
             limits: pickle::Limits::default(),
             streaming: true,
+            cuda_device: None,
         }
     }
 }

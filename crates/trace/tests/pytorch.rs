@@ -339,7 +339,10 @@ fn history_started_mid_run_starts_from_the_reconstructed_state() {
     );
     assert_eq!(start.segments[0].pool, allocsim_core::Pool::Small);
     assert_eq!(start.segments[1].pool, allocsim_core::Pool::Large);
-    assert_eq!(start.ids, vec![(small, AllocId(2)), (small + 0x200, AllocId(1)), (large, AllocId(0))]);
+    assert_eq!(
+        start.ids,
+        vec![(small, AllocId(2)), (small + 0x200, AllocId(1)), (large, AllocId(0))]
+    );
     assert!(t.warnings.iter().any(|w| w.contains("starts mid-run")), "{:?}", t.warnings);
 }
 
@@ -357,20 +360,44 @@ fn blocks_alive_at_the_end_and_allocated_in_the_history_need_nothing() {
     assert!(t.warnings.is_empty());
 }
 
-#[test]
-fn other_devices_are_warned_about() {
-    let mut root = snapshot(vec![entry("alloc", 0xa00, 10, 0)], vec![], "");
+/// A snapshot whose `device_traces` holds these lists, one per GPU, each of allocations of
+/// 10 bytes at the given addresses.
+fn several_devices(addrs: &[&[i64]]) -> Value {
+    let mut root = snapshot(vec![], vec![], "");
     let Value::Dict(pairs) = &mut root else { panic!() };
     let pairs = std::rc::Rc::get_mut(pairs).unwrap();
-    pairs[1].1 = Value::list(vec![
-        Value::list(vec![entry("alloc", 0xa00, 10, 0)]),
-        Value::list(vec![]),
-        Value::list(vec![entry("alloc", 0xb00, 10, 0)]),
-    ]);
+    let lists =
+        addrs.iter().map(|a| Value::list(a.iter().map(|&a| entry("alloc", a, 10, 0)).collect()));
+    pairs[1].1 = Value::list(lists.collect());
+    root
+}
+
+#[test]
+fn the_device_with_a_trace_is_read() {
     let dir = common::scratch("devices");
-    let t = read_trace(write_pickle(&dir, "t.pickle", &root)).unwrap();
-    assert_eq!(t.ops.len(), 1);
-    assert!(t.warnings[0].contains("devices [2]"), "{:?}", t.warnings);
+    let only_1 = write_pickle(&dir, "one.pickle", &several_devices(&[&[], &[0xa00, 0xc00]]));
+    let t = read_trace(&only_1).unwrap();
+    assert_eq!(t.ops.len(), 2, "device 1's trace");
+    assert!(t.warnings[0].contains("device 1"), "{:?}", t.warnings);
+
+    let both = write_pickle(&dir, "both.pickle", &several_devices(&[&[0xa00], &[], &[0xb00]]));
+    let e = read_trace(&both).expect_err("two devices have traces").to_string();
+    assert!(
+        e.contains("both.pickle") && e.contains("[0, 2]") && e.contains("--cuda-device"),
+        "{e}"
+    );
+    let pick =
+        |d| read_trace_with(&both, &ReadOptions { cuda_device: Some(d), ..Default::default() });
+    for d in [0, 2] {
+        let t = pick(d).unwrap();
+        assert_eq!(t.ops.len(), 1);
+        assert_eq!(t.recorded[0].addr, if d == 0 { 0xa00 } else { 0xb00 });
+    }
+    let e = pick(1).expect_err("device 1 is empty").to_string();
+    assert!(e.contains("device 1 has no trace entries") && e.contains("[0, 2]"), "{e}");
+    // The streaming reader and the generic one agree.
+    let generic = ReadOptions { streaming: false, cuda_device: Some(2), ..Default::default() };
+    common::assert_same(&pick(2).unwrap(), &read_trace_with(&both, &generic).unwrap());
 }
 
 #[test]

@@ -73,7 +73,10 @@ impl PyTorchAllocator {
     /// The statistics of the seeded blocks: `current` from the blocks, the rest from `at_start`
     /// when known; otherwise counting from here (peaks at the current values).
     fn seeded_stats(&self, at_start: Option<&MemoryStats>) -> MemoryStats {
-        let mut s = MemoryStats { max_split_size: self.config.max_split_size_stat(), ..MemoryStats::default() };
+        let mut s = MemoryStats {
+            max_split_size: self.config.max_split_size_stat(),
+            ..MemoryStats::default()
+        };
         let max_split = self.config.max_split_size;
         let add = |a: &mut StatArray, pool: Pool, n: u64| {
             a.all.current += n as i64;
@@ -139,4 +142,3 @@ impl PyTorchAllocator {
         size
     }
 }
-

@@ -39,8 +39,8 @@ use super::stacks::Stacks;
 use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use allocsim_core::{
-    AllocId, BlockState, Op, RecordedEvent, RecordedKind, SnapshotBlock, SnapshotSegment,
-    StartState, StreamId, MIB, Pool,
+    AllocId, BlockState, Op, Pool, RecordedEvent, RecordedKind, SnapshotBlock, SnapshotSegment,
+    StartState, StreamId, MIB,
 };
 
 /// The stream of the `RecordStream` inferred for a deferred free: the recording does not say
@@ -97,7 +97,7 @@ impl SyntheticFinder {
         frees_complete_at_once: bool,
     ) -> Result<(), TraceError> {
         let (state, out) = (&mut self.state, &mut self.out);
-        let place = || format!("device_traces[0][{i}]");
+        let place = || ctx.entry_place(i);
         match e.action {
             Action::Alloc => {
                 let previous = state.insert(e.addr, Life::Live);
@@ -341,7 +341,11 @@ fn start_state(
                 None => {
                     let rounded = round_512(b.size).min(room);
                     if seg.pool == Pool::Small || room - rounded <= MIB {
-                        if seg.pool == Pool::Small { rounded } else { room }
+                        if seg.pool == Pool::Small {
+                            rounded
+                        } else {
+                            room
+                        }
                     } else if let Some(end) = first_alloc_after(&allocs, b, rounded, next) {
                         end - b.addr
                     } else {
@@ -580,7 +584,7 @@ impl<'a> Builder<'a> {
         let index = self.ops.len() as u64;
         self.ops.push(op);
         if let (Some(stacks), Some(frames)) = (self.stacks.as_mut(), frames) {
-            let place = || format!("device_traces[0][{i}].frames");
+            let place = || format!("{}.frames", self.ctx.entry_place(i));
             if let Some(s) = stacks.intern(self.ctx, frames, &place)? {
                 self.op_stacks.push((index, s));
             }
@@ -591,7 +595,7 @@ impl<'a> Builder<'a> {
     /// The live id at `e.addr`, or the synthetic one made for entry `i`.
     fn id_at(&self, i: usize, e: &Entry) -> Result<AllocId, TraceError> {
         self.ids.get(&e.addr).or_else(|| self.synthetic_ids.get(&i)).copied().ok_or_else(|| {
-            let place = format!("device_traces[0][{i}]");
+            let place = self.ctx.entry_place(i);
             self.ctx.err(place, format!("free of unknown address 0x{:x}", e.addr))
         })
     }
@@ -807,10 +811,10 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
         let first_reserve = run
             .iter()
             .position(|r| matches!(r.kind, RecordedKind::SegmentAlloc | RecordedKind::SegmentMap));
-        let opens_with_free = run
-            .iter()
-            .find(|r| r.kind != RecordedKind::FreeCompleted)
-            .is_some_and(|r| matches!(r.kind, RecordedKind::SegmentFree | RecordedKind::SegmentUnmap));
+        let opens_with_free =
+            run.iter().find(|r| r.kind != RecordedKind::FreeCompleted).is_some_and(|r| {
+                matches!(r.kind, RecordedKind::SegmentFree | RecordedKind::SegmentUnmap)
+            });
         let is_alloc = matches!(trace.ops.get(op as usize), Some(Op::Alloc { .. }));
         if let (Some(k), true, true) = (first_reserve, opens_with_free, is_alloc) {
             let size = run[k].size;
@@ -853,7 +857,8 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
         let new = r.op + shift_of(r.op);
         if is_split(r.op) {
             reserving |= matches!(r.kind, RecordedKind::SegmentAlloc | RecordedKind::SegmentMap);
-            let belongs_to_alloc = reserving || matches!(r.kind, RecordedKind::Alloc | RecordedKind::Oom);
+            let belongs_to_alloc =
+                reserving || matches!(r.kind, RecordedKind::Alloc | RecordedKind::Oom);
             r.op = if belongs_to_alloc { new + 1 } else { new };
         } else {
             r.op = new;

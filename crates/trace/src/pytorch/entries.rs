@@ -89,6 +89,8 @@ pub type Fields<'v> = [Option<&'v Value>; 6];
 #[derive(Clone, Copy)]
 pub struct Ctx<'a> {
     pub path: &'a Path,
+    /// The GPU whose `device_traces` list is read.
+    pub device: usize,
 }
 
 impl Ctx<'_> {
@@ -98,6 +100,11 @@ impl Ctx<'_> {
             place: place.into(),
             message: message.into(),
         }
+    }
+
+    /// Where entry `i` of the device's trace is, as a Python path.
+    pub fn entry_place(&self, i: usize) -> String {
+        format!("device_traces[{}][{i}]", self.device)
     }
 
     pub fn expected(&self, place: impl Into<String>, what: &str, got: &Value) -> TraceError {
@@ -135,14 +142,18 @@ impl Ctx<'_> {
     }
 }
 
-/// The top-level dict's `device_traces[0]`, checked, plus the devices beyond 0 that have
-/// entries (for a warning). `streamed`: the entries of `device_traces[0]` as the record
-/// streamer read them, which left that list empty in `root`.
+/// The device whose trace to read (`want`, or else the only one with entries) and its
+/// entries, checked. `streamed`: the entries of `device_traces[0]` as the record streamer read
+/// them (`streamed_len` of them; the caller may hold them elsewhere), which left that list
+/// empty in `root`; a choice of another device is then an error, which sends the caller to
+/// the generic reader.
 pub fn device_trace(
     ctx: Ctx<'_>,
     root: &Value,
     streamed: Option<Entries>,
-) -> Result<(Entries, Vec<usize>), TraceError> {
+    streamed_len: usize,
+    want: Option<usize>,
+) -> Result<(usize, Entries), TraceError> {
     if root.as_dict().is_none() {
         return Err(ctx.expected("top level", "a dict (a torch.cuda.memory._snapshot())", root));
     }
@@ -150,34 +161,63 @@ pub fn device_trace(
         .get("device_traces")
         .ok_or_else(|| ctx.err("device_traces", "missing: was _record_memory_history enabled?"))?;
     let devices = ctx.seq(traces, || "device_traces".into())?;
-    let mut others = Vec::new();
-    for (d, t) in devices.iter().enumerate().skip(1) {
-        if !ctx.seq(t, || format!("device_traces[{d}]"))?.is_empty() {
-            others.push(d);
+    let mut with_entries = Vec::new();
+    for (d, t) in devices.iter().enumerate() {
+        let empty = if d == 0 && streamed.is_some() {
+            streamed_len == 0
+        } else {
+            ctx.seq(t, || format!("device_traces[{d}]"))?.is_empty()
+        };
+        if !empty {
+            with_entries.push(d);
         }
     }
-    let Some(list) = devices.first() else {
-        return Ok((Entries::default(), others));
+    let device = match (want, with_entries.as_slice()) {
+        (Some(d), _) if with_entries.contains(&d) => d,
+        (Some(d), []) => {
+            let msg = format!("device {d} was asked for, but no device has trace entries");
+            return Err(ctx.err("device_traces", msg));
+        }
+        (Some(d), with) => {
+            let msg = format!("device {d} has no trace entries; devices with entries: {with:?}");
+            return Err(ctx.err("device_traces", msg));
+        }
+        (None, []) => 0,
+        (None, [d]) => *d,
+        (None, with) => {
+            let msg =
+                format!("devices {with:?} all have trace entries: choose one with --cuda-device N");
+            return Err(ctx.err("device_traces", msg));
+        }
     };
-    let list = ctx.seq(list, || "device_traces[0]".into())?;
+    let ctx = Ctx { device, ..ctx };
     if let Some(entries) = streamed {
-        return Ok((entries, others));
+        if device != 0 {
+            return Err(ctx.err("device_traces", NEEDS_OTHER_DEVICE));
+        }
+        return Ok((0, entries));
     }
+    let Some(list) = devices.get(device) else {
+        return Ok((device, Entries::default()));
+    };
+    let list = ctx.seq(list, || format!("device_traces[{device}]"))?;
     let mut entries = Entries { list: Vec::with_capacity(list.len()), frames: Vec::new() };
     for (i, e) in list.iter().enumerate() {
         let (entry, frames) = entry(ctx, i, e)?;
         entries.push(entry, frames);
     }
-    Ok((entries, others))
+    Ok((device, entries))
 }
+
+/// [`device_trace`]'s error when device 0 was streamed and another one is read.
+const NEEDS_OTHER_DEVICE: &str = "the trace of another device than 0 is read";
 
 fn entry<'v>(
     ctx: Ctx<'_>,
     i: usize,
     e: &'v Value,
 ) -> Result<(Entry, Option<&'v Value>), TraceError> {
-    let pairs =
-        e.as_dict().ok_or_else(|| ctx.expected(format!("device_traces[0][{i}]"), "a dict", e))?;
+    let pairs = e.as_dict().ok_or_else(|| ctx.expected(ctx.entry_place(i), "a dict", e))?;
     let mut fields: Fields<'_> = [None; 6];
     // One pass over the keys: a snapshot entry has about eight. The last of repeated keys
     // wins, as in the dict Python builds.
@@ -223,7 +263,7 @@ pub fn entry_from_fields<'v>(
     i: usize,
     fields: &Fields<'v>,
 ) -> Result<(Entry, Option<&'v Value>), TraceError> {
-    let place = |field: &str| format!("device_traces[0][{i}].{field}");
+    let place = |field: &str| format!("{}.{field}", ctx.entry_place(i));
     let [action, addr, device_free, size, stream, frames] = *fields;
     let action_v = action.ok_or_else(|| ctx.err(place("action"), "missing"))?;
     let name = action_v.as_str().ok_or_else(|| ctx.expected(place("action"), "a str", action_v))?;
@@ -252,7 +292,7 @@ pub fn entry_from_fields<'v>(
     Ok((Entry { action, addr, size, stream, frames: NO_FRAMES }, frames))
 }
 
-/// The final `segments` list of device 0, each with its blocks, sorted by address.
+/// The final `segments` list of the device read, each with its blocks, sorted by address.
 pub fn final_segments(ctx: Ctx<'_>, root: &Value) -> Result<Vec<SnapshotSegment>, TraceError> {
     let Some(segments) = root.get("segments") else {
         return Ok(Vec::new());
@@ -264,7 +304,7 @@ pub fn final_segments(ctx: Ctx<'_>, root: &Value) -> Result<Vec<SnapshotSegment>
             return Err(ctx.expected(format!("segments[{s}]"), "a dict", seg));
         }
         if let Some(d) = seg.get("device") {
-            if ctx.int(d, || place("device"))? != 0 {
+            if ctx.int(d, || place("device"))? != ctx.device as i64 {
                 continue;
             }
         }

@@ -44,7 +44,7 @@ pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceErro
         Some(trace) => trace,
         None => {
             let root = parse(open(path)?, path, opts)?;
-            snapshot_to_trace(&root, path, opts.stacks)?
+            convert_root(&root, path, opts, None)?
         }
     };
     if opts.sidecar {
@@ -146,7 +146,7 @@ const BATCH: usize = 4096;
 /// [`stream_pass`]; every other outcome is the same as [`stream_pass`]'s.
 fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
     let source = open(path)?;
-    let ctx = Ctx { path };
+    let ctx = Ctx { path, device: 0 };
     let (send, received) = sync_channel(4);
     std::thread::scope(|scope| {
         let reader = scope.spawn(move || {
@@ -171,7 +171,7 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
                 _ if not_plain => Err(Pass::NotPlain),
                 // No `device_traces[0]` streamed: the tree is whole, for the generic conversion.
                 Some(records) if records.streamed => {
-                    head_of(ctx, &records.root).map_err(|_| Pass::Unusual)
+                    head_of(ctx, &records.root, count, opts).map_err(|_| Pass::Unusual)
                 }
                 _ => Err(Pass::Unusual),
             };
@@ -230,7 +230,7 @@ fn streamed_entry<'v>(
 /// One streaming read, converting as the entries come (`as_they_come`) or from their list.
 fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pass, TraceError> {
     let source = open(path)?;
-    let ctx = Ctx { path };
+    let ctx = Ctx { path, device: 0 };
     let mut entries = entries::Entries::default();
     let mut conv = as_they_come.then(|| convert::StreamConvert::new(ctx, opts.stacks));
     let mut needs_entries = false;
@@ -259,11 +259,11 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     // An error from here on is left to the generic reader too, so every message comes from
     // one place.
     Ok(match conv {
-        Some(conv) => match head_of(ctx, &records.root) {
+        Some(conv) => match head_of(ctx, &records.root, count, opts) {
             Ok(head) => finish_streamed(conv, head),
             Err(_) => Pass::Unusual,
         },
-        None => match convert_root(&records.root, path, opts.stacks, Some(entries)) {
+        None => match convert_root(&records.root, path, opts, Some(entries)) {
             Ok(trace) => Pass::Done(Box::new(trace)),
             Err(_) => Pass::Unusual,
         },
@@ -276,19 +276,27 @@ pub fn snapshot_to_trace(
     path: &Path,
     with_stacks: bool,
 ) -> Result<Trace, TraceError> {
-    convert_root(root, path, with_stacks, None)
+    let opts = ReadOptions { stacks: with_stacks, ..ReadOptions::default() };
+    convert_root(root, path, &opts, None)
 }
 
 /// What a snapshot says besides its entries.
 struct Head {
+    /// The GPU whose trace is read.
+    device: usize,
     last: Vec<allocsim_core::SnapshotSegment>,
     alloc_conf: Option<String>,
-    other_devices: Vec<usize>,
 }
 
-/// The snapshot's structure checked, with `device_traces[0]` streamed (so left empty).
-fn head_of(ctx: Ctx<'_>, root: &Value) -> Result<Head, TraceError> {
-    Ok(read_root(ctx, root, Some(Default::default()))?.0)
+/// The snapshot's structure checked, with `device_traces[0]` streamed (so left empty) and
+/// `streamed_len` entries long.
+fn head_of(
+    ctx: Ctx<'_>,
+    root: &Value,
+    streamed_len: usize,
+    opts: &ReadOptions,
+) -> Result<Head, TraceError> {
+    Ok(read_root(ctx, root, Some(Default::default()), streamed_len, opts)?.0)
 }
 
 /// What the tree says besides the entries, and the entries (`streamed`, if they were).
@@ -296,11 +304,15 @@ fn read_root(
     ctx: Ctx<'_>,
     root: &Value,
     streamed: Option<entries::Entries>,
+    streamed_len: usize,
+    opts: &ReadOptions,
 ) -> Result<(Head, entries::Entries), TraceError> {
-    let (entries, other_devices) = entries::device_trace(ctx, root, streamed)?;
+    let (device, entries) =
+        entries::device_trace(ctx, root, streamed, streamed_len, opts.cuda_device)?;
+    let ctx = Ctx { device, ..ctx };
     let last = entries::final_segments(ctx, root)?;
     let alloc_conf = entries::alloc_conf(ctx, root)?;
-    Ok((Head { last, alloc_conf, other_devices }, entries))
+    Ok((Head { device, last, alloc_conf }, entries))
 }
 
 /// The trace of a conversion done as the entries came, or [`Pass::NeedsEntries`].
@@ -313,11 +325,8 @@ fn finish_streamed(conv: convert::StreamConvert<'_>, head: Head) -> Pass {
 
 fn trace_of(head: Head, converted: convert::Converted) -> Trace {
     let mut warnings = Vec::new();
-    if !head.other_devices.is_empty() {
-        warnings.push(format!(
-            "device_traces has entries for devices {:?} too; only device 0 is read",
-            head.other_devices
-        ));
+    if head.device != 0 {
+        warnings.push(format!("the trace of device {} is read", head.device));
     }
     warnings.extend(converted.warnings);
     Trace {
@@ -338,12 +347,14 @@ fn trace_of(head: Head, converted: convert::Converted) -> Trace {
 fn convert_root(
     root: &Value,
     path: &Path,
-    with_stacks: bool,
+    opts: &ReadOptions,
     streamed: Option<entries::Entries>,
 ) -> Result<Trace, TraceError> {
-    let ctx = Ctx { path };
-    let (head, entries) = read_root(ctx, root, streamed)?;
-    let converted = convert::convert(ctx, &entries, &head.last, with_stacks)?;
+    let ctx = Ctx { path, device: 0 };
+    let streamed_len = streamed.as_ref().map_or(0, |e| e.list.len());
+    let (head, entries) = read_root(ctx, root, streamed, streamed_len, opts)?;
+    let ctx = Ctx { device: head.device, ..ctx };
+    let converted = convert::convert(ctx, &entries, &head.last, opts.stacks)?;
     Ok(trace_of(head, converted))
 }
 
