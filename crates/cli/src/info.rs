@@ -1,7 +1,7 @@
 //! `allocsim info TRACE`.
 
 use crate::output::{bytes, outln};
-use allocsim_core::{Op, RecordedKind, Trace};
+use allocsim_core::{BlockState, Op, RecordedKind, Trace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,6 +40,15 @@ fn summarise(trace: &Trace) -> Summary {
         trace.recorded.iter().filter(|r| r.kind == RecordedKind::Oom).map(|r| r.op).collect();
     let mut live: HashMap<u64, u64> = HashMap::new();
     let mut live_bytes = 0u64;
+    for seg in trace.start.iter().flat_map(|start| &start.segments) {
+        for b in seg.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
+            if let Some(id) = trace.start.as_ref().and_then(|start| start.id_at(b.address)) {
+                live.insert(id.0, b.requested_size);
+                live_bytes += b.requested_size;
+            }
+        }
+    }
+    s.peak_live_bytes = live_bytes;
     for (i, op) in trace.ops.iter().enumerate() {
         match *op {
             Op::Alloc { id, size, stream } => {
@@ -83,12 +92,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "has_expected_stats": m.expected_stats.is_some(),
             "stacks": trace.stacks.len(),
             "warnings": trace.warnings,
+            "history_starts_mid_run": trace.start.is_some(),
+            "start": trace.start.as_ref().map(|st| serde_json::json!({
+                "segments": st.segments.len(),
+                "reserved_bytes": st.reserved_bytes(),
+                "live_blocks": st.ids.len(),
+                "has_stats_at_start": m.stats_at_start.is_some(),
+            })),
         });
         crate::output::emit(&(serde_json::to_string_pretty(&json)? + "\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut out = String::new();
     outln!(out, "{} ({})", args.trace.display(), m.source_format);
+    for w in &trace.warnings {
+        outln!(out, "  warning: {w}");
+    }
+    if let Some(start) = &trace.start {
+        outln!(
+            out,
+            "  history starts mid-run: {} segments ({}) and {} live blocks at its first entry",
+            start.segments.len(),
+            bytes(start.reserved_bytes()),
+            start.ids.len()
+        );
+        let stats = if m.stats_at_start.is_some() { "known" } else { "unknown" };
+        outln!(out, "  memory_stats at history start: {stats}");
+    }
     outln!(out, "  ops: {}", trace.ops.len());
     for (action, n) in &s.ops_by_action {
         outln!(out, "    {action:<24} {n:>10}");
@@ -115,9 +145,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if !trace.stacks.is_empty() {
         outln!(out, "  call stacks: {} distinct", trace.stacks.len());
-    }
-    for w in &trace.warnings {
-        outln!(out, "  warning: {w}");
     }
     crate::output::emit(&out)?;
     Ok(ExitCode::SUCCESS)
