@@ -1,6 +1,8 @@
 //! `allocsim replay TRACE --policy NAME ...`.
 
-use crate::output::{bytes, memory_summary, read_stats_json, recorded_differences};
+use crate::output::{
+    bytes, compares_cumulative, memory_summary, read_stats_json, recorded_differences,
+};
 use crate::output::{emit, outln};
 use allocsim_core::CallKind;
 use allocsim_replay::{
@@ -382,13 +384,18 @@ fn print_report(
         );
     }
     match differences {
-        Some(d) if d.is_empty() => {
+        Some(d) if d.is_empty() && compares_cumulative(r) => {
             outln!(
                 out,
                 "  memory_stats: all {} keys equal the recorded run's",
                 r.stats.flat().len()
             )
         }
+        Some(d) if d.is_empty() => outln!(
+            out,
+            "  memory_stats: every current value equals the recorded run's (cumulative values \
+             are compared with --stats-at-start)"
+        ),
         Some(d) => {
             outln!(out, "  memory_stats: {} keys differ from the recorded run's:", d.len());
             for (k, a, b) in d.iter().take(12) {

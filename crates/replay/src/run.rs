@@ -123,6 +123,9 @@ pub const H100_FREE_BYTES: u64 = 84_465_090_560;
 struct Head<'t> {
     meta: &'t TraceMeta,
     start: Option<&'t StartState>,
+    /// The state at the start may be seeded: the run is the recording's own (a what-if lays
+    /// the live blocks out instead, as its settings and device would have).
+    seedable: bool,
     /// The recording, or (streaming) at least its device events.
     recorded: &'t [RecordedEvent],
     has_recording: bool,
@@ -134,6 +137,7 @@ impl<'t> Head<'t> {
         Head {
             meta: &trace.meta,
             start: trace.start.as_ref(),
+            seedable: true,
             recorded: &trace.recorded,
             has_recording: !trace.recorded.is_empty(),
             ops: trace.ops.len() as u64,
@@ -173,6 +177,7 @@ pub fn run_trace_streamed<O: Borrow<Op>>(
     let head = Head {
         meta: &head.meta,
         start: head.start.as_ref(),
+        seedable: true,
         recorded: &head.recorded,
         has_recording: recorded_len > 0,
         ops: ops_len,
@@ -181,7 +186,7 @@ pub fn run_trace_streamed<O: Borrow<Op>>(
 }
 
 fn run_head<O: Borrow<Op>>(
-    trace: Head<'_>,
+    mut trace: Head<'_>,
     ops: impl IntoIterator<Item = O>,
     opts: &RunOptions,
     extra: &mut [&mut dyn Observer],
@@ -203,6 +208,7 @@ fn run_head<O: Borrow<Op>>(
         || opts.memory_fraction.is_some_and(|f| Some(f) != meta.memory_fraction)
         || opts.device_total_bytes.is_some_and(|t| Some(t) != meta.device_total_bytes)
         || opts.device_free_bytes.is_some_and(|f| Some(f) != meta.device_free_bytes);
+    trace.seedable = !what_if;
     let follow = match opts.device {
         DeviceChoice::Recorded => true,
         DeviceChoice::Sim => false,
@@ -312,7 +318,12 @@ impl Run<'_, '_> {
                 }
                 stats
             });
-            started = match engine.seed(start, stats.as_ref()) {
+            let seeded = if trace.seedable {
+                engine.seed(start, stats.as_ref())
+            } else {
+                Err("a what-if: the state is the recorded settings' layout".to_string())
+            };
+            started = match seeded {
                 Ok(()) => {
                     observers.on_start(start);
                     StartedFrom::Seeded { stats_known: stats.is_some() }
