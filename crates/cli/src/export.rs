@@ -38,7 +38,7 @@ fn segments_value(segments: &[SnapshotSegment]) -> Value {
                 ("requested_size", int(seg.requested_size())),
                 ("stream", int(seg.stream.0)),
                 ("segment_type", Value::str(seg.pool.segment_type())),
-                ("segment_pool_id", Value::tuple(vec![Value::Int(0), Value::Int(0)])),
+                ("segment_pool_id", pool_id(seg.pool_id)),
                 ("is_expandable", Value::Bool(seg.is_expandable)),
                 ("frames", empty_frames.clone()),
                 ("blocks", Value::list(blocks)),
@@ -113,4 +113,10 @@ pub fn write_snapshot(
         bytes
     };
     crate::write_atomically(path, &bytes).with_context(|| format!("exporting {}", path.display()))
+}
+
+/// A `MempoolId` as PyTorch writes it: a tuple of two ints.
+fn pool_id(id: allocsim_core::MemPoolId) -> Value {
+    let int = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+    Value::tuple(vec![int(id.0), int(id.1)])
 }

@@ -19,7 +19,10 @@
 //! `record_stream` and `free_completed` names a live allocation of this allocator, and that ids
 //! are never reused; policies may rely on it.
 
-use crate::{AllocId, Device, Event, MemoryStats, SnapshotSegment, StartState, StreamId};
+use crate::{
+    AllocId, Device, Event, MemPoolId, MemoryStats, PoolAction, SnapshotSegment, StartState,
+    StreamId,
+};
 use std::fmt;
 
 /// Where a policy reports what it did, one event at a time, in order.
@@ -207,6 +210,12 @@ pub trait Allocator {
     ) -> Result<(), String> {
         let _ = (env, start, stats);
         Err(format!("policy {} lays out a recording's live blocks itself", self.name()))
+    }
+
+    /// A private pool is entered, left or dropped ([`PoolAction`]). Default: ignored, so a
+    /// policy without private pools serves their allocations from its common pool.
+    fn pool_action(&mut self, env: &mut Env<'_>, pool: MemPoolId, action: PoolAction) {
+        let _ = (env, pool, action);
     }
 
     /// Give cached memory back to the device, as `torch.cuda.empty_cache()`.

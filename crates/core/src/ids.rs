@@ -52,3 +52,23 @@ impl Pool {
         }
     }
 }
+
+/// A memory pool as PyTorch names it (`MempoolId_t`, a snapshot's `segment_pool_id`): `(0, 0)`
+/// is the default pools; `(0, n)` a pool the user made (`torch.cuda.MemPool`, or a graph pool
+/// handle), `(n, 0)` one a CUDA graph made for itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct MemPoolId(pub u64, pub u64);
+
+impl MemPoolId {
+    pub const DEFAULT: MemPoolId = MemPoolId(0, 0);
+
+    pub fn is_default(self) -> bool {
+        self == MemPoolId::DEFAULT
+    }
+}
+
+impl std::fmt::Display for MemPoolId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "({}, {})", self.0, self.1)
+    }
+}

@@ -6,7 +6,7 @@
 //! the richest interface among the allocators we simulate; simpler policies ignore what they
 //! have no use for (a policy without stream semantics treats `RecordStream` as a no-op).
 
-use crate::{AllocId, StreamId};
+use crate::{AllocId, MemPoolId, StreamId};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
@@ -28,6 +28,34 @@ pub enum Op {
     /// A `PYTORCH_CUDA_ALLOC_CONF`-style settings string applied at run time
     /// (`torch.cuda.memory._set_allocator_settings`).
     SetAllocatorSettings { conf: String },
+    /// A private memory pool (`torch.cuda.MemPool`, a CUDA graph's pool) is entered, left or
+    /// dropped; see [`PoolAction`].
+    Pool { pool: MemPoolId, action: PoolAction },
+}
+
+/// What happens to a private pool, in the order of PyTorch's hooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolAction {
+    /// `beginAllocateToPool`: from here on allocations are served from the pool (created on
+    /// first use), until `EndAllocate` (`use_mem_pool` entered, a graph capture begun).
+    BeginAllocate,
+    /// `endAllocateToPool`, then the context's `releasePool`: allocations go back to the
+    /// default pools.
+    EndAllocate,
+    /// The pool's owner drops it (`~MemPool`: `releasePool`, then `emptyCache` of the pool):
+    /// once no context holds it, its wholly free segments go back to the device, and the rest
+    /// when a later `empty_cache` finds them free.
+    Release,
+}
+
+impl PoolAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolAction::BeginAllocate => "begin_allocate_to_pool",
+            PoolAction::EndAllocate => "end_allocate_to_pool",
+            PoolAction::Release => "release_pool",
+        }
+    }
 }
 
 impl Op {
@@ -41,6 +69,7 @@ impl Op {
             Op::EmptyCache => "empty_cache",
             Op::SetMemoryFraction { .. } => "set_memory_fraction",
             Op::SetAllocatorSettings { .. } => "set_allocator_settings",
+            Op::Pool { action, .. } => action.name(),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! A policy's memory map at one moment, in the shape of PyTorch's snapshot `segments` list.
 
-use crate::{Pool, StreamId};
+use crate::{MemPoolId, Pool, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BlockState {
@@ -43,6 +43,8 @@ pub struct SnapshotSegment {
     pub total_size: u64,
     pub stream: StreamId,
     pub pool: Pool,
+    /// The memory pool the segment belongs to (`segment_pool_id`).
+    pub pool_id: MemPoolId,
     pub is_expandable: bool,
     /// In address order, tiling the segment.
     pub blocks: Vec<SnapshotBlock>,

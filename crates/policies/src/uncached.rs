@@ -171,6 +171,7 @@ impl Allocator for Uncached {
             .live
             .values()
             .map(|b| SnapshotSegment {
+                pool_id: allocsim_core::MemPoolId::DEFAULT,
                 address: b.addr,
                 total_size: b.size,
                 stream: b.stream,

@@ -308,6 +308,10 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
                 let result = allocator.set_memory_fraction(&mut env.as_dyn(), fraction);
                 settings_outcome(result, op_index, &mut self.skipped, &mut self.refusals)
             }
+            Op::Pool { pool, action } => {
+                allocator.pool_action(&mut env.as_dyn(), pool, action);
+                OpOutcome::Done
+            }
             Op::SetAllocatorSettings { ref conf } => {
                 let result = allocator.set_settings(conf);
                 settings_outcome(result, op_index, &mut self.skipped, &mut self.refusals)

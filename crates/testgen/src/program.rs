@@ -193,6 +193,7 @@ pub fn format_op(op: &Op) -> String {
         Op::EmptyCache => "empty_cache".to_string(),
         Op::SetMemoryFraction { fraction } => format!("set_memory_fraction {fraction}"),
         Op::SetAllocatorSettings { conf } => format!("set_allocator_settings {conf:?}"),
+        Op::Pool { pool, action } => format!("{} {pool}", action.name()),
     }
 }
 

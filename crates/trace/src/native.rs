@@ -14,7 +14,8 @@
 
 use crate::error::TraceError;
 use allocsim_core::{
-    AllocId, Op, RecordedEvent, RecordedKind, Stack, StackFrame, StreamId, Trace, TraceMeta,
+    AllocId, MemPoolId, Op, PoolAction, RecordedEvent, RecordedKind, Stack, StackFrame, StreamId,
+    Trace, TraceMeta,
 };
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -66,13 +67,33 @@ pub struct NativeMeta {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NativeOp {
-    Alloc { id: u64, size: u64, stream: u64 },
-    FreeRequested { id: u64 },
-    FreeCompleted { id: u64 },
-    RecordStream { id: u64, stream: u64 },
+    Alloc {
+        id: u64,
+        size: u64,
+        stream: u64,
+    },
+    FreeRequested {
+        id: u64,
+    },
+    FreeCompleted {
+        id: u64,
+    },
+    RecordStream {
+        id: u64,
+        stream: u64,
+    },
     EmptyCache,
-    SetMemoryFraction { fraction: f64 },
-    SetAllocatorSettings { conf: String },
+    SetMemoryFraction {
+        fraction: f64,
+    },
+    SetAllocatorSettings {
+        conf: String,
+    },
+    /// A private pool's `MempoolId` and what happens to it (`pool_action_tag`).
+    Pool {
+        pool: [u64; 2],
+        action: u8,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,7 +187,7 @@ impl NativeFile {
         Ok(Trace {
             meta: self.meta.into_meta(),
             start: None,
-            ops: self.ops.into_iter().map(op_in).collect(),
+            ops: self.ops.into_iter().map(op_in).collect::<Result<_, _>>()?,
             recorded: self.recorded.into_iter().map(recorded_in).collect(),
             stacks: self
                 .stacks
@@ -190,11 +211,14 @@ fn op_out(op: &Op) -> NativeOp {
         Op::EmptyCache => NativeOp::EmptyCache,
         Op::SetMemoryFraction { fraction } => NativeOp::SetMemoryFraction { fraction: *fraction },
         Op::SetAllocatorSettings { conf } => NativeOp::SetAllocatorSettings { conf: conf.clone() },
+        Op::Pool { pool, action } => {
+            NativeOp::Pool { pool: [pool.0, pool.1], action: pool_action_tag(*action) }
+        }
     }
 }
 
-fn op_in(op: NativeOp) -> Op {
-    match op {
+fn op_in(op: NativeOp) -> Result<Op, String> {
+    Ok(match op {
         NativeOp::Alloc { id, size, stream } => {
             Op::Alloc { id: AllocId(id), size, stream: StreamId(stream) }
         }
@@ -206,7 +230,29 @@ fn op_in(op: NativeOp) -> Op {
         NativeOp::EmptyCache => Op::EmptyCache,
         NativeOp::SetMemoryFraction { fraction } => Op::SetMemoryFraction { fraction },
         NativeOp::SetAllocatorSettings { conf } => Op::SetAllocatorSettings { conf },
+        NativeOp::Pool { pool, action } => {
+            let action = pool_action_of(action).ok_or(format!("unknown pool action {action}"))?;
+            Op::Pool { pool: MemPoolId(pool[0], pool[1]), action }
+        }
+    })
+}
+
+/// The byte a pool action is stored as, in both native layouts.
+pub(crate) fn pool_action_tag(action: PoolAction) -> u8 {
+    match action {
+        PoolAction::BeginAllocate => 0,
+        PoolAction::EndAllocate => 1,
+        PoolAction::Release => 2,
     }
+}
+
+pub(crate) fn pool_action_of(tag: u8) -> Option<PoolAction> {
+    Some(match tag {
+        0 => PoolAction::BeginAllocate,
+        1 => PoolAction::EndAllocate,
+        2 => PoolAction::Release,
+        _ => return None,
+    })
 }
 
 /// An op from the parts the binary layout stores: `tag` 0 alloc (id, size, stream),

@@ -8,7 +8,7 @@
 //! keeps the `Block` object alive.
 
 use super::freeset::FreeSet;
-use allocsim_core::{AllocId, Pool, StreamId};
+use allocsim_core::{AllocId, MemPoolId, Pool, StreamId};
 use std::collections::BTreeSet;
 use std::ops::{Index, IndexMut};
 
@@ -32,6 +32,9 @@ pub struct Block {
     pub next: u32,
     /// Index of the expandable segment the block lies in, or `NIL` for a cudaMalloc segment.
     pub expandable: u32,
+    /// The pool the block's segment belongs to: 0 the default pools, `k` the private pool in
+    /// slot `k - 1` (`block->pool`).
+    pub slot: u16,
     /// How many streams other than `stream` the block was recorded on.
     pub stream_uses: u32,
     pub small: bool,
@@ -55,6 +58,7 @@ impl Block {
             prev: NIL,
             next: NIL,
             expandable: NIL,
+            slot: 0,
             stream_uses: 0,
             small,
             allocated: false,
@@ -157,6 +161,29 @@ impl Index<u32> for Arena {
 impl IndexMut<u32> for Arena {
     fn index_mut(&mut self, index: u32) -> &mut Block {
         &mut self.slots[index as usize]
+    }
+}
+
+/// A private pool (`PrivatePool`): its own small and large free sets, how many owners and
+/// contexts hold it, and its segments.
+#[derive(Debug)]
+pub struct PrivatePool {
+    pub id: MemPoolId,
+    pub small: BlockPool,
+    pub large: BlockPool,
+    /// `use_count`: the pool's owner plus the contexts allocating to it. At 0 it is freeable:
+    /// a release of cached blocks frees its whole free segments.
+    pub use_count: u32,
+    /// `cudaMalloc_count`: its live segments. A freeable pool with none left is deleted.
+    pub segments: u32,
+    /// False once deleted; the slot stays, so blocks' slot numbers stay valid.
+    pub live: bool,
+}
+
+impl PrivatePool {
+    pub fn new(id: MemPoolId, use_count: u32) -> PrivatePool {
+        let (small, large) = (BlockPool::new(), BlockPool::new());
+        PrivatePool { id, small, large, use_count, segments: 0, live: true }
     }
 }
 

@@ -88,7 +88,7 @@ impl PyTorchAllocator {
         size: u64,
     ) -> Option<u32> {
         let start = AddrKey { stream: stream.0, addr: 0, index: 0 };
-        for key in self.pool(small).unmapped.range(start..) {
+        for key in self.pool(0, small).unmapped.range(start..) {
             if key.stream != stream.0 {
                 break;
             }
@@ -114,7 +114,7 @@ impl PyTorchAllocator {
         whole.mapped = false;
         whole.expandable = segment;
         let index = self.arena.insert(whole);
-        self.pool_mut(small).unmapped.insert(whole.addr_key(index));
+        self.default_pool_mut(small).unmapped.insert(whole.addr_key(index));
         Some(index)
     }
 
@@ -142,7 +142,7 @@ impl PyTorchAllocator {
         if mapped == 0 || env.device.map(addr, mapped).is_err() {
             return false;
         }
-        self.pool_mut(b.small).unmapped.remove(&b.addr_key(to_map));
+        self.default_pool_mut(b.small).unmapped.remove(&b.addr_key(to_map));
         self.arena[to_map].mapped = true;
         if mapped < b.size {
             let mut rest = Block::new(b.addr + mapped, b.size - mapped, b.stream, b.small);
@@ -156,7 +156,7 @@ impl PyTorchAllocator {
             }
             self.arena[to_map].next = r;
             self.arena[to_map].size = mapped;
-            self.pool_mut(b.small).unmapped.insert(rest.addr_key(r));
+            self.default_pool_mut(b.small).unmapped.insert(rest.addr_key(r));
         }
         self.try_merge_blocks(to_map, self.arena[to_map].prev);
         self.try_merge_blocks(to_map, self.arena[to_map].next);
@@ -213,7 +213,7 @@ impl PyTorchAllocator {
         self.try_merge_blocks(index, self.arena[index].prev);
         self.try_merge_blocks(index, self.arena[index].next);
         let key = self.arena[index].addr_key(index);
-        self.pool_mut(b.small).unmapped.insert(key);
+        self.default_pool_mut(b.small).unmapped.insert(key);
         let pool = pool_of(b.small);
         self.total_allocated_memory -= unmapped;
         self.stats.reserved_bytes.dec(pool, unmapped);
@@ -231,7 +231,7 @@ impl PyTorchAllocator {
         let seg = &mut self.segments[b.expandable as usize];
         seg.live = false;
         env.device.release_address(seg.base, seg.size);
-        self.pool_mut(b.small).unmapped.remove(&b.addr_key(index));
+        self.default_pool_mut(b.small).unmapped.remove(&b.addr_key(index));
         self.arena.remove(index);
     }
 }

@@ -22,6 +22,8 @@ pub(super) struct Params {
     pub alloc_size: u64,
     pub stream: StreamId,
     pub small: bool,
+    /// The pool the request is served from: 0 the default pools, else a private pool's slot.
+    pub slot: u16,
     /// The block found or made; `NIL` until then.
     pub block: u32,
 }
@@ -53,8 +55,8 @@ impl PyTorchAllocator {
             // We report the refusal as an OOM and count it, so that every `Oom` event is in
             // `num_ooms` (PyTorch's RuntimeError here is not an OOM and counts nowhere; no
             // recording can hold such a request, since it never reaches the trace).
-            let p =
-                Params { size: orig_size, alloc_size: orig_size, stream, small: false, block: NIL };
+            let (size, alloc_size) = (orig_size, orig_size);
+            let p = Params { size, alloc_size, stream, small: false, slot: 0, block: NIL };
             self.stats.num_ooms += 1;
             let info = self.oom_info(env.device, &p);
             env.events.emit(Event::Oom { id, size: orig_size, stream, info });
@@ -62,8 +64,9 @@ impl PyTorchAllocator {
         }
         let size = round_size(&self.config, orig_size);
         let small = is_small(size);
-        let mut p =
-            Params { size, alloc_size: get_allocation_size(size), stream, small, block: NIL };
+        let alloc_size = get_allocation_size(size);
+        let slot = self.contexts.last().copied().unwrap_or(0);
+        let mut p = Params { size, alloc_size, stream, small, slot, block: NIL };
         if !self.get_free_block(&mut p) && !self.malloc_miss(env, &mut p) {
             return Err(self.oom(env, id, &p));
         }
@@ -81,7 +84,9 @@ impl PyTorchAllocator {
         }
         self.alloc_block(env, p, false)
             || (self.release_available_cached_blocks(env, p) && self.alloc_block(env, p, false))
-            || (self.release_cached_blocks(env) && self.alloc_block(env, p, true))
+            || (self.contexts.is_empty()
+                && self.release_cached_blocks(env, None)
+                && self.alloc_block(env, p, true))
     }
 
     /// `get_free_block`: best fit on the same stream, with the expandable preference and the
@@ -93,7 +98,7 @@ impl PyTorchAllocator {
         let max_split = self.config.max_split_size;
         let non_split_rounding = self.config.max_non_split_rounding_size;
         let arena = &self.arena;
-        let pool = if p.small { &mut self.small_pool } else { &mut self.large_pool };
+        let pool = pool_mut!(self, p.slot, p.small);
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
@@ -153,7 +158,7 @@ impl PyTorchAllocator {
                 return false;
             }
         }
-        if self.config.expandable_segments {
+        if self.config.expandable_segments && p.slot == 0 {
             return match self.try_allocate_expandable_block(env, p.stream, p.small, p.size) {
                 Some(block) => {
                     p.block = block;
@@ -166,7 +171,12 @@ impl PyTorchAllocator {
         // which we can only report as a failed allocation.
         let Ok(addr) = env.device.malloc(p.alloc_size) else { return false };
         self.total_allocated_memory += p.alloc_size;
-        p.block = self.arena.insert(Block::new(addr, p.alloc_size, p.stream, p.small));
+        let mut block = Block::new(addr, p.alloc_size, p.stream, p.small);
+        block.slot = p.slot;
+        p.block = self.arena.insert(block);
+        if p.slot != 0 {
+            self.private[usize::from(p.slot) - 1].segments += 1;
+        }
         let pool = pool_of(p.small);
         self.stats.segment.inc(pool, 1);
         self.stats.reserved_bytes.inc(pool, p.alloc_size);
@@ -183,7 +193,7 @@ impl PyTorchAllocator {
     fn should_split(&self, block: u32, size: u64) -> bool {
         let b = &self.arena[block];
         let remaining = b.size - size;
-        if b.small || self.config.expandable_segments {
+        if b.small || (self.config.expandable_segments && b.slot == 0) {
             remaining >= K_MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > K_SMALL_SIZE
@@ -211,6 +221,7 @@ impl PyTorchAllocator {
             let remaining = p.block;
             let mut head = Block::new(found_addr, p.size, p.stream, p.small);
             head.expandable = found_expandable;
+            head.slot = p.slot;
             head.prev = found_prev;
             head.next = remaining;
             block = self.arena.insert(head);
@@ -297,9 +308,8 @@ impl PyTorchAllocator {
     /// 16-byte load, LLVM merges the two) stalls on store forwarding (`perf annotate`).
     #[inline(always)]
     pub(super) fn insert_free(&mut self, index: u32, addr: u64, size: u64) {
-        let pool =
-            if self.arena[index].small { &mut self.small_pool } else { &mut self.large_pool };
         let b = &mut self.arena[index];
+        let pool = pool_mut!(self, b.slot, b.small);
         debug_assert!(b.addr == addr && b.size == size);
         b.gc_count_base = pool.get_free_blocks_call_count;
         pool.blocks.insert(SizeKey { stream: b.stream.0, size, addr, index });
@@ -310,7 +320,7 @@ impl PyTorchAllocator {
     pub(super) fn erase_from_blocks(&mut self, index: u32) {
         let b = &self.arena[index];
         let key = b.size_key(index);
-        let pool = if b.small { &mut self.small_pool } else { &mut self.large_pool };
+        let pool = pool_mut!(self, b.slot, b.small);
         pool.blocks.remove(&key);
     }
 }

@@ -15,7 +15,9 @@
 //! - `expandable`: expandable segments (map/unmap pages in a reserved range);
 //! - `snapshot`: `torch.cuda.memory._snapshot()` segments and cheap free-space figures.
 //!
-//! Not simulated: CUDA graphs and private memory pools, IPC, multiple devices.
+//! - `pools`: private pools (`torch.cuda.MemPool`, CUDA graph pools).
+//!
+//! Not simulated: IPC, multiple devices, and of private pools what `pools` lists.
 //!
 //! Where PyTorch throws, the clone reports instead, because a replay must go on: a request of
 //! 1 EiB or more and a device error other than out-of-memory become an `Oom` outcome (the
@@ -27,12 +29,26 @@
 //! never frees a block that is part of a split segment, which PyTorch would hand to
 //! `cudaFree` if `max_split_size` were lowered at run time below a live split segment's size.
 
+/// The free sets of pool `slot` (0 the default pools) and size class, mutably, naming the
+/// pool fields only, so that the arena can still be read while it is held.
+macro_rules! pool_mut {
+    ($this:expr, $slot:expr, $small:expr) => {
+        match ($slot, $small) {
+            (0, true) => &mut $this.small_pool,
+            (0, false) => &mut $this.large_pool,
+            (s, true) => &mut $this.private[usize::from(s) - 1].small,
+            (s, false) => &mut $this.private[usize::from(s) - 1].large,
+        }
+    };
+}
+
 mod block;
 pub mod config;
 mod expandable;
 mod free;
 mod freeset;
 mod malloc;
+mod pools;
 mod release;
 mod rounding;
 mod seed;
@@ -43,10 +59,10 @@ pub use config::Config;
 pub use rounding::{get_allocation_size, round_size};
 
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Device, Emit, Env, FreeSpace, Granted, IdTable, MemoryStats,
-    OomInfo, SnapshotSegment, StartState, StatArray, StreamId,
+    AllocId, Allocator, ConfigError, Device, Emit, Env, FreeSpace, Granted, IdTable, MemPoolId,
+    MemoryStats, OomInfo, PoolAction, SnapshotSegment, StartState, StatArray, StreamId,
 };
-use block::{Arena, BlockPool, NIL};
+use block::{Arena, BlockPool, PrivatePool, NIL};
 use expandable::ExpandableSegment;
 
 /// PyTorch's `DeviceCachingAllocator` for one device, default pools only.
@@ -56,6 +72,12 @@ pub struct PyTorchAllocator {
     arena: Arena,
     small_pool: BlockPool,
     large_pool: BlockPool,
+    /// `graph_pools`, by slot (a block's `slot` - 1); deleted pools keep their slot.
+    private: Vec<PrivatePool>,
+    /// `captures_underway`: slots of the private pools being allocated to, the latest last
+    /// (PyTorch 2.11 scans them last first; the recording does not show their filters, so a
+    /// context takes every allocation).
+    contexts: Vec<u16>,
     /// `allocated_blocks` / `active_blocks`: allocations by id, while allocated or pending.
     ids: IdTable<u32>,
     /// Blocks freed while in use on other streams (`cuda_events`), in the order of their frees.
@@ -124,6 +146,8 @@ impl PyTorchAllocator {
             arena: Arena::default(),
             small_pool: BlockPool::new(),
             large_pool: BlockPool::new(),
+            private: Vec::new(),
+            contexts: Vec::new(),
             ids: IdTable::new(NIL),
             pending: Vec::new(),
             stream_uses: Vec::new(),
@@ -166,20 +190,47 @@ impl PyTorchAllocator {
         self.stats.reset_accumulated();
     }
 
-    fn pool(&self, small: bool) -> &BlockPool {
-        if small {
-            &self.small_pool
-        } else {
-            &self.large_pool
-        }
-    }
-
-    fn pool_mut(&mut self, small: bool) -> &mut BlockPool {
+    /// The default pool of a size class (expandable segments live only there).
+    fn default_pool_mut(&mut self, small: bool) -> &mut BlockPool {
         if small {
             &mut self.small_pool
         } else {
             &mut self.large_pool
         }
+    }
+
+    /// The free sets of pool `slot` (0 the default pools) and size class.
+    fn pool(&self, slot: u16, small: bool) -> &BlockPool {
+        match (slot, small) {
+            (0, true) => &self.small_pool,
+            (0, false) => &self.large_pool,
+            (s, true) => &self.private[usize::from(s) - 1].small,
+            (s, false) => &self.private[usize::from(s) - 1].large,
+        }
+    }
+
+    /// The pool id of `slot`.
+    fn pool_id(&self, slot: u16) -> MemPoolId {
+        match slot {
+            0 => MemPoolId::DEFAULT,
+            s => self.private[usize::from(s) - 1].id,
+        }
+    }
+
+    /// The slot of the live private pool `id`, if there is one.
+    fn slot_of(&self, id: MemPoolId) -> Option<u16> {
+        let i = self.private.iter().position(|p| p.live && p.id == id)?;
+        u16::try_from(i + 1).ok()
+    }
+
+    /// The slot of private pool `id`, made with `use_count` references if it does not exist.
+    fn create_or_incref_pool(&mut self, id: MemPoolId, use_count: u32) -> u16 {
+        if let Some(slot) = self.slot_of(id) {
+            self.private[usize::from(slot) - 1].use_count += 1;
+            return slot;
+        }
+        self.private.push(PrivatePool::new(id, use_count));
+        u16::try_from(self.private.len()).unwrap_or(u16::MAX)
     }
 
     /// GC is armed only with a fraction below 1 and a positive threshold.
@@ -269,7 +320,11 @@ impl Allocator for PyTorchAllocator {
     }
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
-        self.release_cached_blocks(env);
+        self.release_cached_blocks(env, None);
+    }
+
+    fn pool_action(&mut self, env: &mut Env<'_>, pool: MemPoolId, action: PoolAction) {
+        self.pool_action_impl(env, pool, action);
     }
 
     fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {

@@ -28,7 +28,7 @@ impl PyTorchAllocator {
         }
         let key_size = p.size.max(max_split);
         let stream = p.stream.0;
-        if let Some(first) = self.pool(p.small).blocks.lower_bound(stream, key_size) {
+        if let Some(first) = self.pool(p.slot, p.small).blocks.lower_bound(stream, key_size) {
             let first = first.key;
             let b = &self.arena[first.index];
             // PyTorch would hand a split block to cudaFree here (impossible unless
@@ -42,7 +42,7 @@ impl PyTorchAllocator {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         let mut released = 0u64;
-        let blocks = &self.pool(p.small).blocks;
+        let blocks = &self.pool(p.slot, p.small).blocks;
         let mut cursor = blocks.prev_in_stream(stream, key_size, 0);
         while let Some(k) = cursor {
             if released >= key_size || k.size < max_split {
@@ -62,12 +62,33 @@ impl PyTorchAllocator {
         released >= key_size
     }
 
-    /// `release_cached_blocks` for the default pools: wait for every stream (completing
-    /// pending frees), then free whole cached segments, large pool first.
-    pub(super) fn release_cached_blocks<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>) -> bool {
-        self.synchronize_and_free_events(env);
-        self.release_blocks(env, false);
-        self.release_blocks(env, true);
+    /// `release_cached_blocks`: for the default pools (`only` is `None`, and no context is
+    /// allocating to a private pool) wait for every stream, completing pending frees, and free
+    /// whole cached segments, large pool first; then the same for every freeable private pool
+    /// (or only the pool in slot `only`), small pool first, deleting a pool left without
+    /// segments.
+    pub(super) fn release_cached_blocks<E: Emit + ?Sized>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        only: Option<u16>,
+    ) -> bool {
+        if only.is_none() && self.contexts.is_empty() {
+            self.synchronize_and_free_events(env);
+            self.release_blocks(env, 0, false);
+            self.release_blocks(env, 0, true);
+        }
+        for i in 0..self.private.len() {
+            let slot = u16::try_from(i + 1).unwrap_or(u16::MAX);
+            let pool = &self.private[i];
+            if !pool.live || pool.use_count > 0 || only.is_some_and(|o| o != slot) {
+                continue;
+            }
+            self.release_blocks(env, slot, true);
+            self.release_blocks(env, slot, false);
+            if self.private[i].segments == 0 {
+                self.private[i].live = false;
+            }
+        }
         true
     }
 
@@ -85,10 +106,10 @@ impl PyTorchAllocator {
 
     /// `release_blocks`: in (stream, size, address) order, free every unsplit segment and
     /// unmap the whole free pages of expandable blocks.
-    fn release_blocks<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, small: bool) {
+    fn release_blocks<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, slot: u16, small: bool) {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        self.pool(small).blocks.collect_indices(&mut scratch);
+        self.pool(slot, small).blocks.collect_indices(&mut scratch);
         let mut to_unmap = 0;
         for i in 0..scratch.len() {
             let index = scratch[i];
@@ -124,6 +145,9 @@ impl PyTorchAllocator {
         }
         self.erase_from_blocks(index);
         self.arena.remove(index);
+        if b.slot != 0 {
+            self.private[usize::from(b.slot) - 1].segments -= 1;
+        }
     }
 
     /// `garbage_collect_cached_blocks`: above `threshold * allowed`, free unsplit large cached

@@ -3,7 +3,7 @@
 //! free blocks enter their pool's free set, active ones are found by their allocation ids, and
 //! the statistics start at the state's `current` values.
 
-use super::block::{Block, NIL};
+use super::block::{Block, PrivatePool, NIL};
 use super::PyTorchAllocator;
 use allocsim_core::{BlockState, Env, MemoryStats, Pool, StartState, StatArray};
 
@@ -39,11 +39,23 @@ impl PyTorchAllocator {
         start: &StartState,
     ) -> Result<(), String> {
         let small = seg.pool == Pool::Small;
+        // A private pool alive at the start is held by its owner.
+        let slot = match seg.pool_id.is_default() {
+            true => 0,
+            false => self.slot_of(seg.pool_id).unwrap_or_else(|| {
+                self.private.push(PrivatePool::new(seg.pool_id, 1));
+                u16::try_from(self.private.len()).unwrap_or(u16::MAX)
+            }),
+        };
+        if slot != 0 {
+            self.private[usize::from(slot) - 1].segments += 1;
+        }
         let mut prev = NIL;
         for b in &seg.blocks {
             let mut block = Block::new(b.address, b.size, seg.stream, small);
             block.requested = b.requested_size;
             block.prev = prev;
+            block.slot = slot;
             if b.state.is_active() {
                 let id = start
                     .id_at(b.address)

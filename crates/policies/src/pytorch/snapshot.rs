@@ -16,6 +16,7 @@ impl PyTorchAllocator {
                 continue;
             }
             let mut segment = SnapshotSegment {
+                pool_id: self.pool_id(head.slot),
                 address: head.addr,
                 total_size: 0,
                 stream: head.stream,

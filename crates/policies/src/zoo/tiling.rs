@@ -309,6 +309,7 @@ impl<T: Copy> Tiling<T> {
         self.segs
             .iter()
             .map(|(&base, seg)| SnapshotSegment {
+                pool_id: allocsim_core::MemPoolId::DEFAULT,
                 address: base,
                 total_size: seg.size,
                 stream: seg.stream,

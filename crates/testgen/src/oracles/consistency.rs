@@ -149,6 +149,7 @@ mod tests {
     #[test]
     fn finds_a_stat_that_disagrees() {
         let seg = SnapshotSegment {
+            pool_id: allocsim_core::MemPoolId::DEFAULT,
             address: 0x1000,
             total_size: 2048,
             stream: StreamId(0),

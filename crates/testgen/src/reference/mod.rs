@@ -603,6 +603,7 @@ impl Allocator for Reference {
         self.segments
             .iter()
             .map(|s| SnapshotSegment {
+                pool_id: allocsim_core::MemPoolId::DEFAULT,
                 address: s.addr,
                 total_size: s.size,
                 stream: s.stream,

@@ -13,8 +13,9 @@
 //! bincode's serde path costs several times that); ids and op indices are stored as zigzag
 //! deltas from the previous one, so most take one byte:
 //! - op: tag (0 alloc, 1 free_requested, 2 free_completed, 3 record_stream, 4 empty_cache,
-//!   5 set_memory_fraction, 6 set_allocator_settings), then for 0: id, size, stream; 1, 2:
-//!   id; 3: id, stream; 5: f64 LE; 6: length, UTF-8 bytes.
+//!   5 set_memory_fraction, 6 set_allocator_settings, 7 pool), then for 0: id, size, stream;
+//!   1, 2: id; 3: id, stream; 5: f64 LE; 6: length, UTF-8 bytes; 7: the action's byte (0
+//!   begin_allocate, 1 end_allocate, 2 release), the pool id's two numbers.
 //! - recorded event: kind (0..8 in [`super::NativeKind`] order), op, addr, size, stream.
 //!
 //! Stacks and op-stack pairs are rare enough for bincode (a `Vec` of them per chunk). `END`
@@ -27,7 +28,7 @@ use super::{
     NativeFrame, NativeKind, NativeMeta, NativeRecorded, FORMAT_NAME,
 };
 use crate::error::TraceError;
-use allocsim_core::{Op, RecordedEvent, Stack, Trace};
+use allocsim_core::{MemPoolId, Op, RecordedEvent, Stack, Trace};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -230,6 +231,12 @@ impl<W: Write> NativeWriter<W> {
                 c.push(6);
                 put_varint(c, conf.len() as u64);
                 c.extend_from_slice(conf.as_bytes());
+            }
+            Op::Pool { pool, action } => {
+                c.push(7);
+                c.push(super::pool_action_tag(*action));
+                put_varint(c, pool.0);
+                put_varint(c, pool.1);
             }
         }
         self.item(OPS, OPS_PER_CHUNK)
@@ -647,6 +654,12 @@ fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
             let bytes = b.get(*pos..pos.checked_add(n)?)?;
             *pos += n;
             Op::SetAllocatorSettings { conf: String::from_utf8(bytes.to_vec()).ok()? }
+        }
+        7 => {
+            let action = super::pool_action_of(*b.get(*pos)?)?;
+            *pos += 1;
+            let pool = MemPoolId(varint(b, pos)?, varint(b, pos)?);
+            Op::Pool { pool, action }
         }
         _ => return None,
     })

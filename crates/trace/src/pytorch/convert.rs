@@ -39,8 +39,8 @@ use super::stacks::Stacks;
 use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use allocsim_core::{
-    AllocId, BlockState, Op, Pool, RecordedEvent, RecordedKind, SnapshotBlock, SnapshotSegment,
-    StartState, StreamId, MIB,
+    AllocId, BlockState, MemPoolId, Op, Pool, RecordedEvent, RecordedKind, SnapshotBlock,
+    SnapshotSegment, StartState, StreamId, MIB,
 };
 
 /// The stream of the `RecordStream` inferred for a deferred free: the recording does not say
@@ -289,6 +289,7 @@ fn start_state(
         total_size,
         stream,
         pool: segment_pool(total_size),
+        pool_id: MemPoolId::DEFAULT,
         is_expandable,
         blocks: Vec::new(),
     };

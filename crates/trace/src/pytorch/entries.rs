@@ -7,7 +7,7 @@
 
 use crate::error::TraceError;
 use crate::pickle::Value;
-use allocsim_core::{BlockState, Pool, SnapshotBlock, SnapshotSegment, StreamId, MIB};
+use allocsim_core::{BlockState, MemPoolId, Pool, SnapshotBlock, SnapshotSegment, StreamId, MIB};
 use std::path::Path;
 
 /// Sizes above this are treated as corrupt: no device has 4 EiB.
@@ -355,6 +355,20 @@ pub fn final_segments(ctx: Ctx<'_>, root: &Value) -> Result<Vec<SnapshotSegment>
             Some(v) => ctx.size(v, || place("total_size"))?,
             None => offset,
         };
+        let pool_id = match seg.get("segment_pool_id") {
+            Some(v) => {
+                let parts = ctx.seq(v, || place("segment_pool_id"))?;
+                let [a, b] = parts else {
+                    let msg = format!("expected a pair of ints, got {} items", parts.len());
+                    return Err(ctx.err(place("segment_pool_id"), msg));
+                };
+                MemPoolId(
+                    ctx.handle(a, || place("segment_pool_id"))?,
+                    ctx.handle(b, || place("segment_pool_id"))?,
+                )
+            }
+            None => MemPoolId::DEFAULT,
+        };
         let pool = match seg.get("segment_type") {
             Some(Value::Str(t)) if t.as_str() == "small" => Pool::Small,
             Some(_) => Pool::Large,
@@ -365,6 +379,7 @@ pub fn final_segments(ctx: Ctx<'_>, root: &Value) -> Result<Vec<SnapshotSegment>
             total_size,
             stream,
             pool,
+            pool_id,
             is_expandable,
             blocks: out_blocks,
         });

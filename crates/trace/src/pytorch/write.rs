@@ -108,8 +108,10 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
                     let (size, stream) = blocks.get(id).copied().unwrap_or_default();
                     entry(&mut keys, "free_completed", 0, size, stream, o)?;
                 }
-                Op::EmptyCache | Op::SetMemoryFraction { .. } | Op::SetAllocatorSettings { .. } => {
-                }
+                Op::EmptyCache
+                | Op::SetMemoryFraction { .. }
+                | Op::SetAllocatorSettings { .. }
+                | Op::Pool { .. } => {}
             }
         }
     } else {
