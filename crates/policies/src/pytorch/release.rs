@@ -73,9 +73,11 @@ impl PyTorchAllocator {
         only: Option<u16>,
     ) -> bool {
         if only.is_none() && self.contexts.is_empty() {
-            self.synchronize_and_free_events(env);
+            self.synchronize_and_free_events(env, None);
             self.release_blocks(env, 0, false);
             self.release_blocks(env, 0, true);
+        } else if only.is_some() {
+            self.synchronize_and_free_events(env, only);
         }
         for i in 0..self.private.len() {
             let slot = u16::try_from(i + 1).unwrap_or(u16::MAX);
@@ -92,15 +94,27 @@ impl PyTorchAllocator {
         true
     }
 
-    /// `synchronize_and_free_events`: every outstanding stream use completes now.
-    fn synchronize_and_free_events<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>) {
+    /// `synchronize_and_free_events`: every outstanding stream use completes now, or only
+    /// those of blocks in the pool of slot `only`.
+    fn synchronize_and_free_events<E: Emit + ?Sized>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        only: Option<u16>,
+    ) {
         self.stats.num_sync_all_streams += 1;
         let mut pending = std::mem::take(&mut self.pending);
-        for &index in &pending {
+        let mut kept = 0;
+        for i in 0..pending.len() {
+            let index = pending[i];
+            if only.is_some_and(|slot| self.arena[index].slot != slot) {
+                pending[kept] = index;
+                kept += 1;
+                continue;
+            }
             self.arena[index].pending = false;
             self.free_block(env, index);
         }
-        pending.clear();
+        pending.truncate(kept);
         self.pending = pending;
     }
 

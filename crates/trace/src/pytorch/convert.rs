@@ -39,7 +39,7 @@ use super::stacks::Stacks;
 use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use allocsim_core::{
-    AllocId, BlockState, MemPoolId, Op, Pool, RecordedEvent, RecordedKind, SnapshotBlock,
+    AllocId, BlockState, MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind, SnapshotBlock,
     SnapshotSegment, StartState, StreamId, MIB,
 };
 
@@ -790,7 +790,8 @@ const RETRY_HEADROOM_BYTES: u64 = 2 << 30;
 /// reservation that leaves more than [`RETRY_HEADROOM_BYTES`] free was granted at once, so
 /// the frees before it were no retry path but an `empty_cache` the program called right before
 /// (the recording shows the two alike). Each such allocation gets an `Op::EmptyCache` before
-/// it, which takes the run's frees and the completions before them. Returns how many.
+/// it (and before the pool contexts begun right before it), which takes the run's frees and the
+/// completions before them. Returns how many.
 pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
     let Some(free_at_start) = trace.meta.device_free_bytes else { return 0 };
     // Under a memory fraction the cap refuses before the driver does, and garbage collection
@@ -837,12 +838,25 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
     if splits.is_empty() {
         return 0;
     }
-    // Rebuild: each split allocation `s` becomes `EmptyCache` at `s + shift`, itself after.
-    let shift_of = |op: u64| splits.partition_point(|&s| s < op) as u64;
+    // Rebuild: each split allocation `s` gets an `EmptyCache` before it, and before the pool
+    // contexts begun right before it (the program empties the cache, then enters them).
+    // `at[i]` is the old index the i-th `EmptyCache` goes before.
+    let at: Vec<u64> = (splits.iter())
+        .map(|&s| {
+            let pool_ops = trace.ops[..s as usize]
+                .iter()
+                .rev()
+                .take_while(|op| matches!(op, Op::Pool { action: PoolAction::BeginAllocate, .. }))
+                .count();
+            s - pool_ops as u64
+        })
+        .collect();
+    // How many `EmptyCache`s go before old op `op`'s new place.
+    let before = |op: u64| at.partition_point(|&a| a <= op) as u64;
     let is_split = |op: u64| splits.binary_search(&op).is_ok();
     let mut ops = Vec::with_capacity(trace.ops.len() + splits.len());
     for (k, op) in std::mem::take(&mut trace.ops).into_iter().enumerate() {
-        if is_split(k as u64) {
+        if at.binary_search(&(k as u64)).is_ok() {
             ops.push(Op::EmptyCache);
         }
         ops.push(op);
@@ -855,18 +869,22 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
             last_op = r.op;
             reserving = false;
         }
-        let new = r.op + shift_of(r.op);
+        let new = r.op + before(r.op);
         if is_split(r.op) {
             reserving |= matches!(r.kind, RecordedKind::SegmentAlloc | RecordedKind::SegmentMap);
             let belongs_to_alloc =
                 reserving || matches!(r.kind, RecordedKind::Alloc | RecordedKind::Oom);
-            r.op = if belongs_to_alloc { new + 1 } else { new };
-        } else {
-            r.op = new;
+            if !belongs_to_alloc {
+                // The `EmptyCache` of this split, before the pool ops between it and the alloc.
+                let i = splits.binary_search(&r.op).unwrap_or_default();
+                r.op = at[i] + before(r.op) - 1;
+                continue;
+            }
         }
+        r.op = new;
     }
     for (op, _) in &mut trace.op_stacks {
-        *op += shift_of(*op) + u64::from(is_split(*op));
+        *op += before(*op);
     }
     splits.len()
 }

@@ -7,6 +7,7 @@
 
 mod convert;
 mod entries;
+mod pools;
 mod sidecar;
 mod stacks;
 mod write;
@@ -329,7 +330,7 @@ fn trace_of(head: Head, converted: convert::Converted) -> Trace {
         warnings.push(format!("the trace of device {} is read", head.device));
     }
     warnings.extend(converted.warnings);
-    Trace {
+    let mut trace = Trace {
         meta: TraceMeta {
             source_format: SOURCE_FORMAT.to_string(),
             alloc_conf: head.alloc_conf,
@@ -341,7 +342,10 @@ fn trace_of(head: Head, converted: convert::Converted) -> Trace {
         stacks: converted.stacks,
         op_stacks: converted.op_stacks,
         warnings,
-    }
+    };
+    let notes = pools::infer_pools(&mut trace, &head.last);
+    trace.warnings.extend(notes);
+    trace
 }
 
 fn convert_root(
