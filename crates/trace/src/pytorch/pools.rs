@@ -10,7 +10,9 @@
 //!   segment alive at the end has (ids are handed out in order).
 //! - An allocation's pool is its segment's. A run of consecutive allocations into one private
 //!   pool is a context (`use_mem_pool`, a graph capture): `Op::Pool` begin before its first,
-//!   end after its last. A failed allocation (`oom`) stays in the context it is in.
+//!   end after its last. A failed allocation (`oom`) stays in the context it is in. A release
+//!   of default-pool segments ends a run: inside a context PyTorch leaves those pools alone
+//!   (`torch.cuda.graph` empties the cache between warm-up and capture, say).
 //! - A pool whose release walk is found is released (`~MemPool`) where that walk starts: the
 //!   `empty_cache` op that held the walk is split, the release taking the pool's frees.
 
@@ -78,8 +80,19 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     let mut last_in_context = 0usize;
     let failed: BTreeSet<u64> =
         trace.recorded.iter().filter(|e| e.kind == RecordedKind::Oom).map(|e| e.op).collect();
+    // Ops that free default-pool segments: releases no context can be open across (inside
+    // one, PyTorch leaves the default pools alone).
+    let frees_default: BTreeSet<u64> = (freed.iter())
+        .filter(|&&(_, i)| instances[i].pool.is_none_or(MemPoolId::is_default))
+        .map(|&(r, _)| trace.recorded[r].op)
+        .collect();
     let mut contexts = 0usize;
     for (k, op) in trace.ops.iter().enumerate() {
+        if frees_default.contains(&(k as u64)) {
+            if let Some(c) = context.take() {
+                edits.after(last_in_context, Op::Pool { pool: c, action: PoolAction::EndAllocate });
+            }
+        }
         if !matches!(op, Op::Alloc { .. }) || failed.contains(&(k as u64)) {
             continue;
         }
