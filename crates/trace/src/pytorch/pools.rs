@@ -2,12 +2,12 @@
 //!
 //! - A segment's pool: the final `segments` name it (`segment_pool_id`) for those alive at
 //!   the end, and the state at a mid-run history's start for those alive then. A segment the
-//!   history frees is in the default pools unless its release shows otherwise: PyTorch frees a
-//!   private pool's cached segments small pool first (`release_blocks(pool.small)`, then
-//!   large), each walk in (stream, size, address) order, while the default pools go large
-//!   first. So an ascending walk of frees in which a small segment comes before a large one is
-//!   one private pool's release; its pool is given the first user pool id, `(0, n)`, that no
-//!   segment alive at the end has (ids are handed out in order).
+//!   history frees is in the default pools unless its release shows otherwise: PyTorch frees
+//!   cached segments one pool at a time, each walk in (stream, size, address) order, the
+//!   default pools large first and a private pool small first. Frees that do not read as one
+//!   default release hold a private pool's ([`infer_released_pools`]); the pool gets the first
+//!   user pool id, `(0, n)`, that no segment alive at the end has (ids are handed out in
+//!   order).
 //! - An allocation's pool is its segment's. A run of consecutive allocations into one private
 //!   pool is a context (`use_mem_pool`, a graph capture): `Op::Pool` begin before its first,
 //!   end after its last. A failed allocation (`oom`) stays in the context it is in. A release
@@ -18,7 +18,7 @@
 
 use super::entries::segment_pool;
 use allocsim_core::{
-    MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind, SnapshotSegment, Trace,
+    MemPoolId, Op, Pool, PoolAction, RecordedKind, SnapshotSegment, Trace,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -68,7 +68,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
             instances[i].pool = Some(seg.pool_id);
         }
     }
-    let released = infer_released_pools(trace, &freed, &mut instances, &known);
+    let released = infer_released_pools(trace, &freed, &alloc_in, &mut instances, &known);
     if known.is_empty() && released.is_empty() {
         return Vec::new();
     }
@@ -141,8 +141,8 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     if !released.is_empty() {
         notes.push(format!(
             "guessed: private pools {} were released during the history (their segments were \
-             freed small pool first, as only a private pool's are), with the first pool ids \
-             the final segments do not use",
+             freed in a walk of their own that no default release explains), with the first \
+             pool ids the final segments do not use",
             names(&mut released.iter().map(|(p, _)| p))
         ));
     }
@@ -151,40 +151,82 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
 
 /// The private pools whose release the frees show (see the module doc), with the recorded
 /// index of each one's first free; their segments get the pool.
+///
+/// The frees of one op are split into walks, each ascending in (stream, size, address): one
+/// `release_blocks` each. One default release is a large walk then a small one; frees that
+/// cannot be read so hold a private pool's release. Its walk is the one that goes from small
+/// segments to large ones, or whose segments had the allocations of their time to themselves
+/// (a context takes every allocation).
 fn infer_released_pools(
     trace: &Trace,
     freed: &[(usize, usize)],
+    alloc_in: &BTreeMap<u64, usize>,
     instances: &mut [Instance],
     known: &BTreeSet<MemPoolId>,
 ) -> Vec<(MemPoolId, usize)> {
+    let key = |r: usize| {
+        let e = &trace.recorded[r];
+        (e.stream.0, e.size, e.addr)
+    };
+    let pool_of = |r: usize| segment_pool(trace.recorded[r].size);
+    // The walks of each op's frees, in order.
+    let mut runs: Vec<Vec<Vec<(usize, usize)>>> = Vec::new();
+    for (n, &(r, i)) in freed.iter().enumerate() {
+        let previous = n.checked_sub(1).map(|p| freed[p].0);
+        let same_op = previous.is_some_and(|p| trace.recorded[p].op == trace.recorded[r].op);
+        match (runs.last_mut(), previous) {
+            (Some(run), Some(p)) if same_op => match run.last_mut() {
+                Some(walk) if key(r) > key(p) => walk.push((r, i)),
+                _ => run.push(vec![(r, i)]),
+            },
+            _ => runs.push(vec![vec![(r, i)]]),
+        }
+    }
+    let small_then_large = |walk: &[(usize, usize)]| {
+        walk.windows(2).any(|w| pool_of(w[0].0) == Pool::Small && pool_of(w[1].0) == Pool::Large)
+    };
+    let all_of = |walk: &[(usize, usize)], pool: Pool| walk.iter().all(|&(r, _)| pool_of(r) == pool);
+    // Whether the allocations between the first and the last into `walk`'s segments all went
+    // to them.
+    let exclusive = |walk: &[(usize, usize)]| {
+        let mine: BTreeSet<usize> = walk.iter().map(|&(_, i)| i).collect();
+        let ops: Vec<u64> =
+            alloc_in.iter().filter(|(_, i)| mine.contains(i)).map(|(&op, _)| op).collect();
+        let (Some(&first), Some(&last)) = (ops.first(), ops.last()) else { return false };
+        alloc_in.range(first..=last).all(|(_, i)| mine.contains(i))
+    };
+    // Under these settings an allocation frees segments in other orders too (oversize ones
+    // largest first, garbage collection in passes): only `empty_cache` runs are read then.
+    let conf = trace.meta.alloc_conf.as_deref().unwrap_or("");
+    let other_orders =
+        conf.contains("max_split_size_mb") || conf.contains("garbage_collection_threshold");
     let mut next_id = (1u64..).map(|n| MemPoolId(0, n)).filter(|id| !known.contains(id));
     let mut released = Vec::new();
-    let key = |e: &RecordedEvent| (e.stream.0, e.size, e.addr);
-    let mut walk: Vec<(usize, usize)> = Vec::new();
-    let mut close = |walk: &mut Vec<(usize, usize)>, instances: &mut [Instance]| {
-        let pools: Vec<Pool> = walk.iter().map(|&(r, _)| segment_pool(trace.recorded[r].size)).collect();
-        let small_then_large = pools.windows(2).any(|w| w == [Pool::Small, Pool::Large]);
-        let unknown = walk.iter().all(|&(_, i)| instances[i].pool.is_none());
-        if small_then_large && unknown {
-            if let Some(id) = next_id.next() {
-                for &(_, i) in walk.iter() {
-                    instances[i].pool = Some(id);
-                }
-                released.push((id, walk[0].0));
-            }
+    for run in runs {
+        let op = trace.recorded[run[0][0].0].op as usize;
+        if other_orders && !matches!(trace.ops.get(op), Some(Op::EmptyCache)) {
+            continue;
         }
-        walk.clear();
-    };
-    for &(r, i) in freed {
-        if let Some(&(prev, _)) = walk.last() {
-            let (a, b) = (&trace.recorded[prev], &trace.recorded[r]);
-            if a.op != b.op || key(b) <= key(a) {
-                close(&mut walk, instances);
-            }
+        let default_release = match run.as_slice() {
+            [one] => !small_then_large(one),
+            [large, small] => all_of(large, Pool::Large) && all_of(small, Pool::Small),
+            _ => false,
+        };
+        if default_release {
+            continue;
         }
-        walk.push((r, i));
+        for walk in &run {
+            let unknown = walk.iter().all(|&(_, i)| instances[i].pool.is_none());
+            if !unknown || !(small_then_large(walk) || exclusive(walk)) {
+                continue;
+            }
+            let Some(id) = next_id.next() else { break };
+            for &(_, i) in walk {
+                instances[i].pool = Some(id);
+            }
+            released.push((id, walk[0].0));
+        }
     }
-    close(&mut walk, instances);
     released
 }
 
