@@ -3,11 +3,12 @@
 use std::path::PathBuf;
 
 /// The bundled real traces (PyTorch snapshots with their recorded statistics): the ten shared
-/// recordings and the three held-out ones.
+/// lab recordings, four held out from the PyTorch policy's development, and twelve recorded the
+/// way users record them.
 pub fn bundled_traces() -> Vec<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../traces");
     let mut traces = Vec::new();
-    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra"] {
+    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra", "pytorch-2.11-h100-user"] {
         let dir = root.join(dir);
         let entries =
             std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
@@ -20,3 +21,11 @@ pub fn bundled_traces() -> Vec<PathBuf> {
     traces.sort();
     traces
 }
+
+/// Bundled recordings the PyTorch policy does not yet follow to the end, with the reason
+/// (`traces/pytorch-2.11-h100-user/README.md`). The exactness test checks that each still
+/// parts, so that one that starts to replay exactly is taken off this list.
+pub const NOT_YET_EXACT: [(&str, &str); 2] = [
+    ("d_cudagraphs", "CUDA graph trees restore a pool's checkpointed state without trace entries"),
+    ("h_cudagraphs", "CUDA graph trees restore a pool's checkpointed state without trace entries"),
+];

@@ -220,7 +220,7 @@ fn explain_oom_names_the_fencing_blocks_and_their_stacks() {
 fn info_reads_every_bundled_trace_and_every_command_has_help() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces");
     let mut seen = 0;
-    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra"] {
+    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra", "pytorch-2.11-h100-user"] {
         for entry in std::fs::read_dir(root.join(dir)).unwrap() {
             let path = entry.unwrap().path();
             if !path.to_string_lossy().ends_with(".pickle.gz") {
@@ -233,7 +233,7 @@ fn info_reads_every_bundled_trace_and_every_command_has_help() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 14);
+    assert_eq!(seen, 26);
     let help = allocsim(&["--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
     let commands: Vec<&str> = text

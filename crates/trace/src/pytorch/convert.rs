@@ -39,8 +39,8 @@ use super::stacks::Stacks;
 use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use allocsim_core::{
-    AllocId, BlockState, MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind, SnapshotBlock,
-    SnapshotSegment, StartState, StreamId, MIB,
+    AllocId, BlockState, MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind,
+    SnapshotBlock, SnapshotSegment, StartState, StreamId, MIB,
 };
 
 /// The stream of the `RecordStream` inferred for a deferred free: the recording does not say

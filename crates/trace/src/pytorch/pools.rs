@@ -17,9 +17,7 @@
 //!   `empty_cache` op that held the walk is split, the release taking the pool's frees.
 
 use super::entries::segment_pool;
-use allocsim_core::{
-    MemPoolId, Op, Pool, PoolAction, RecordedKind, SnapshotSegment, Trace,
-};
+use allocsim_core::{MemPoolId, Op, Pool, PoolAction, RecordedKind, SnapshotSegment, Trace};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One segment's life in the recording.
@@ -72,9 +70,8 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     if known.is_empty() && released.is_empty() {
         return Vec::new();
     }
-    let pool_of_op = |op: u64| {
-        alloc_in.get(&op).and_then(|&i| instances[i].pool).unwrap_or(MemPoolId::DEFAULT)
-    };
+    let pool_of_op =
+        |op: u64| alloc_in.get(&op).and_then(|&i| instances[i].pool).unwrap_or(MemPoolId::DEFAULT);
     let mut edits = Edits::default();
     let mut context: Option<MemPoolId> = None;
     let mut last_in_context = 0usize;
@@ -185,7 +182,8 @@ fn infer_released_pools(
     let small_then_large = |walk: &[(usize, usize)]| {
         walk.windows(2).any(|w| pool_of(w[0].0) == Pool::Small && pool_of(w[1].0) == Pool::Large)
     };
-    let all_of = |walk: &[(usize, usize)], pool: Pool| walk.iter().all(|&(r, _)| pool_of(r) == pool);
+    let all_of =
+        |walk: &[(usize, usize)], pool: Pool| walk.iter().all(|&(r, _)| pool_of(r) == pool);
     // Whether the allocations between the first and the last into `walk`'s segments all went
     // to them.
     let exclusive = |walk: &[(usize, usize)]| {
