@@ -106,10 +106,12 @@ impl Checker {
     }
 
     /// The run starts from `start` (a recording that begins mid-run): its segments and live
-    /// blocks are in the map, and the statistics the events imply start at its figures, with
-    /// no device calls counted. Called before the first event.
-    pub fn on_start(&mut self, start: &StartState) {
+    /// blocks are in the map, and the statistics the events imply start at its figures, the
+    /// counters of device calls and OOMs where the allocator's `stats` start them (they count
+    /// what came before). Called before the first event.
+    pub fn on_start(&mut self, start: &StartState, stats: &MemoryStats) {
         let (memory, implied, sink) = (&mut self.memory, &mut self.implied, &mut self.sink);
+        implied.start_counters(stats);
         for seg in &start.segments {
             memory.segment_alloc(sink, seg.address, seg.total_size);
             implied.start_segment(seg.pool, seg.total_size);

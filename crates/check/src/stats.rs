@@ -101,6 +101,13 @@ impl Implied {
         }
     }
 
+    /// The counters of device calls and OOMs start where the allocator's do.
+    pub(crate) fn start_counters(&mut self, stats: &MemoryStats) {
+        self.num_ooms = stats.num_ooms;
+        self.num_device_alloc = stats.num_device_alloc;
+        self.num_device_free = stats.num_device_free;
+    }
+
     /// A segment alive when the run starts: reserved, but no device call of this run.
     pub(crate) fn start_segment(&mut self, pool: Pool, size: u64) {
         add(&mut self.reserved_bytes, pool, signed(size));

@@ -1,7 +1,7 @@
 //! `allocsim info TRACE`.
 
 use crate::output::{bytes, outln};
-use allocsim_core::{BlockState, Op, RecordedKind, Trace};
+use allocsim_core::{BlockState, MemPoolId, Op, PoolAction, RecordedKind, Trace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +24,8 @@ struct Summary {
     streams: BTreeSet<u64>,
     peak_live_bytes: u64,
     requested_bytes_total: u64,
+    /// Private pools: contexts entered, and whether the pool was released.
+    pools: BTreeMap<MemPoolId, (u64, bool)>,
 }
 
 fn summarise(trace: &Trace) -> Summary {
@@ -64,6 +66,11 @@ fn summarise(trace: &Trace) -> Summary {
             Op::FreeRequested { id } => {
                 live_bytes -= live.remove(&id.0).unwrap_or(0);
             }
+            Op::Pool { pool, action } => {
+                let entry = s.pools.entry(pool).or_default();
+                entry.0 += u64::from(action == PoolAction::BeginAllocate);
+                entry.1 |= action == PoolAction::Release;
+            }
             _ => {}
         }
     }
@@ -92,6 +99,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "has_expected_stats": m.expected_stats.is_some(),
             "stacks": trace.stacks.len(),
             "warnings": trace.warnings,
+            "private_pools": s.pools.iter().map(|(id, (contexts, released))| serde_json::json!({
+                "id": [id.0, id.1],
+                "contexts": contexts,
+                "released": released,
+            })).collect::<Vec<_>>(),
             "history_starts_mid_run": trace.start.is_some(),
             "start": trace.start.as_ref().map(|st| serde_json::json!({
                 "segments": st.segments.len(),
@@ -128,6 +140,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         for (action, n) in &s.recorded_by_action {
             outln!(out, "    {action:<24} {n:>10}");
         }
+    }
+    if !s.pools.is_empty() {
+        let pools: Vec<String> = (s.pools.iter())
+            .map(|(id, (contexts, released))| {
+                let released = if *released { ", released" } else { "" };
+                format!("{id} ({contexts} contexts{released})")
+            })
+            .collect();
+        outln!(out, "  private pools: {}", pools.join(", "));
     }
     let streams: Vec<String> = s.streams.iter().map(|s| format!("{s:#x}")).collect();
     outln!(out, "  streams: {} ({})", s.streams.len(), streams.join(", "));

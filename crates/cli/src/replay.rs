@@ -4,13 +4,14 @@ use crate::output::{
     bytes, compares_cumulative, memory_summary, read_stats_json, recorded_differences,
 };
 use crate::output::{emit, outln};
-use allocsim_core::CallKind;
+use allocsim_core::{CallKind, MemPoolId};
 use allocsim_replay::{
     run_trace, run_trace_streamed, DeviceChoice, EventLog, Observer, Recorder, RunOptions,
     RunReport, StartedFrom,
 };
 use allocsim_sim::Fault;
 use anyhow::Context;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
@@ -232,6 +233,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 type Differences = Option<Vec<(String, Option<i64>, Option<i64>)>>;
 
+/// One pool's share of the memory at the end of a run.
+#[derive(Debug, Default)]
+struct PoolFigures {
+    segments: u64,
+    reserved_bytes: u64,
+    allocated_bytes: u64,
+}
+
+/// The final snapshot's segments by memory pool (default pools and private ones).
+fn pools_at_end(r: &RunReport) -> BTreeMap<MemPoolId, PoolFigures> {
+    let mut pools: BTreeMap<MemPoolId, PoolFigures> = BTreeMap::new();
+    for seg in &r.snapshot {
+        let p = pools.entry(seg.pool_id).or_default();
+        p.segments += 1;
+        p.reserved_bytes += seg.total_size;
+        p.allocated_bytes += seg.allocated_size();
+    }
+    pools
+}
+
 pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> serde_json::Value {
     let stats: serde_json::Map<String, serde_json::Value> =
         r.stats.flat().into_iter().map(|(k, v)| (k, v.into())).collect();
@@ -284,6 +305,12 @@ pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> ser
             "largest_free_small_bytes": o.info.largest_free_small_bytes,
             "largest_free_large_bytes": o.info.largest_free_large_bytes,
         })).collect::<Vec<_>>(),
+        "pools_at_end": pools_at_end(r).into_iter().map(|(id, p)| serde_json::json!({
+            "id": [id.0, id.1],
+            "segments": p.segments,
+            "reserved_bytes": p.reserved_bytes,
+            "allocated_bytes": p.allocated_bytes,
+        })).collect::<Vec<_>>(),
         "device_calls": calls,
         "device_call_time_ns": r.device_calls.total_time_ns(),
         "device_notes": r.device_notes,
@@ -324,6 +351,20 @@ fn print_report(
         outln!(out, "  start: {note}");
     }
     outln!(out, "  ops: {}  events: {}", r.ops_run, m.events);
+    let pools = pools_at_end(r);
+    if pools.keys().any(|id| !id.is_default()) {
+        for (id, p) in &pools {
+            let name =
+                if id.is_default() { "default pools".to_string() } else { format!("pool {id}") };
+            outln!(
+                out,
+                "  {name} at the end: {} segments, {} reserved, {} allocated",
+                p.segments,
+                bytes(p.reserved_bytes),
+                bytes(p.allocated_bytes)
+            );
+        }
+    }
     outln!(out, "  peak allocated: {}", bytes(m.peak_allocated_bytes));
     outln!(out, "  peak reserved:  {}", bytes(m.peak_reserved_bytes));
     outln!(out, "  peak active:    {}", bytes(m.peak_active_bytes));

@@ -8,7 +8,7 @@
 //! same offset.
 
 use crate::Observer;
-use allocsim_core::{Event, RecordedEvent, RecordedKind, StartState};
+use allocsim_core::{Allocator, Event, RecordedEvent, RecordedKind, StartState};
 use std::collections::BTreeMap;
 
 /// The first place where simulation and recording part.
@@ -157,7 +157,7 @@ fn simulated_comparable(e: &Event, regions: &mut Regions) -> Comparable {
 
 impl Observer for Fidelity<'_> {
     /// Both sides start with the recording's segments at the recorded addresses.
-    fn on_start(&mut self, start: &StartState) {
+    fn on_start(&mut self, start: &StartState, _allocator: &dyn Allocator) {
         for seg in &start.segments {
             self.recorded_regions.add(seg.address, seg.total_size, false);
             self.simulated_regions.add(seg.address, seg.total_size, false);

@@ -120,7 +120,7 @@ impl Metrics {
 
 impl Observer for Metrics {
     /// The live blocks and segments at the start count from the start, peaks included.
-    fn on_start(&mut self, start: &StartState) {
+    fn on_start(&mut self, start: &StartState, _allocator: &dyn Allocator) {
         for seg in &start.segments {
             self.reserved += seg.total_size;
             for b in seg.blocks.iter().filter(|b| b.state.is_active()) {

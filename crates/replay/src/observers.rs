@@ -16,9 +16,9 @@ use std::io::Write;
 /// never steer the policy.
 pub trait Observer {
     /// The allocator starts from `start` instead of empty (a recording that begins mid-run,
-    /// seeded into the policy): called once, before any event.
-    fn on_start(&mut self, start: &StartState) {
-        let _ = start;
+    /// seeded into the policy; `allocator` holds it now): called once, before any event.
+    fn on_start(&mut self, start: &StartState, allocator: &dyn Allocator) {
+        let _ = (start, allocator);
     }
 
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {
@@ -41,9 +41,9 @@ pub trait Observer {
 
 /// A list of observers is one observer: each sees everything, and any of them can stop the run.
 impl Observer for [&mut dyn Observer] {
-    fn on_start(&mut self, start: &StartState) {
+    fn on_start(&mut self, start: &StartState, allocator: &dyn Allocator) {
         for o in self.iter_mut() {
-            o.on_start(start);
+            o.on_start(start, allocator);
         }
     }
 
@@ -162,8 +162,8 @@ impl CheckObserver {
 }
 
 impl Observer for CheckObserver {
-    fn on_start(&mut self, start: &StartState) {
-        self.checker.on_start(start);
+    fn on_start(&mut self, start: &StartState, allocator: &dyn Allocator) {
+        self.checker.on_start(start, &allocator.stats());
     }
 
     fn on_event(&mut self, event_index: u64, op_index: u64, event: &Event) -> bool {

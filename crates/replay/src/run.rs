@@ -325,7 +325,7 @@ impl Run<'_, '_> {
             };
             started = match seeded {
                 Ok(()) => {
-                    observers.on_start(start);
+                    observers.on_start(start, engine.allocator());
                     StartedFrom::Seeded { stats_known: stats.is_some() }
                 }
                 Err(why) => {
@@ -379,15 +379,15 @@ struct RunObservers<'r, 'a, 'b> {
 }
 
 impl Observer for RunObservers<'_, '_, '_> {
-    fn on_start(&mut self, start: &StartState) {
-        self.metrics.on_start(start);
+    fn on_start(&mut self, start: &StartState, allocator: &dyn Allocator) {
+        self.metrics.on_start(start, allocator);
         if let Some(c) = self.checker.as_mut() {
-            c.on_start(start);
+            c.on_start(start, allocator);
         }
         if let Some(f) = self.fidelity.as_mut() {
-            f.on_start(start);
+            f.on_start(start, allocator);
         }
-        self.extra.on_start(start);
+        self.extra.on_start(start, allocator);
     }
 
     #[inline]

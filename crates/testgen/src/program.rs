@@ -11,7 +11,7 @@
 //! program's: the engine skips frees of allocations that failed with OOM, as it must for real
 //! traces of programs that catch OOM.
 
-use allocsim_core::{AllocId, Op, StreamId, Trace, TraceMeta};
+use allocsim_core::{AllocId, MemPoolId, Op, PoolAction, StreamId, Trace, TraceMeta};
 use std::fmt;
 
 /// The stream handles a program can use, by index. Index 0 is the legacy default stream; the
@@ -51,6 +51,13 @@ pub enum Step {
     Settings {
         conf: String,
     },
+    /// Enter (`action` 0), leave (1) or release (2) private pool `(0, 1 + pool % 2)`. Steps
+    /// PyTorch would refuse (entering a pool already entered, leaving one not entered,
+    /// releasing one twice) produce no op.
+    Pool {
+        pool: u8,
+        action: u8,
+    },
 }
 
 /// The device a program runs on: part of the case, because sizes only mean something
@@ -88,6 +95,9 @@ struct Names {
     live: Vec<Live>,
     pending: Vec<AllocId>,
     next_id: u64,
+    /// Private pools in a context now, and those made and not released.
+    entered: Vec<MemPoolId>,
+    made: Vec<MemPoolId>,
 }
 
 impl Names {
@@ -135,6 +145,29 @@ impl Program {
                 Step::Settings { ref conf } => {
                     ops.push(Op::SetAllocatorSettings { conf: conf.clone() })
                 }
+                Step::Pool { pool, action } => {
+                    let pool = MemPoolId(0, 1 + u64::from(pool % 2));
+                    let (entered, made) = (n.entered.contains(&pool), n.made.contains(&pool));
+                    let action = match action % 3 {
+                        0 if !entered => {
+                            n.entered.push(pool);
+                            if !made {
+                                n.made.push(pool);
+                            }
+                            PoolAction::BeginAllocate
+                        }
+                        1 if entered => {
+                            n.entered.retain(|&p| p != pool);
+                            PoolAction::EndAllocate
+                        }
+                        2 if made && !entered => {
+                            n.made.retain(|&p| p != pool);
+                            PoolAction::Release
+                        }
+                        _ => continue,
+                    };
+                    ops.push(Op::Pool { pool, action });
+                }
                 Step::Free { .. } | Step::RecordStream { .. } | Step::Complete { .. } => {}
             }
         }
@@ -144,6 +177,12 @@ impl Program {
             }
             for id in n.pending.drain(..) {
                 ops.push(Op::FreeCompleted { id });
+            }
+            for pool in n.entered.drain(..) {
+                ops.push(Op::Pool { pool, action: PoolAction::EndAllocate });
+            }
+            for pool in n.made.drain(..) {
+                ops.push(Op::Pool { pool, action: PoolAction::Release });
             }
             ops.push(Op::EmptyCache);
         }

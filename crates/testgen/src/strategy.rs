@@ -82,8 +82,9 @@ pub fn shape(limits: Limits) -> impl Strategy<Value = Shape> {
         weight(2, 1, 2),
         weight(2, 1, 2),
         weight(2, 1, 2),
+        weight(2, 1, 4),
     )
-        .prop_map(|(a, b, c, d, e, f, g)| [a, b, c, d, e, f, g]);
+        .prop_map(|(a, b, c, d, e, f, g, h)| [a, b, c, d, e, f, g, h]);
     let device = (select(DEVICE_BYTES.to_vec()), any::<bool>()).prop_map(|(total_bytes, tight)| {
         DeviceSpec {
             total_bytes,
@@ -165,7 +166,7 @@ fn size(shape: &Shape) -> BoxedStrategy<u64> {
 pub fn step(shape: &Shape, limits: Limits) -> BoxedStrategy<Step> {
     let streams = shape.streams;
     let stream_count = STREAMS.len() as u8;
-    let arms: [BoxedStrategy<Step>; 7] = [
+    let arms: [BoxedStrategy<Step>; 8] = [
         (size(shape), 0..streams).prop_map(|(size, stream)| Step::Alloc { size, stream }).boxed(),
         any::<u16>().prop_map(|p| Step::Free { pick: u32::from(p) }).boxed(),
         (any::<u16>(), 0..stream_count)
@@ -175,6 +176,7 @@ pub fn step(shape: &Shape, limits: Limits) -> BoxedStrategy<Step> {
         Just(Step::EmptyCache).boxed(),
         select(FRACTIONS.to_vec()).prop_map(|fraction| Step::SetFraction { fraction }).boxed(),
         settings(limits).prop_map(|conf| Step::Settings { conf }).boxed(),
+        (0u8..2, 0u8..3).prop_map(|(pool, action)| Step::Pool { pool, action }).boxed(),
     ];
     let weighted: Vec<(u32, BoxedStrategy<Step>)> =
         shape.weights.iter().copied().zip(arms).filter(|(w, _)| *w > 0).collect();

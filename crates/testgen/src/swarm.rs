@@ -17,8 +17,16 @@ use allocsim_core::{GIB, MIB};
 const PICKS: u64 = 1 << 16;
 
 /// Step kinds, in the order of [`Shape::weights`].
-pub const KINDS: [&str; 7] =
-    ["alloc", "free", "record_stream", "complete", "empty_cache", "set_fraction", "settings"];
+pub const KINDS: [&str; 8] = [
+    "alloc",
+    "free",
+    "record_stream",
+    "complete",
+    "empty_cache",
+    "set_fraction",
+    "settings",
+    "pool",
+];
 
 /// Device capacities a case can draw: small ones make OOM and the retry paths common.
 pub const DEVICE_BYTES: [u64; 6] = [64 * MIB, 256 * MIB, GIB, 4 * GIB, 16 * GIB, 85_017_493_504];
@@ -51,7 +59,7 @@ pub const FRACTIONS: [f64; 10] = [0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, -0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shape {
     /// Relative weight of each kind in [`KINDS`]; 0 switches the kind off.
-    pub weights: [u32; 7],
+    pub weights: [u32; 8],
     pub device: DeviceSpec,
     pub hot_sizes: Vec<u64>,
     /// Percent of allocations that take a hot size.
@@ -135,7 +143,7 @@ pub fn align(size: u64, how: u64) -> u64 {
 
 impl Shape {
     pub fn generate(e: &mut impl Entropy, limits: &Limits) -> Shape {
-        let mut weights = [0u32; 7];
+        let mut weights = [0u32; 8];
         weights[0] = 1 + e.below(16) as u32;
         for (i, w) in weights.iter_mut().enumerate().skip(1) {
             let on = match i {
@@ -207,6 +215,7 @@ impl Shape {
             3 => Step::Complete { pick: e.below(PICKS) as u32 },
             4 => Step::EmptyCache,
             5 => Step::SetFraction { fraction: *e.pick(&FRACTIONS) },
+            7 => Step::Pool { pool: e.below(2) as u8, action: e.below(3) as u8 },
             _ => {
                 let mut conf = settings_string(e);
                 if !limits.invalid_settings && crate::conf::INVALID.contains(&conf.as_str()) {

@@ -17,10 +17,15 @@ fn streaming() -> ReadOptions {
     ReadOptions::without_sidecar()
 }
 
+/// The fixture's trace of device 0 (device 1 has one too).
+fn device_0(opts: ReadOptions) -> ReadOptions {
+    ReadOptions { cuda_device: Some(0), ..opts }
+}
+
 /// Both readers agree on `path`: the same trace, or errors with the same message.
 fn agree(path: &Path) -> Result<(), String> {
-    let fast = read_trace_with(path, &streaming());
-    let slow = read_trace_with(path, &generic());
+    let fast = read_trace_with(path, &device_0(streaming()));
+    let slow = read_trace_with(path, &device_0(generic()));
     match (fast, slow) {
         (Ok(a), Ok(b)) => {
             common::assert_same(&a, &b);
@@ -67,11 +72,16 @@ fn fixture() -> PathBuf {
 #[test]
 fn cpython_snapshot_with_frames_and_two_devices_streams() {
     let path = fixture();
-    let fast = pytorch::read_snapshot_streaming(&path, &streaming()).unwrap().expect("streams");
-    let slow = read_trace_with(&path, &generic()).unwrap();
+    let opts = device_0(streaming());
+    let fast = pytorch::read_snapshot_streaming(&path, &opts).unwrap().expect("streams");
+    let slow = read_trace_with(&path, &device_0(generic())).unwrap();
     common::assert_same(&fast, &slow);
     assert!(fast.stacks.len() > 100, "fresh and shared frames: {}", fast.stacks.len());
-    assert!(fast.warnings.iter().any(|w| w.contains("devices [1]")), "{:?}", fast.warnings);
+    // Two devices have traces: without a choice both readers refuse, naming them.
+    let fast = read_trace_with(&path, &streaming()).unwrap_err().to_string();
+    let slow = read_trace_with(&path, &generic()).unwrap_err().to_string();
+    assert_eq!(fast, slow);
+    assert!(fast.contains("devices [0, 1]") && fast.contains("--cuda-device"), "{fast}");
 }
 
 #[test]

@@ -37,13 +37,17 @@ impl Observer for Collect {
     }
 }
 
-/// Whether the reference model follows this trace: no expandable segments, and only settings
-/// strings it accepts. (PyTorch applies a refused string up to the mistake, after resetting
-/// the keys every parse resets; the model does not follow that.)
+/// Whether the reference model follows this trace: no expandable segments, no private pools,
+/// and only settings strings it accepts. (PyTorch applies a refused string up to the mistake,
+/// after resetting the keys every parse resets; the model does not follow that.)
 pub fn reference_applies(trace: &Trace) -> bool {
     let ok = |s: &str| Settings::default().apply(s).is_ok_and(|s| !s.expandable_segments);
-    trace.meta.alloc_conf.as_deref().is_none_or(ok)
-        && trace.ops.iter().all(|op| !matches!(op, Op::SetAllocatorSettings { conf } if !ok(conf)))
+    let followed = |op: &Op| match op {
+        Op::SetAllocatorSettings { conf } => ok(conf),
+        Op::Pool { .. } => false,
+        _ => true,
+    };
+    trace.meta.alloc_conf.as_deref().is_none_or(ok) && trace.ops.iter().all(followed)
 }
 
 fn device(trace: &Trace) -> SimDevice {
