@@ -6,7 +6,9 @@
 //! as an op listing, and written under `target/.../tmp/testgen-failures/` with the command
 //! that reproduces it.
 
-use allocsim_testgen::oracles::{check_trace, compare_with_reference, formats};
+use allocsim_testgen::oracles::{
+    check_trace, compare_with_reference, formats, seed_applies, seeded_matches_full,
+};
 use allocsim_testgen::suite::Suite;
 use allocsim_testgen::Limits;
 use std::path::PathBuf;
@@ -40,6 +42,31 @@ fn pytorch_matches_the_reference_model() {
     }
     suite("reference", CASES * 3, Limits::for_reference(STEPS))
         .run("pytorch", compare_with_reference);
+}
+
+/// The PyTorch policy seeded with a run's state halfway through its plain prefix (before any
+/// settings, fraction or pool change) goes on exactly as the run did: the same events, the
+/// same statistics at the end. Programs whose state a seed cannot carry (stream uses,
+/// expandable segments, garbage collection) are skipped, and most programs are not.
+#[test]
+fn pytorch_seeded_from_a_runs_state_goes_on_as_the_run_did() {
+    if !allocsim_policies::names().contains(&"pytorch") {
+        return;
+    }
+    let (cases, applied) = (CASES, std::sync::atomic::AtomicU32::new(0));
+    suite("seed", cases, Limits::for_reference(STEPS)).run("pytorch", |_, trace| {
+        let plain = |op: &allocsim_core::Op| {
+            use allocsim_core::Op::{Alloc, EmptyCache, FreeRequested};
+            matches!(op, Alloc { .. } | FreeRequested { .. } | EmptyCache)
+        };
+        let k = trace.ops.iter().take_while(|op| plain(op)).count() / 2;
+        if seed_applies(trace, k) && k > 0 {
+            applied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        seeded_matches_full(trace, k)
+    });
+    let applied = applied.into_inner();
+    assert!(applied > cases / 8, "the seed applied to only {applied} of {cases} programs");
 }
 
 /// Native binary and JSON round trips, and every policy's run exported as a PyTorch snapshot

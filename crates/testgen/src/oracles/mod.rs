@@ -9,12 +9,15 @@
 //! - [`compare_with_reference`]: the PyTorch policy against the reference model, event for
 //!   event.
 //! - [`formats`]: the trace formats give back what they were given, and decoders never panic.
+//! - [`seeded_matches_full`]: the PyTorch policy seeded with a run's state at op `k` goes on as
+//!   the run did.
 
 mod consistency;
 mod contract;
 mod differential;
 pub mod formats;
 mod run;
+mod seed;
 
 pub use consistency::{implied_free_space, stat_consistency, PYTORCH_ACCOUNTING};
 pub use contract::Contract;
@@ -23,3 +26,4 @@ pub use run::{
     check_trace, check_trace_catching, checked_run, determinism, observed_run, run_options,
     Failure, Oracle,
 };
+pub use seed::{seed_applies, seeded_matches_full};

@@ -28,6 +28,8 @@ pub enum Oracle {
     Reference,
     /// A format did not give back what was written.
     RoundTrip,
+    /// A policy seeded with a run's state did not go on as the run did.
+    Seed,
 }
 
 impl Oracle {
@@ -40,6 +42,7 @@ impl Oracle {
             Oracle::Determinism => "determinism",
             Oracle::Reference => "reference",
             Oracle::RoundTrip => "round-trip",
+            Oracle::Seed => "seed",
         }
     }
 
