@@ -108,3 +108,25 @@ fn replay_is_deterministic() {
         assert!(a == b, "{policy}: two runs of {} gave different event logs", path.display());
     }
 }
+
+/// The README's figures about the bundled traces and its list of policies are the project's.
+#[test]
+fn readme_claims_match_the_traces_and_the_policies() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let total = bundled_traces().len();
+    let exact = total - NOT_YET_EXACT.len();
+    let claim = format!("{exact} of the {total} bundled recordings are exact");
+    assert!(readme.contains(&claim), "the README should say {claim:?}");
+    let policies: Vec<String> =
+        allocsim_policies::names().iter().map(|p| format!("`{p}`")).collect();
+    let listed = readme
+        .split("Policies: ")
+        .nth(1)
+        .and_then(|rest| rest.split('.').next())
+        .expect("a Policies: line");
+    for p in &policies {
+        assert!(listed.contains(p.as_str()), "the README's policy list lacks {p}");
+    }
+    assert_eq!(listed.matches('`').count(), 2 * policies.len(), "extra policies in {listed:?}");
+}

@@ -245,9 +245,21 @@ fn info_reads_every_bundled_trace_and_every_command_has_help() {
         .filter(|c| *c != "help")
         .collect();
     assert!(commands.len() >= 6, "{text}");
-    for c in commands {
+    for &c in &commands {
         let out = allocsim(&[c, "--help"]);
         assert!(out.status.success(), "{c} --help failed");
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: allocsim"), "{c} --help");
     }
+    // The README's table of commands lists every command and no other.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let mut listed: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `allocsim "))
+        .filter_map(|l| l.split([' ', '`']).next())
+        .collect();
+    listed.sort_unstable();
+    let mut commands = commands;
+    commands.sort_unstable();
+    assert_eq!(listed, commands, "the README's table of commands");
 }

@@ -55,10 +55,11 @@ impl PyTorchAllocator {
         let active = self.active_bytes().all.current;
         FreeSpace {
             cached_bytes: (reserved - active).max(0) as u64,
-            largest_free_block_bytes: self
-                .small_pool
-                .largest_free()
-                .max(self.large_pool.largest_free()),
+            largest_free_block_bytes: (self.private.iter().flat_map(|p| [&p.small, &p.large]))
+                .chain([&self.small_pool, &self.large_pool])
+                .map(|pool| pool.largest_free())
+                .max()
+                .unwrap_or(0),
         }
     }
 }
