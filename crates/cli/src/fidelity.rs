@@ -48,7 +48,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut out = String::new();
     let mut exact = true;
     match report.fidelity.clone().unwrap_or(Ok(0)) {
-        Ok(n) => outln!(out, "events: exact ({n} events, every action, size and segment offset)"),
+        Ok(n) => outln!(out, "events: exact ({n} events, every action, size, segment and offset)"),
         Err(d) => {
             exact = false;
             outln!(out, "events: diverged at recorded event {} (op {})", d.event_index, d.op_index);

@@ -2,10 +2,11 @@
 //!
 //! Each simulated event is compared with the next recorded one: the action, the size the
 //! recording carries for it (the unrounded request for `alloc` and frees, the rounded request
-//! for `oom`, the segment size for segment events) and, for blocks, the offset within their
-//! segment. Offsets rather than addresses, because a run on the modelled device gets other
-//! addresses than the driver gave, while a faithful policy still places every block at the
-//! same offset.
+//! for `oom`, the segment size for segment events) and, for blocks, which segment they lie in
+//! and at what offset. Segments are told by the order in which each side reserved them (those
+//! alive at the start first, by address), and blocks by their offset, rather than by address,
+//! because a run on the modelled device gets other addresses than the driver gave, while a
+//! faithful policy still places every block in the same segment at the same offset.
 
 use crate::Observer;
 use allocsim_core::{Allocator, Event, RecordedEvent, RecordedKind, StartState};
@@ -23,10 +24,13 @@ pub struct Divergence {
     pub simulated: Option<String>,
 }
 
-/// Address ranges of one side's segments, to turn addresses into segment offsets: start ->
-/// (end, made by mapping).
+/// Address ranges of one side's segments, to turn addresses into (segment, offset): start ->
+/// (end, made by mapping, the segment's number in the order this side reserved them).
 #[derive(Debug, Default)]
-struct Regions(BTreeMap<u64, (u64, bool)>);
+struct Regions {
+    ranges: BTreeMap<u64, (u64, bool, u64)>,
+    reserved: u64,
+}
 
 impl Regions {
     /// A segment (`mapped` false) is a region of its own, even when the driver placed it right
@@ -35,24 +39,27 @@ impl Regions {
     fn add(&mut self, addr: u64, size: u64, mapped: bool) {
         let end = addr + size;
         if mapped {
-            if let Some((_, (region_end, true))) = self.0.range_mut(..=addr).next_back() {
+            if let Some((_, (region_end, true, _))) = self.ranges.range_mut(..=addr).next_back() {
                 if *region_end >= addr {
                     *region_end = (*region_end).max(end);
                     return;
                 }
             }
         }
-        self.0.insert(addr, (end, mapped));
+        self.ranges.insert(addr, (end, mapped, self.reserved));
+        self.reserved += 1;
     }
 
     fn remove(&mut self, addr: u64) {
-        self.0.remove(&addr);
+        self.ranges.remove(&addr);
     }
 
-    fn offset(&self, addr: u64) -> u64 {
-        match self.0.range(..=addr).next_back() {
-            Some((&start, &(end, _))) if addr < end => addr - start,
-            _ => addr,
+    /// The segment `addr` lies in (its number) and the offset there; the address itself
+    /// outside every segment.
+    fn place(&self, addr: u64) -> (Option<u64>, u64) {
+        match self.ranges.range(..=addr).next_back() {
+            Some((&start, &(end, _, n))) if addr < end => (Some(n), addr - start),
+            _ => (None, addr),
         }
     }
 }
@@ -62,16 +69,18 @@ impl Regions {
 struct Comparable {
     action: &'static str,
     size: u64,
-    offset: Option<u64>,
+    /// A block's segment number and offset.
+    place: Option<(Option<u64>, u64)>,
 }
 
 impl std::fmt::Display for Comparable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} size {}", self.action, self.size)?;
-        if let Some(o) = self.offset {
-            write!(f, " at segment offset {o}")?;
+        match self.place {
+            Some((Some(segment), o)) => write!(f, " at offset {o} of segment #{segment}"),
+            Some((None, addr)) => write!(f, " at {addr:#x}, in no segment"),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -115,8 +124,8 @@ impl<'r> Fidelity<'r> {
 }
 
 fn recorded_comparable(e: &RecordedEvent, regions: &mut Regions) -> Comparable {
-    let block = |regions: &Regions| Some(regions.offset(e.addr));
-    let offset = match e.kind {
+    let block = |regions: &Regions| Some(regions.place(e.addr));
+    let place = match e.kind {
         RecordedKind::SegmentAlloc | RecordedKind::SegmentMap => {
             regions.add(e.addr, e.size, e.kind == RecordedKind::SegmentMap);
             None
@@ -130,11 +139,11 @@ fn recorded_comparable(e: &RecordedEvent, regions: &mut Regions) -> Comparable {
             block(regions)
         }
     };
-    Comparable { action: e.kind.action(), size: e.size, offset }
+    Comparable { action: e.kind.action(), size: e.size, place }
 }
 
 fn simulated_comparable(e: &Event, regions: &mut Regions) -> Comparable {
-    let (size, offset) = match *e {
+    let (size, place) = match *e {
         Event::SegmentAlloc { addr, size, .. } => {
             regions.add(addr, size, false);
             (size, None)
@@ -150,9 +159,9 @@ fn simulated_comparable(e: &Event, regions: &mut Regions) -> Comparable {
         Event::SegmentUnmap { size, .. } | Event::Oom { size, .. } => (size, None),
         Event::Alloc { addr, requested, .. }
         | Event::FreeRequested { addr, requested, .. }
-        | Event::FreeCompleted { addr, requested, .. } => (requested, Some(regions.offset(addr))),
+        | Event::FreeCompleted { addr, requested, .. } => (requested, Some(regions.place(addr))),
     };
-    Comparable { action: e.action(), size, offset }
+    Comparable { action: e.action(), size, place }
 }
 
 impl Observer for Fidelity<'_> {
