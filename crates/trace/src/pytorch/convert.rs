@@ -296,7 +296,10 @@ fn start_state(
     for e in entries {
         let reserves = matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
         let releases = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
-        if (reserves || releases) && seen.insert(e.addr) && releases {
+        // The first device event at an address decides: a release means the segment was
+        // there before the history.
+        let first = (reserves || releases) && seen.insert(e.addr);
+        if first && releases {
             let expandable = e.action == Action::SegmentUnmap;
             segments.push(segment(e.addr, e.size, e.stream, expandable));
         }
