@@ -3,20 +3,23 @@ seeds, sizes and lengths, recorded the same way (each in its own process, NAME.p
 NAME.json). Nobody looked at these while writing the converter and the policy.
 
 On the GPU machine:  python3 capture_holdout.py all OUTDIR   (or a comma-separated list of names)
+HOLDOUT_SEED=N shifts every seed by N (the h_*_s2 recordings are HOLDOUT_SEED=10).
 """
 import os, random, subprocess, sys
 
 import capture_user_patterns as cup
 
+SEED = int(os.environ.get("HOLDOUT_SEED", "0"))
+
 
 def h_gpt2_blog(torch):
     # The tutorial recipe on a longer run with other shapes: the ring buffer wraps several times.
-    model, opt, rng = cup._gpt2(torch, 51)
+    model, opt, rng = cup._gpt2(torch, 51 + SEED)
     cup._gpt2_steps(torch, model, opt, rng, 45)
 
 
 def h_late_history(torch):
-    model, opt, rng = cup._gpt2(torch, 52)
+    model, opt, rng = cup._gpt2(torch, 52 + SEED)
     cup._gpt2_steps(torch, model, opt, rng, 5)
     before = torch.cuda.memory_stats()
     cup.start_history(torch, "full")
@@ -26,7 +29,7 @@ def h_late_history(torch):
 
 def h_release_phases(torch):
     import gc, torchvision
-    torch.manual_seed(55)
+    torch.manual_seed(55 + SEED)
     model = torchvision.models.resnet34(weights=None).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for step in range(2):
@@ -56,8 +59,8 @@ def h_release_phases(torch):
 
 
 def h_mempool(torch):
-    torch.manual_seed(54)
-    rng = random.Random(54)
+    torch.manual_seed(54 + SEED)
+    rng = random.Random(54 + SEED)
     w = [torch.randn(2048, 2048, device="cuda") for _ in range(3)]
     pool1 = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool1):
@@ -86,7 +89,7 @@ def h_mempool(torch):
 
 
 def h_cudagraphs(torch):
-    torch.manual_seed(53)
+    torch.manual_seed(53 + SEED)
     model = torch.nn.Sequential(
         torch.nn.Linear(768, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 768), torch.nn.LayerNorm(768),
         torch.nn.Linear(768, 512)).cuda()
