@@ -263,3 +263,63 @@ fn info_reads_every_bundled_trace_and_every_command_has_help() {
     commands.sort_unstable();
     assert_eq!(listed, commands, "the README's table of commands");
 }
+
+fn user_trace(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/pytorch-2.11-h100-user").join(name)
+}
+
+/// A history that starts mid-run: the report says how its statistics count, in text and
+/// JSON, and `--stats-at-start` makes every statistic comparable.
+#[test]
+fn mid_run_histories_say_how_their_statistics_count() {
+    let blog = user_trace("d_gpt2_blog.pickle.gz");
+    let out = allocsim(&["replay", &blog.to_string_lossy(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["history_start"], "mid_run_cumulative_since_history_start");
+    assert_eq!(json["recorded_stats_match"], true, "{}", json["recorded_stats_differences"]);
+    let text = String::from_utf8_lossy(&allocsim(&["replay", &blog.to_string_lossy()]).stdout)
+        .into_owned();
+    assert!(text.contains("count since the history began"), "{text}");
+
+    // d_late_history without its sidecar's stats at start: current values only; with them
+    // given on the command line, all 122 keys.
+    let dir = std::env::temp_dir().join(format!("allocsim-late-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let late = dir.join("late.pickle.gz");
+    std::fs::copy(user_trace("d_late_history.pickle.gz"), &late).unwrap();
+    let sidecar: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(user_trace("d_late_history.json")).unwrap()).unwrap();
+    let mut without = sidecar.clone();
+    without["meta"].as_object_mut().unwrap().remove("memory_stats_at_history_start");
+    std::fs::write(dir.join("late.json"), without.to_string()).unwrap();
+    let at_start = dir.join("at_start.json");
+    let stats = &sidecar["meta"]["memory_stats_at_history_start"];
+    std::fs::write(&at_start, stats.to_string()).unwrap();
+    let fidelity = |extra: &[&str]| {
+        let late = late.to_string_lossy();
+        let out = allocsim(&[&["fidelity", late.as_ref()][..], extra].concat());
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (ok, text) = fidelity(&[]);
+    assert!(ok && text.contains("exact (29 current values"), "{text}");
+    let (ok, text) = fidelity(&["--stats-at-start", &at_start.to_string_lossy()]);
+    assert!(ok && text.contains("memory_stats: exact (122 keys)"), "{text}");
+}
+
+/// Private pools: `info` lists what it inferred, `replay` reports each pool, and the exported
+/// snapshot carries `segment_pool_id`.
+#[test]
+fn private_pools_are_listed_and_reported() {
+    let mempool = user_trace("d_mempool.pickle.gz");
+    let out = allocsim(&["info", &mempool.to_string_lossy(), "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pools: Vec<_> =
+        json["private_pools"].as_array().unwrap().iter().map(|p| &p["id"]).collect();
+    assert_eq!(pools, [&serde_json::json!([0, 1]), &serde_json::json!([0, 2])]);
+    assert!(json["warnings"][0].as_str().unwrap().contains("private pools"), "{json}");
+    let out = allocsim(&["replay", &mempool.to_string_lossy(), "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<_> = json["pools_at_end"].as_array().unwrap().iter().map(|p| &p["id"]).collect();
+    assert_eq!(ids, [&serde_json::json!([0, 0]), &serde_json::json!([0, 2])]);
+}

@@ -3,7 +3,10 @@
 
 mod common;
 
-use allocsim_core::{AllocId, BlockState, Op, RecordedEvent, RecordedKind as K, StreamId, Trace};
+use allocsim_core::{
+    AllocId, BlockState, MemPoolId, Op, PoolAction, RecordedEvent, RecordedKind as K, StreamId,
+    Trace,
+};
 use allocsim_trace::pickle::{self, Value};
 use allocsim_trace::{pytorch, read_trace, read_trace_with, ReadOptions, TraceError};
 use common::{entry, snapshot, write_pickle};
@@ -643,4 +646,65 @@ fn mutated_snapshots_never_panic() {
         }
     }
     assert!(converted > 100, "the mutations left enough parseable pickles ({converted})");
+}
+
+#[test]
+fn private_pools_are_inferred_from_segments_and_release_order() {
+    const MIB: i64 = 1 << 20;
+    let (a, b, c, d) = (0x1000_0000, 0x2000_0000, 0x3000_0000, 0x9000_0000);
+    let mut pool_segment =
+        common::segment(d, 0, vec![common::block(d, 20 * MIB, 4 * MIB, "active_allocated")]);
+    let Value::Dict(pairs) = &mut pool_segment else { panic!() };
+    std::rc::Rc::get_mut(pairs).unwrap().push((
+        Value::str("segment_pool_id"),
+        Value::Tuple(std::rc::Rc::new(vec![Value::Int(0), Value::Int(2)])),
+    ));
+    let t = read(
+        vec![
+            entry("segment_alloc", a, 20 * MIB, 0),
+            entry("alloc", a, 4 * MIB, 0),
+            // A pool the history releases: its small and large segment.
+            entry("segment_alloc", b, 2 * MIB, 0),
+            entry("alloc", b, 1000, 0),
+            entry("segment_alloc", c, 20 * MIB, 0),
+            entry("alloc", c, 4 * MIB, 0),
+            // The pool alive at the end.
+            entry("segment_alloc", d, 20 * MIB, 0),
+            entry("alloc", d, 4 * MIB, 0),
+            entry("free_requested", b, 1000, 0),
+            entry("free_completed", b, 1000, 0),
+            entry("free_requested", c, 4 * MIB, 0),
+            entry("free_completed", c, 4 * MIB, 0),
+            entry("free_requested", a, 4 * MIB, 0),
+            entry("free_completed", a, 4 * MIB, 0),
+            // Released small pool first: a private pool. Then the default pools.
+            entry("segment_free", b, 2 * MIB, 0),
+            entry("segment_free", c, 20 * MIB, 0),
+            entry("segment_free", a, 20 * MIB, 0),
+        ],
+        vec![pool_segment],
+    );
+    let pool = |n, action| Op::Pool { pool: MemPoolId(0, n), action };
+    assert_eq!(
+        t.ops,
+        vec![
+            alloc(0, 4 << 20, 0),
+            pool(1, PoolAction::BeginAllocate),
+            alloc(1, 1000, 0),
+            alloc(2, 4 << 20, 0),
+            pool(1, PoolAction::EndAllocate),
+            pool(2, PoolAction::BeginAllocate),
+            alloc(3, 4 << 20, 0),
+            pool(2, PoolAction::EndAllocate),
+            Op::FreeRequested { id: AllocId(1) },
+            Op::FreeRequested { id: AllocId(2) },
+            Op::FreeRequested { id: AllocId(0) },
+            pool(1, PoolAction::Release),
+            Op::EmptyCache,
+        ]
+    );
+    let frees: Vec<(u64, u64)> =
+        t.recorded.iter().filter(|e| e.kind == K::SegmentFree).map(|e| (e.addr, e.op)).collect();
+    assert_eq!(frees, vec![(b as u64, 11), (c as u64, 11), (a as u64, 12)]);
+    assert!(t.warnings.iter().any(|w| w.contains("(0, 1) were released")), "{:?}", t.warnings);
 }

@@ -152,8 +152,8 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
 /// The frees of one op are split into walks, each ascending in (stream, size, address): one
 /// `release_blocks` each. One default release is a large walk then a small one; frees that
 /// cannot be read so hold a private pool's release. Its walk is the one that goes from small
-/// segments to large ones, or whose segments had the allocations of their time to themselves
-/// (a context takes every allocation).
+/// segments to large ones, or else one whose segments had several allocations, and all those
+/// of their time, to themselves (a context takes every allocation).
 fn infer_released_pools(
     trace: &Trace,
     freed: &[(usize, usize)],
@@ -184,14 +184,14 @@ fn infer_released_pools(
     };
     let all_of =
         |walk: &[(usize, usize)], pool: Pool| walk.iter().all(|&(r, _)| pool_of(r) == pool);
-    // Whether the allocations between the first and the last into `walk`'s segments all went
-    // to them.
+    // Whether several allocations went into `walk`'s segments, and every allocation between
+    // the first and the last of them.
     let exclusive = |walk: &[(usize, usize)]| {
         let mine: BTreeSet<usize> = walk.iter().map(|&(_, i)| i).collect();
         let ops: Vec<u64> =
             alloc_in.iter().filter(|(_, i)| mine.contains(i)).map(|(&op, _)| op).collect();
         let (Some(&first), Some(&last)) = (ops.first(), ops.last()) else { return false };
-        alloc_in.range(first..=last).all(|(_, i)| mine.contains(i))
+        ops.len() > 1 && alloc_in.range(first..=last).all(|(_, i)| mine.contains(i))
     };
     // Under these settings an allocation frees segments in other orders too (oversize ones
     // largest first, garbage collection in passes): only `empty_cache` runs are read then.
@@ -213,9 +213,13 @@ fn infer_released_pools(
         if default_release {
             continue;
         }
+        // A walk from small segments to large ones is a private pool's; failing that, one
+        // whose segments had their allocations to themselves.
+        let signed = run.iter().any(|walk| small_then_large(walk));
         for walk in &run {
             let unknown = walk.iter().all(|&(_, i)| instances[i].pool.is_none());
-            if !unknown || !(small_then_large(walk) || exclusive(walk)) {
+            let private = if signed { small_then_large(walk) } else { exclusive(walk) };
+            if !unknown || !private {
                 continue;
             }
             let Some(id) = next_id.next() else { break };
