@@ -53,7 +53,7 @@ fn summarise(trace: &Trace) -> Summary {
     s.peak_live_bytes = live_bytes;
     for (i, op) in trace.ops.iter().enumerate() {
         match *op {
-            Op::Alloc { id, size, stream } => {
+            Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. } => {
                 s.streams.insert(stream.0);
                 if failed.contains(&(i as u64)) {
                     continue;

@@ -574,7 +574,8 @@ pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
     let (mut live, mut peak, mut sizes) = (0u64, 0u64, std::collections::HashMap::new());
     for op in &trace.ops {
         match *op {
-            allocsim_core::Op::Alloc { id, size, .. } => {
+            allocsim_core::Op::Alloc { id, size, .. }
+            | allocsim_core::Op::AllocAt { id, size, .. } => {
                 sizes.insert(id, size);
                 live += size;
                 peak = peak.max(live);

@@ -141,6 +141,20 @@ pub trait Allocator {
         stream: StreamId,
     ) -> Result<Granted, OomInfo>;
 
+    /// [`Allocator::malloc`] of the free block that starts at `addr` ([`crate::Op::AllocAt`]).
+    /// Default: a plain `malloc`, for policies that do not place blocks on request.
+    fn malloc_at(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+        addr: u64,
+    ) -> Result<Granted, OomInfo> {
+        let _ = addr;
+        self.malloc(env, id, size, stream)
+    }
+
     /// The program frees `id`. Emits `FreeRequested`, and `FreeCompleted` too unless the block
     /// has stream uses that must finish first.
     fn free(&mut self, env: &mut Env<'_>, id: AllocId);

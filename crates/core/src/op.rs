@@ -28,6 +28,11 @@ pub enum Op {
     /// A `PYTORCH_CUDA_ALLOC_CONF`-style settings string applied at run time
     /// (`torch.cuda.memory._set_allocator_settings`).
     SetAllocatorSettings { conf: String },
+    /// Allocate `size` bytes as the free block that starts at `addr`, in place rather than by
+    /// the policy's choice: PyTorch's `setCheckpointPoolState`, with which CUDA graph trees
+    /// restore a private pool, hands out the blocks of a checkpointed segment so. A policy
+    /// that has no free block there serves it as an `Alloc`.
+    AllocAt { id: AllocId, size: u64, stream: StreamId, addr: u64 },
     /// A private memory pool (`torch.cuda.MemPool`, a CUDA graph's pool) is entered, left or
     /// dropped; see [`PoolAction`].
     Pool { pool: MemPoolId, action: PoolAction },
@@ -63,6 +68,7 @@ impl Op {
     pub fn action(&self) -> &'static str {
         match self {
             Op::Alloc { .. } => "alloc",
+            Op::AllocAt { .. } => "alloc_at",
             Op::FreeRequested { .. } => "free_requested",
             Op::FreeCompleted { .. } => "free_completed",
             Op::RecordStream { .. } => "record_stream",

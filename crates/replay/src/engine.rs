@@ -278,6 +278,22 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
                     }
                 }
             }
+            Op::AllocAt { id, size, stream, addr } => {
+                if matches!(env.events.tally.ids.get(id), IdState::Live | IdState::Pending) {
+                    self.skipped.duplicate_allocs += 1;
+                    return OpOutcome::Skipped;
+                }
+                match allocator.malloc_at(&mut env.as_dyn(), id, size, stream, addr) {
+                    Ok(granted) => {
+                        env.events.tally.ids.set(id, IdState::Live);
+                        OpOutcome::Allocated(granted)
+                    }
+                    Err(info) => {
+                        env.events.tally.ids.set(id, IdState::Failed);
+                        OpOutcome::OutOfMemory(info)
+                    }
+                }
+            }
             Op::FreeRequested { id } => match env.events.tally.ids.get(id) {
                 IdState::Live => {
                     env.events.tally.ids.set(id, IdState::Pending);

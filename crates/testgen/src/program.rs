@@ -233,6 +233,9 @@ pub fn format_op(op: &Op) -> String {
         Op::SetMemoryFraction { fraction } => format!("set_memory_fraction {fraction}"),
         Op::SetAllocatorSettings { conf } => format!("set_allocator_settings {conf:?}"),
         Op::Pool { pool, action } => format!("{} {pool}", action.name()),
+        Op::AllocAt { id, size, stream, addr } => {
+            format!("alloc_at id={} size={size} stream={:#x} addr={addr:#x}", id.0, stream.0)
+        }
     }
 }
 

@@ -94,6 +94,12 @@ pub enum NativeOp {
         pool: [u64; 2],
         action: u8,
     },
+    AllocAt {
+        id: u64,
+        size: u64,
+        stream: u64,
+        addr: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,6 +220,9 @@ fn op_out(op: &Op) -> NativeOp {
         Op::Pool { pool, action } => {
             NativeOp::Pool { pool: [pool.0, pool.1], action: pool_action_tag(*action) }
         }
+        Op::AllocAt { id, size, stream, addr } => {
+            NativeOp::AllocAt { id: id.0, size: *size, stream: stream.0, addr: *addr }
+        }
     }
 }
 
@@ -230,6 +239,9 @@ fn op_in(op: NativeOp) -> Result<Op, String> {
         NativeOp::EmptyCache => Op::EmptyCache,
         NativeOp::SetMemoryFraction { fraction } => Op::SetMemoryFraction { fraction },
         NativeOp::SetAllocatorSettings { conf } => Op::SetAllocatorSettings { conf },
+        NativeOp::AllocAt { id, size, stream, addr } => {
+            Op::AllocAt { id: AllocId(id), size, stream: StreamId(stream), addr }
+        }
         NativeOp::Pool { pool, action } => {
             let action = pool_action_of(action).ok_or(format!("unknown pool action {action}"))?;
             Op::Pool { pool: MemPoolId(pool[0], pool[1]), action }

@@ -250,10 +250,12 @@ pub fn write_rmm<W: Write>(trace: &Trace, out: W, path: &Path) -> Result<(), Tra
             ]
         };
         let record = match op {
-            Op::Alloc { size, stream, .. } if failed.contains_key(&i) => {
+            Op::Alloc { size, stream, .. } | Op::AllocAt { size, stream, .. }
+                if failed.contains_key(&i) =>
+            {
                 row("allocate failure", "(nil)", *size, *stream)
             }
-            Op::Alloc { id, size, stream } => {
+            Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. } => {
                 // Made-up pointers: distinct per id, 256-aligned, never 0.
                 let made_up = (id.0 + 1) << 8;
                 let ptr = if use_recorded {

@@ -202,7 +202,7 @@ impl PyTorchAllocator {
 
     /// `alloc_found_block`: the low part becomes a new block handed out, the found block object
     /// becomes the high remainder (keeping its stale `requested_size`).
-    fn alloc_found_block<E: Emit + ?Sized>(
+    pub(super) fn alloc_found_block<E: Emit + ?Sized>(
         &mut self,
         env: &mut Env<'_, E>,
         id: AllocId,

@@ -323,6 +323,17 @@ impl Allocator for PyTorchAllocator {
         self.release_cached_blocks(env, None);
     }
 
+    fn malloc_at(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+        addr: u64,
+    ) -> Result<Granted, OomInfo> {
+        self.malloc_at_impl(env, id, size, stream, addr)
+    }
+
     fn pool_action(&mut self, env: &mut Env<'_>, pool: MemPoolId, action: PoolAction) {
         self.pool_action_impl(env, pool, action);
     }

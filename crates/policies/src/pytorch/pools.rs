@@ -8,8 +8,10 @@
 //! pools (their allocations take whole segments), `no_split` and `use_on_oom` pools, and the
 //! deferral of frees during a graph capture.
 
+use super::block::Block;
+use super::malloc::Params;
 use super::PyTorchAllocator;
-use allocsim_core::{Emit, Env, MemPoolId, PoolAction};
+use allocsim_core::{AllocId, Emit, Env, Granted, MemPoolId, OomInfo, PoolAction, StreamId};
 
 impl PyTorchAllocator {
     pub(super) fn pool_action_impl<E: Emit + ?Sized>(
@@ -43,6 +45,30 @@ impl PyTorchAllocator {
                 self.release_cached_blocks(env, Some(slot));
             }
         }
+    }
+
+    /// `setSegmentStateToCheckpoint`'s allocation of one block of a checkpointed segment: the
+    /// free block that starts at `addr` is handed out in place, at exactly `size`, split when it
+    /// is bigger. Without such a block, an ordinary `malloc`.
+    pub(super) fn malloc_at_impl<E: Emit + ?Sized>(
+        &mut self,
+        env: &mut Env<'_, E>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+        addr: u64,
+    ) -> Result<Granted, OomInfo> {
+        let free_here = |b: &Block| {
+            b.addr == addr && b.size >= size && b.mapped && b.is_allocatable() && size > 0
+        };
+        let Some(index) = self.arena.iter_live().find(|(_, b)| free_here(b)).map(|(i, _)| i) else {
+            return self.malloc_impl(env, id, size, stream);
+        };
+        self.erase_from_blocks(index);
+        let b = self.arena[index];
+        let p =
+            Params { size, alloc_size: size, stream, small: b.small, slot: b.slot, block: index };
+        Ok(self.alloc_found_block(env, id, &p, size, b.size > size))
     }
 
     fn decref_pool(&mut self, slot: u16) {

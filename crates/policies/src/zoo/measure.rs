@@ -126,7 +126,9 @@ fn run_checked(
             }
         }
         match op {
-            Op::Alloc { id, size, stream } if !live.contains(id) => {
+            Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. }
+                if !live.contains(id) =>
+            {
                 match alloc.malloc(&mut env, *id, *size, *stream) {
                     Ok(_) => {
                         live.insert(*id);
@@ -204,7 +206,7 @@ fn live_peak(trace: &Trace) -> u64 {
     let (mut live, mut peak) = (0u64, 0u64);
     for op in &trace.ops {
         match op {
-            Op::Alloc { id, size, .. } => {
+            Op::Alloc { id, size, .. } | Op::AllocAt { id, size, .. } => {
                 sizes.insert(*id, *size);
                 live += size;
                 peak = peak.max(live);
@@ -312,7 +314,7 @@ fn call_timeline() {
     for (i, op) in trace.ops.iter().enumerate() {
         let mut env = Env::new(&mut device, &mut events);
         match op {
-            Op::Alloc { id, size, stream } => {
+            Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. } => {
                 let granted = alloc.malloc(&mut env, *id, *size, *stream).is_ok();
                 if granted {
                     live.insert(*id);

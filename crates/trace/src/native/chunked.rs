@@ -13,9 +13,11 @@
 //! bincode's serde path costs several times that); ids and op indices are stored as zigzag
 //! deltas from the previous one, so most take one byte:
 //! - op: tag (0 alloc, 1 free_requested, 2 free_completed, 3 record_stream, 4 empty_cache,
-//!   5 set_memory_fraction, 6 set_allocator_settings, 7 pool), then for 0: id, size, stream;
+//!   5 set_memory_fraction, 6 set_allocator_settings, 7 pool, 8 alloc_at), then for 0: id,
+//!   size, stream;
 //!   1, 2: id; 3: id, stream; 5: f64 LE; 6: length, UTF-8 bytes; 7: the action's byte (0
-//!   begin_allocate, 1 end_allocate, 2 release), the pool id's two numbers.
+//!   begin_allocate, 1 end_allocate, 2 release), the pool id's two numbers; 8 (alloc_at): id,
+//!   size, stream, address.
 //! - recorded event: kind (0..8 in [`super::NativeKind`] order), op, addr, size, stream.
 //!
 //! Stacks and op-stack pairs are rare enough for bincode (a `Vec` of them per chunk). `END`
@@ -28,7 +30,7 @@ use super::{
     NativeFrame, NativeKind, NativeMeta, NativeRecorded, FORMAT_NAME,
 };
 use crate::error::TraceError;
-use allocsim_core::{MemPoolId, Op, RecordedEvent, Stack, Trace};
+use allocsim_core::{AllocId, MemPoolId, Op, RecordedEvent, Stack, StreamId, Trace};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -231,6 +233,13 @@ impl<W: Write> NativeWriter<W> {
                 c.push(6);
                 put_varint(c, conf.len() as u64);
                 c.extend_from_slice(conf.as_bytes());
+            }
+            Op::AllocAt { id: i, size, stream, addr } => {
+                c.push(8);
+                id(c, i.0);
+                put_varint(c, *size);
+                put_varint(c, stream.0);
+                put_varint(c, *addr);
             }
             Op::Pool { pool, action } => {
                 c.push(7);
@@ -660,6 +669,11 @@ fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
             *pos += 1;
             let pool = MemPoolId(varint(b, pos)?, varint(b, pos)?);
             Op::Pool { pool, action }
+        }
+        8 => {
+            let id = AllocId(id(pos)?);
+            let (size, stream) = (varint(b, pos)?, StreamId(varint(b, pos)?));
+            Op::AllocAt { id, size, stream, addr: varint(b, pos)? }
         }
         _ => return None,
     })

@@ -15,6 +15,9 @@
 //!   (`torch.cuda.graph` empties the cache between warm-up and capture, say).
 //! - A pool whose release walk is found is released (`~MemPool`) where that walk starts: the
 //!   `empty_cache` op that held the walk is split, the release taking the pool's frees.
+//! - A run of consecutive allocations that tiles an earlier private segment with no live block
+//!   from start to end restores a checkpoint (CUDA graph trees): `Op::AllocAt`, in place
+//!   ([`place_restored_blocks`]).
 
 use super::entries::segment_pool;
 use allocsim_core::{MemPoolId, Op, Pool, PoolAction, RecordedKind, SnapshotSegment, Trace};
@@ -23,6 +26,64 @@ use std::collections::{BTreeMap, BTreeSet};
 /// One segment's life in the recording.
 struct Instance {
     pool: Option<MemPoolId>,
+    /// The op that reserved the segment; `None` for one alive at the start.
+    reserved_by: Option<u64>,
+}
+
+/// Where an allocation landed: its recorded event, its segment (instance, start and size),
+/// and whether the segment held no live block before it.
+struct Site {
+    r: usize,
+    instance: usize,
+    segment: (u64, u64),
+    empty: bool,
+}
+
+/// Allocations that restore a private pool's checkpoint become `Op::AllocAt`: CUDA graph
+/// trees reset a pool to the state after an earlier graph (`setCheckpointPoolState`), which
+/// hands out every block of each checkpointed segment in place, in address order, then frees
+/// the dead ones. In the trace that is a run of consecutive allocations that tile a private
+/// segment reserved earlier and holding no live block, from its start to its end. Returns how
+/// many.
+fn place_restored_blocks(trace: &mut Trace, sites: &[Site], instances: &[Instance]) -> usize {
+    let op_of = |s: &Site| trace.recorded[s.r].op;
+    let private = |s: &Site| {
+        let i = &instances[s.instance];
+        i.pool.is_some_and(|p| !p.is_default()) && i.reserved_by.is_none_or(|op| op < op_of(s))
+    };
+    let event = |s: &Site| trace.recorded[s.r];
+    let mut restored = Vec::new();
+    let mut j = 0;
+    while j < sites.len() {
+        let first = &sites[j];
+        let (start, size) = first.segment;
+        let mut end = event(first).addr + event(first).size;
+        let mut k = j;
+        if first.empty && private(first) && event(first).addr == start {
+            while end < start + size {
+                let Some(next) = sites.get(k + 1) else { break };
+                let e = event(next);
+                if next.r != sites[k].r + 1 || next.instance != first.instance || e.addr != end {
+                    break;
+                }
+                k += 1;
+                end += e.size;
+            }
+            if end == start + size {
+                restored.extend(j..=k);
+                j = k + 1;
+                continue;
+            }
+        }
+        j += 1;
+    }
+    for &s in &restored {
+        let e = event(&sites[s]);
+        if let Some(Op::Alloc { id, size, stream }) = trace.ops.get(e.op as usize).cloned() {
+            trace.ops[e.op as usize] = Op::AllocAt { id, size, stream, addr: e.addr };
+        }
+    }
+    restored.len()
 }
 
 /// Infer the pools and add their ops (see the module doc). Returns what was inferred and
@@ -31,20 +92,29 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     let known: BTreeSet<MemPoolId> =
         last.iter().map(|s| s.pool_id).filter(|p| !p.is_default()).collect();
     let mut instances: Vec<Instance> = Vec::new();
-    // Live segments by address: instance index.
+    // Live segments by address: (size, instance index); live blocks per instance.
     let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+    let mut blocks: Vec<u32> = Vec::new();
     for seg in trace.start.iter().flat_map(|s| &s.segments) {
         live.insert(seg.address, (seg.total_size, instances.len()));
-        instances.push(Instance { pool: Some(seg.pool_id) });
+        instances.push(Instance { pool: Some(seg.pool_id), reserved_by: None });
+        blocks.push(seg.blocks.iter().filter(|b| b.state.is_active()).count() as u32);
     }
-    // The instance each allocation landed in, by op; the instance each segment free ended.
+    let segment_of = |live: &BTreeMap<u64, (u64, usize)>, addr: u64| {
+        let (&start, &(size, i)) = live.range(..=addr).next_back()?;
+        (addr < start + size).then_some((start, size, i))
+    };
+    // The instance each allocation landed in, by op; the instance each segment free ended;
+    // every allocation's place.
     let mut alloc_in: BTreeMap<u64, usize> = BTreeMap::new();
     let mut freed: Vec<(usize, usize)> = Vec::new(); // (recorded index, instance)
+    let mut sites: Vec<Site> = Vec::new();
     for (r, e) in trace.recorded.iter().enumerate() {
         match e.kind {
             RecordedKind::SegmentAlloc => {
                 live.insert(e.addr, (e.size, instances.len()));
-                instances.push(Instance { pool: None });
+                instances.push(Instance { pool: None, reserved_by: Some(e.op) });
+                blocks.push(0);
             }
             RecordedKind::SegmentFree => {
                 if let Some((_, i)) = live.remove(&e.addr) {
@@ -52,10 +122,16 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
                 }
             }
             RecordedKind::Alloc => {
-                if let Some((&start, &(size, i))) = live.range(..=e.addr).next_back() {
-                    if e.addr < start + size {
-                        alloc_in.insert(e.op, i);
-                    }
+                if let Some((start, size, i)) = segment_of(&live, e.addr) {
+                    alloc_in.insert(e.op, i);
+                    let empty = blocks[i] == 0;
+                    sites.push(Site { r, instance: i, segment: (start, size), empty });
+                    blocks[i] += 1;
+                }
+            }
+            RecordedKind::FreeCompleted => {
+                if let Some((_, _, i)) = segment_of(&live, e.addr) {
+                    blocks[i] = blocks[i].saturating_sub(1);
                 }
             }
             _ => {}
@@ -70,6 +146,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     if known.is_empty() && released.is_empty() {
         return Vec::new();
     }
+    let restored = place_restored_blocks(trace, &sites, &instances);
     let pool_of_op =
         |op: u64| alloc_in.get(&op).and_then(|&i| instances[i].pool).unwrap_or(MemPoolId::DEFAULT);
     let mut edits = Edits::default();
@@ -133,6 +210,13 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
             "private pools {} from the final segments; {contexts} runs of allocations into \
              private pools were made contexts (trace entries carry no pool id)",
             names(&mut known.iter())
+        ));
+    }
+    if restored > 0 {
+        notes.push(format!(
+            "{restored} allocations restore a private pool's checkpoint (CUDA graph trees' \
+             setCheckpointPoolState: whole segments handed out in place) and are placed where \
+             the trace shows them"
         ));
     }
     if !released.is_empty() {

@@ -90,7 +90,7 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
         for (i, op) in trace.ops.iter().enumerate() {
             let o = Some(i as u64);
             match op {
-                Op::Alloc { id, size, stream } => {
+                Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. } => {
                     blocks.insert(*id, (*size, *stream));
                     entry(&mut keys, "alloc", 0, *size, *stream, o)?;
                 }
