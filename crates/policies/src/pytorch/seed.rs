@@ -7,6 +7,35 @@ use super::block::{Block, PrivatePool, NIL};
 use super::PyTorchAllocator;
 use allocsim_core::{BlockState, Env, MemoryStats, Pool, StartState, StatArray};
 
+/// A state the policy can take: segments in address order, apart, each tiled by its blocks,
+/// every active block with its allocation id.
+fn check_start(start: &StartState) -> Result<(), String> {
+    let mut end = 0;
+    for seg in &start.segments {
+        if seg.address < end || seg.total_size == 0 {
+            return Err(format!(
+                "segment at {:#x} overlaps the one before or is empty",
+                seg.address
+            ));
+        }
+        end = seg.address + seg.total_size;
+        let mut at = seg.address;
+        for b in &seg.blocks {
+            if b.address != at || b.size == 0 {
+                return Err(format!("segment at {:#x}: no block at {at:#x}", seg.address));
+            }
+            if b.state.is_active() && start.id_at(b.address).is_none() {
+                return Err(format!("active block at {:#x} has no id", b.address));
+            }
+            at += b.size;
+        }
+        if at != end {
+            return Err(format!("segment at {:#x}: blocks end at {at:#x}", seg.address));
+        }
+    }
+    Ok(())
+}
+
 impl PyTorchAllocator {
     pub(super) fn seed_impl(
         &mut self,
@@ -21,23 +50,22 @@ impl PyTorchAllocator {
         if !fresh {
             return Err("the allocator has already run".to_string());
         }
+        check_start(start)?;
+        // Nothing has changed yet: a refusal from here on can only be the device's, at the
+        // first segment (a real device adopts none).
         for seg in &start.segments {
             env.device
                 .adopt_segment(seg.address, seg.total_size)
                 .map_err(|e| format!("segment at {:#x}: {e}", seg.address))?;
-            self.seed_segment(seg, start)?;
+            self.seed_segment(seg, start);
         }
         self.stats = self.seeded_stats(stats);
         self.active_is_allocation = false;
         Ok(())
     }
 
-    /// The blocks of one segment, linked in address order.
-    fn seed_segment(
-        &mut self,
-        seg: &allocsim_core::SnapshotSegment,
-        start: &StartState,
-    ) -> Result<(), String> {
+    /// The blocks of one segment (checked by [`check_start`]), linked in address order.
+    fn seed_segment(&mut self, seg: &allocsim_core::SnapshotSegment, start: &StartState) {
         let small = seg.pool == Pool::Small;
         // A private pool alive at the start is held by its owner.
         let slot = match seg.pool_id.is_default() {
@@ -56,10 +84,7 @@ impl PyTorchAllocator {
             block.requested = b.requested_size;
             block.prev = prev;
             block.slot = slot;
-            if b.state.is_active() {
-                let id = start
-                    .id_at(b.address)
-                    .ok_or_else(|| format!("active block at {:#x} has no id", b.address))?;
+            if let Some(id) = start.id_at(b.address).filter(|_| b.state.is_active()) {
                 block.id = id;
                 block.allocated = b.state == BlockState::ActiveAllocated;
                 block.pending = b.state == BlockState::ActivePendingFree;
@@ -79,11 +104,11 @@ impl PyTorchAllocator {
             }
         }
         self.total_allocated_memory += seg.total_size;
-        Ok(())
     }
 
     /// The statistics of the seeded blocks: `current` from the blocks, the rest from `at_start`
-    /// when known; otherwise counting from here (peaks at the current values).
+    /// when known; otherwise counting from here, the live blocks counted once as allocated
+    /// (peaks at the current values).
     fn seeded_stats(&self, at_start: Option<&MemoryStats>) -> MemoryStats {
         let mut s = MemoryStats {
             max_split_size: self.config.max_split_size_stat(),
