@@ -106,8 +106,9 @@ impl StartedFrom {
                     .to_string(),
             ),
             StartedFrom::LaidOut { ops, why } => Some(format!(
-                "the history starts mid-run: its {ops} live blocks were laid out by this policy \
-                 as allocations before the first recorded op ({why}); statistics count them"
+                "the history starts mid-run: its live blocks were laid out by this policy, \
+                 {ops} ops (their allocations) before the first recorded op ({why}); \
+                 statistics count them"
             )),
         }
     }

@@ -23,13 +23,15 @@
 //!   segment, the retry path, or the frees before an OOM). A run of segment frees/unmaps that
 //!   reaches a `free_requested` (or the end) without one was no allocation's doing: an
 //!   `Op::EmptyCache` is inferred there. So is a run of frees/unmaps alone before an `alloc`:
-//!   a successful allocation frees segments only on its retry path, which then reserves one. A deferred `free_completed` does not end a run:
-//!   PyTorch completes pending frees inside `malloc`'s retry path and inside `empty_cache`.
+//!   a successful allocation frees segments only on its retry path, which then reserves one
+//!   (and [`split_empty_cache_runs`] reads more runs so, from the free memory at the start). A
+//!   deferred `free_completed` does not end a run: PyTorch completes pending frees inside
+//!   `malloc`'s retry path and inside `empty_cache`.
 //! - `snapshot` entries are skipped.
 //! - A trace that starts mid-run (history enabled late, or a ring buffer that wrapped) frees
-//!   blocks it never allocated, and its final `segments` show blocks it never allocated: they
-//!   get synthetic `Op::Alloc`s at the very beginning (sized by the requested size), with a
-//!   warning; such a trace never fails.
+//!   blocks it never allocated, and its final `segments` show blocks it never allocated: the
+//!   allocator's state at the first entry is reconstructed ([`start_state`]) and becomes
+//!   `Trace::start`, with a warning; such a trace never fails.
 //!
 //! `recorded` is in trace order. Its op tags never decrease except around a deferred
 //! `free_completed` inside a run, whose own op comes before the allocation the run belongs to.
