@@ -113,8 +113,13 @@ def h_cudagraphs(torch):
     return {"pool_ids": sorted({str(s["segment_pool_id"]) for s in snap["segments"]})}
 
 
+h_gpt2_blog_expandable = h_gpt2_blog
+h_late_history_expandable = h_late_history
+
 HOLDOUT = {
     "h_gpt2_blog": ("", "blog"),
+    "h_gpt2_blog_expandable": ("expandable_segments:True", "blog"),
+    "h_late_history_expandable": ("expandable_segments:True", "late"),
     "h_late_history": ("", "late"),
     "h_release_phases": ("", "full"),
     "h_mempool": ("", "full"),

@@ -233,7 +233,7 @@ fn info_reads_every_bundled_trace_and_every_command_has_help() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 31);
+    assert_eq!(seen, 33);
     let help = allocsim(&["--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
     let commands: Vec<&str> = text

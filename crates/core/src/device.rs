@@ -136,6 +136,19 @@ pub trait Device {
         Err(DeviceError::Driver("this device cannot adopt a recording's segments".to_string()))
     }
 
+    /// [`Device::adopt_segment`] for an expandable segment: the address range `[addr,
+    /// addr+size)` is reserved, and the `mapped` ranges in it are backed, as if
+    /// `reserve_address` and `map` had made them. Default: refused.
+    fn adopt_reservation(
+        &mut self,
+        addr: u64,
+        size: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), DeviceError> {
+        let _ = (addr, size, mapped);
+        Err(DeviceError::Driver("this device cannot adopt a recording's reservations".to_string()))
+    }
+
     /// Return a segment obtained from `malloc` (`cudaFree`).
     fn free(&mut self, addr: u64, size: u64);
 

@@ -372,6 +372,25 @@ impl Device for SimDevice {
         Ok(())
     }
 
+    fn adopt_reservation(
+        &mut self,
+        addr: u64,
+        size: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), DeviceError> {
+        let footprint = page_footprint("adopt_reservation", size)?;
+        if !self.va.place_at(addr, footprint) {
+            let msg =
+                format!("cannot adopt reservation {size} at {addr:#x}: overlaps a live range");
+            return Err(DeviceError::Driver(msg));
+        }
+        self.insert_reservation(addr, size, footprint);
+        for &(at, bytes) in mapped {
+            self.try_map(at, bytes, false)?;
+        }
+        Ok(())
+    }
+
     fn free(&mut self, addr: u64, size: u64) {
         let ok = self.try_free(addr, size);
         self.record(CallKind::Free, ok, size);

@@ -217,6 +217,15 @@ impl Device for RecordedDevice {
         self.model.adopt_segment(addr, size)
     }
 
+    fn adopt_reservation(
+        &mut self,
+        addr: u64,
+        size: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), DeviceError> {
+        self.model.adopt_reservation(addr, size, mapped)
+    }
+
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
         if !self.following() {
             return self.model.malloc(size);

@@ -274,10 +274,11 @@ struct StartGuesses {
 /// trace frees without having allocated them (their request and stream from the free), and
 /// those alive at the end that it never allocated (their size from the final segments).
 /// Between two active blocks of a segment lies one free block, since PyTorch merges free
-/// neighbours. An active block's size is its request rounded to 512 B, extended in the large
-/// pool to the next boundary when what is left is 1 MiB or less (PyTorch splits a large block
-/// only for a remainder over 1 MiB, so no free large block is that small), or else to where
-/// the trace first allocates after it ([`first_alloc_after`]).
+/// neighbours. An active block's size is its request rounded to 512 B (small and expandable
+/// blocks are split for any remainder of 512 B), extended in the large pool to the next
+/// boundary when what is left is 1 MiB or less (PyTorch splits a large block only for a
+/// remainder over 1 MiB, so no free large block is that small), or else to where the trace
+/// first allocates after it ([`first_alloc_after`]).
 fn start_state(
     entries: &[Entry],
     last: &[SnapshotSegment],
@@ -346,12 +347,11 @@ fn start_state(
                 Some(size) => size,
                 None => {
                     let rounded = round_512(b.size).min(room);
-                    if seg.pool == Pool::Small || room - rounded <= MIB {
-                        if seg.pool == Pool::Small {
-                            rounded
-                        } else {
-                            room
-                        }
+                    // Small and expandable blocks are split for any remainder of 512 B.
+                    if seg.pool == Pool::Small || seg.is_expandable {
+                        rounded
+                    } else if room - rounded <= MIB {
+                        room
                     } else if let Some(end) = first_alloc_after(&allocs, b, rounded, next) {
                         end - b.addr
                     } else {
