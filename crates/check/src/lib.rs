@@ -113,8 +113,12 @@ impl Checker {
         let (memory, implied, sink) = (&mut self.memory, &mut self.implied, &mut self.sink);
         implied.start_counters(stats);
         for seg in &start.segments {
-            memory.segment_alloc(sink, seg.address, seg.total_size);
-            implied.start_segment(seg.pool, seg.total_size);
+            if seg.is_expandable {
+                memory.segment_map(sink, seg.address, seg.total_size);
+            } else {
+                memory.segment_alloc(sink, seg.address, seg.total_size);
+            }
+            implied.start_segment(seg.pool, seg.total_size, !seg.is_expandable);
             for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
                 let Some(id) = start.id_at(b.address) else { continue };
                 if memory.alloc(sink, id, b.address, b.size, b.requested_size, seg.pool) {

@@ -108,10 +108,13 @@ impl Implied {
         self.num_device_free = stats.num_device_free;
     }
 
-    /// A segment alive when the run starts: reserved, but no device call of this run.
-    pub(crate) fn start_segment(&mut self, pool: Pool, size: u64) {
+    /// A segment (`whole`) or mapped range alive when the run starts: reserved, but no device
+    /// call of this run.
+    pub(crate) fn start_segment(&mut self, pool: Pool, size: u64, whole: bool) {
         add(&mut self.reserved_bytes, pool, signed(size));
-        add(&mut self.segment, pool, 1);
+        if whole {
+            add(&mut self.segment, pool, 1);
+        }
     }
 
     pub(crate) fn oom(&mut self) {

@@ -168,8 +168,9 @@ impl Observer for Fidelity<'_> {
     /// Both sides start with the recording's segments at the recorded addresses.
     fn on_start(&mut self, start: &StartState, _allocator: &dyn Allocator) {
         for seg in &start.segments {
-            self.recorded_regions.add(seg.address, seg.total_size, false);
-            self.simulated_regions.add(seg.address, seg.total_size, false);
+            let mapped = seg.is_expandable;
+            self.recorded_regions.add(seg.address, seg.total_size, mapped);
+            self.simulated_regions.add(seg.address, seg.total_size, mapped);
         }
     }
 
