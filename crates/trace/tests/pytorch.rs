@@ -708,3 +708,25 @@ fn private_pools_are_inferred_from_segments_and_release_order() {
     assert_eq!(frees, vec![(b as u64, 11), (c as u64, 11), (a as u64, 12)]);
     assert!(t.warnings.iter().any(|w| w.contains("(0, 1) were released")), "{:?}", t.warnings);
 }
+
+/// Addresses at the end of the address space (negative ints) and the largest sizes a
+/// snapshot may give reach the mid-run reconstruction and the pool inference without
+/// overflowing.
+#[test]
+fn extreme_addresses_in_a_mid_run_history_do_not_overflow() {
+    let (big, top) = (1i64 << 62, -4096i64);
+    let t = read(
+        vec![
+            entry("free_requested", top, big, 0),
+            entry("free_completed", top, big, 0),
+            entry("free_completed", i64::MAX - 512, big, 0),
+            entry("segment_free", -(1 << 21), big, 0),
+        ],
+        vec![common::segment(
+            -(1 << 40),
+            0,
+            vec![common::block(-(1 << 40), big, big, "active_allocated")],
+        )],
+    );
+    assert!(t.start.is_some());
+}

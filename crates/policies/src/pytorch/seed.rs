@@ -19,13 +19,16 @@ use std::collections::BTreeMap;
 fn check_start(start: &StartState) -> Result<(), String> {
     let mut end = 0;
     for seg in &start.segments {
+        let Some(seg_end) = seg.address.checked_add(seg.total_size) else {
+            return Err(format!("segment at {:#x} ends past the address space", seg.address));
+        };
         if seg.address < end || seg.total_size == 0 {
             return Err(format!(
                 "segment at {:#x} overlaps the one before or is empty",
                 seg.address
             ));
         }
-        end = seg.address + seg.total_size;
+        end = seg_end;
         let mut at = seg.address;
         for b in &seg.blocks {
             if b.address != at || b.size == 0 {
@@ -34,7 +37,7 @@ fn check_start(start: &StartState) -> Result<(), String> {
             if b.state.is_active() && start.id_at(b.address).is_none() {
                 return Err(format!("active block at {:#x} has no id", b.address));
             }
-            at += b.size;
+            at = at.saturating_add(b.size);
         }
         if at != end {
             return Err(format!("segment at {:#x}: blocks end at {at:#x}", seg.address));
@@ -82,13 +85,16 @@ fn placement(start: &StartState, total_bytes: u64) -> Result<Placement<'_>, Stri
     for e in &expandable {
         let base = e.ranges[0].address;
         let last = e.ranges[e.ranges.len() - 1];
-        if last.address + last.total_size > base + e.reserve {
+        let Some(end) = base.checked_add(e.reserve) else {
+            return Err(format!("the reservation at {base:#x} ends past the address space"));
+        };
+        if last.address + last.total_size > end {
             return Err(format!("expandable ranges from {base:#x} exceed one reservation"));
         }
         if e.ranges.iter().any(|r| (r.address - base) % e.page != 0 || r.total_size % e.page != 0) {
             return Err(format!("expandable ranges from {base:#x} are not whole pages"));
         }
-        spans.push((base, base + e.reserve));
+        spans.push((base, end));
     }
     spans.sort_unstable();
     if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {

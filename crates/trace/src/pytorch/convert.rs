@@ -316,7 +316,9 @@ fn start_state(
     let mut by_segment: Vec<Vec<(usize, &Synthetic)>> = vec![Vec::new(); segments.len()];
     for (k, syn) in synthetic.iter().enumerate() {
         let i = segments.partition_point(|s| s.address <= syn.addr);
-        match i.checked_sub(1).filter(|&i| syn.addr < segments[i].address + segments[i].total_size)
+        match i
+            .checked_sub(1)
+            .filter(|&i| syn.addr < segments[i].address.saturating_add(segments[i].total_size))
         {
             Some(i) => by_segment[i].push((k, syn)),
             None => {
@@ -335,7 +337,7 @@ fn start_state(
     let mut state = StartState::default();
     for (seg, mut blocks) in segments.iter_mut().zip(by_segment) {
         blocks.sort_by_key(|(_, b)| b.addr);
-        let end = seg.address + seg.total_size;
+        let end = seg.address.saturating_add(seg.total_size);
         let mut cursor = seg.address;
         for (j, &(k, b)) in blocks.iter().enumerate() {
             if b.addr > cursor {
@@ -372,7 +374,7 @@ fn start_state(
                 state: state_of,
             });
             state.ids.push((b.addr, ids[k]));
-            cursor = b.addr + size;
+            cursor = b.addr.saturating_add(size);
         }
         if cursor < end {
             seg.blocks.push(free_block(cursor, end - cursor));
@@ -394,12 +396,12 @@ fn first_alloc_after(
     rounded: u64,
     next: u64,
 ) -> Option<u64> {
-    let from = b.addr + rounded;
+    let from = b.addr.saturating_add(rounded);
     let lived_until = b.entry.unwrap_or(usize::MAX);
     let at = allocs.partition_point(|&(addr, _)| addr < from);
     allocs[at..]
         .iter()
-        .take_while(|&&(addr, _)| addr < next && addr <= from + MIB)
+        .take_while(|&&(addr, _)| addr < next && addr <= from.saturating_add(MIB))
         .find(|&&(_, i)| i < lived_until)
         .map(|&(addr, _)| addr)
 }

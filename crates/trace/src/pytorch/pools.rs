@@ -57,19 +57,20 @@ fn place_restored_blocks(trace: &mut Trace, sites: &[Site], instances: &[Instanc
     while j < sites.len() {
         let first = &sites[j];
         let (start, size) = first.segment;
-        let mut end = event(first).addr + event(first).size;
+        let mut end = event(first).addr.saturating_add(event(first).size);
+        let seg_end = start.saturating_add(size);
         let mut k = j;
         if first.empty && private(first) && event(first).addr == start {
-            while end < start + size {
+            while end < seg_end {
                 let Some(next) = sites.get(k + 1) else { break };
                 let e = event(next);
                 if next.r != sites[k].r + 1 || next.instance != first.instance || e.addr != end {
                     break;
                 }
                 k += 1;
-                end += e.size;
+                end = end.saturating_add(e.size);
             }
-            if end == start + size {
+            if end == seg_end {
                 restored.extend(j..=k);
                 j = k + 1;
                 continue;
@@ -102,7 +103,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     }
     let segment_of = |live: &BTreeMap<u64, (u64, usize)>, addr: u64| {
         let (&start, &(size, i)) = live.range(..=addr).next_back()?;
-        (addr < start + size).then_some((start, size, i))
+        (addr < start.saturating_add(size)).then_some((start, size, i))
     };
     // The instance each allocation landed in, by op; the instance each segment free ended;
     // every allocation's place.
