@@ -17,11 +17,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let trace = crate::read_trace(&args.input)?;
     allocsim_trace::write_trace(&trace, &args.output)
         .with_context(|| format!("converting {}", args.input.display()))?;
+    // No output format holds a mid-run history's state at its start: `write_trace` lays its
+    // live blocks out as allocations before the recorded ops.
+    let laid_out = trace.start.as_ref().map_or(0, |start| start.prologue().len());
     eprintln!(
         "wrote {} ({} ops, {} recorded events)",
         args.output.display(),
-        trace.ops.len(),
+        trace.ops.len() + laid_out,
         trace.recorded.len()
     );
+    if laid_out > 0 {
+        eprintln!("  the history starts mid-run: its live blocks are the first {laid_out} ops");
+    }
     Ok(ExitCode::SUCCESS)
 }
