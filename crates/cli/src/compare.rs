@@ -14,8 +14,9 @@ pub struct Args {
     /// `all`, or a comma-separated list of policies.
     #[arg(long, default_value = "all")]
     policy: String,
-    /// Device memory in bytes (total and free at start). Default: each trace's own device.
-    #[arg(long)]
+    /// Device memory, total and free at start (bytes, or `40GiB`, `40GB`, `4e10`). Default:
+    /// each trace's own device.
+    #[arg(long, value_parser = crate::output::parse_size)]
     device_total: Option<u64>,
     /// Skip the minimum-feasible-capacity bisection (about 16 more runs per cell).
     #[arg(long)]

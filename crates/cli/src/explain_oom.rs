@@ -18,8 +18,9 @@ pub struct Args {
     /// Allocator settings in the policy's syntax. Default: the trace's.
     #[arg(long)]
     alloc_conf: Option<String>,
-    /// Device memory in bytes (total and free at start). Default: the trace's own device.
-    #[arg(long)]
+    /// Device memory, total and free at start (bytes, or `40GiB`, `40GB`, `4e10`). Default: the
+    /// trace's own device.
+    #[arg(long, value_parser = crate::output::parse_size)]
     device_total: Option<u64>,
     /// Explain at most this many OOMs.
     #[arg(long, default_value_t = 20)]

@@ -5,6 +5,41 @@ use allocsim_core::{MemoryStats, Stat, StatArray};
 use allocsim_replay::{RunReport, StartedFrom};
 
 /// PyTorch's `format_size`-like rendering, with the exact count alongside for big values.
+/// A size as flags take it: bytes (`42949672960`, `4e10`), or a number with a unit, decimal
+/// (`kB`, `MB`, `GB`, `TB`) or binary (`KiB`, `MiB`, `GiB`, `TiB`), as in `40GiB`, `40 GB` or
+/// `1.5GiB`; units in any case. Written by hand: two lines of arithmetic on a float, where a
+/// crate would bring its own unit spellings.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split =
+        t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
+    let (number, unit) = (t[..split].trim(), t[split..].trim());
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            ))
+        }
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        format!("{text:?}: expected a size such as 42949672960, 4e10, 40GB or 40GiB")
+    })?;
+    let bytes = (value * scale).round();
+    if !(0.0..=u64::MAX as f64).contains(&bytes) {
+        return Err(format!("{text:?}: not a size in bytes"));
+    }
+    Ok(bytes as u64)
+}
+
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = n as f64;
@@ -191,5 +226,31 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_in_bytes_units_and_exponents() {
+        let gib = 1u64 << 30;
+        for (text, want) in [
+            ("42949672960", 40 * gib),
+            ("4e10", 40_000_000_000),
+            ("40GiB", 40 * gib),
+            ("40 gib", 40 * gib),
+            ("40GB", 40_000_000_000),
+            ("1.5GiB", 3 * gib / 2),
+            ("512KiB", 512 << 10),
+            ("7 B", 7),
+        ] {
+            assert_eq!(parse_size(text), Ok(want), "{text}");
+        }
+        for bad in ["", "forty", "40XB", "-1GB", "1e30"] {
+            let e = parse_size(bad).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! `allocsim replay TRACE --policy NAME ...`.
 
 use crate::output::{
-    bytes, compares_cumulative, memory_summary, read_stats_json, recorded_differences,
+    bytes, compares_cumulative, memory_summary, parse_size, read_stats_json, recorded_differences,
 };
 use crate::output::{emit, outln};
 use allocsim_core::{CallKind, MemPoolId};
@@ -48,11 +48,13 @@ pub struct Args {
     /// Cap reserved memory at this fraction of the device total. Default: the trace's.
     #[arg(long)]
     pub memory_fraction: Option<f64>,
-    /// Total device memory in bytes. Default: the trace's, else an H100's 85017493504.
-    #[arg(long)]
+    /// Total device memory (bytes, or `80GiB`, `80GB`, `8e10`). Default: the trace's, else an
+    /// H100's 85017493504.
+    #[arg(long, value_parser = parse_size)]
     pub device_total: Option<u64>,
-    /// Device memory free at start in bytes. Default: the trace's, else 84465090560.
-    #[arg(long)]
+    /// Device memory free at start (bytes, or `40GiB`, `40GB`, `4e10`). Default: the trace's,
+    /// else 84465090560.
+    #[arg(long, value_parser = parse_size)]
     pub device_free: Option<u64>,
     /// Run the independent checker over every event; exit 1 on any violation.
     #[arg(long)]
@@ -110,9 +112,9 @@ impl Args {
 }
 
 fn parse_take_memory(s: &str) -> Result<(u64, u64), String> {
-    let (op, bytes) = s.split_once(':').ok_or("expected OP:BYTES, e.g. 1000:1073741824")?;
-    let number = |t: &str| t.trim().parse::<u64>().map_err(|e| format!("{t:?}: {e}"));
-    Ok((number(op)?, number(bytes)?))
+    let (op, bytes) = s.split_once(':').ok_or("expected OP:BYTES, e.g. 1000:1GiB")?;
+    let op = op.trim().parse::<u64>().map_err(|e| format!("{op:?}: {e}"))?;
+    Ok((op, parse_size(bytes)?))
 }
 
 impl Args {
