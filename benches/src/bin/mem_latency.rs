@@ -1,5 +1,5 @@
 //! How fast a machine's caches and memory answer, to tell a slow machine from slow code
-//! (`benches/README.md`, "What the fourth session learned about the machines"):
+//! (`benches/README.md`, "Machines and how to measure on them"):
 //!
 //! `cargo run --release -p allocsim-benches --bin mem-latency`
 //!
