@@ -36,6 +36,7 @@
 //! `recorded` is in trace order. Its op tags never decrease except around a deferred
 //! `free_completed` inside a run, whose own op comes before the allocation the run belongs to.
 
+use super::edits::Edits;
 use super::entries::{segment_pool, Action, Ctx, Entries, Entry};
 use super::stacks::Stacks;
 use crate::addr_map::AddrMap;
@@ -809,8 +810,8 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
         return 0;
     }
     let mut reserved = trace.start.as_ref().map_or(0, StartState::reserved_bytes);
-    // Old op index of each allocation to split.
-    let mut splits = Vec::new();
+    let mut edits = Edits::default();
+    let mut splits = 0;
     let mut i = 0;
     let recorded = &trace.recorded;
     while i < recorded.len() {
@@ -826,9 +827,19 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
             });
         let is_alloc = matches!(trace.ops.get(op as usize), Some(Op::Alloc { .. }));
         if let (Some(k), true, true) = (first_reserve, opens_with_free, is_alloc) {
-            let size = run[k].size;
-            if free_at_start.saturating_sub(reserved).saturating_sub(size) > RETRY_HEADROOM_BYTES {
-                splits.push(op);
+            if free_at_start.saturating_sub(reserved).saturating_sub(run[k].size)
+                > RETRY_HEADROOM_BYTES
+            {
+                // The `EmptyCache` takes the frees (and completions) before the reservation,
+                // and goes before the pool contexts begun right before the allocation: the
+                // program empties the cache, then enters them.
+                let contexts = trace.ops[..op as usize]
+                    .iter()
+                    .rev()
+                    .take_while(|o| matches!(o, Op::Pool { action: PoolAction::BeginAllocate, .. }))
+                    .count();
+                edits.split(op as usize - contexts, Op::EmptyCache, (i..i + k).collect());
+                splits += 1;
             }
         }
         for r in run {
@@ -842,56 +853,8 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
         }
         i = end;
     }
-    if splits.is_empty() {
-        return 0;
+    if splits > 0 {
+        edits.apply(trace);
     }
-    // Rebuild: each split allocation `s` gets an `EmptyCache` before it, and before the pool
-    // contexts begun right before it (the program empties the cache, then enters them).
-    // `at[i]` is the old index the i-th `EmptyCache` goes before.
-    let at: Vec<u64> = (splits.iter())
-        .map(|&s| {
-            let pool_ops = trace.ops[..s as usize]
-                .iter()
-                .rev()
-                .take_while(|op| matches!(op, Op::Pool { action: PoolAction::BeginAllocate, .. }))
-                .count();
-            s - pool_ops as u64
-        })
-        .collect();
-    // How many `EmptyCache`s go before old op `op`'s new place.
-    let before = |op: u64| at.partition_point(|&a| a <= op) as u64;
-    let is_split = |op: u64| splits.binary_search(&op).is_ok();
-    let mut ops = Vec::with_capacity(trace.ops.len() + splits.len());
-    for (k, op) in std::mem::take(&mut trace.ops).into_iter().enumerate() {
-        if at.binary_search(&(k as u64)).is_ok() {
-            ops.push(Op::EmptyCache);
-        }
-        ops.push(op);
-    }
-    trace.ops = ops;
-    let mut reserving = false;
-    let mut last_op = u64::MAX;
-    for r in &mut trace.recorded {
-        if r.op != last_op {
-            last_op = r.op;
-            reserving = false;
-        }
-        let new = r.op + before(r.op);
-        if is_split(r.op) {
-            reserving |= matches!(r.kind, RecordedKind::SegmentAlloc | RecordedKind::SegmentMap);
-            let belongs_to_alloc =
-                reserving || matches!(r.kind, RecordedKind::Alloc | RecordedKind::Oom);
-            if !belongs_to_alloc {
-                // The `EmptyCache` of this split, before the pool ops between it and the alloc.
-                let i = splits.binary_search(&r.op).unwrap_or_default();
-                r.op = at[i] + before(r.op) - 1;
-                continue;
-            }
-        }
-        r.op = new;
-    }
-    for (op, _) in &mut trace.op_stacks {
-        *op += before(*op);
-    }
-    splits.len()
+    splits
 }

@@ -6,6 +6,7 @@
 //! byte offset, the entries a Python path such as `device_traces[0][17].size`.
 
 mod convert;
+mod edits;
 mod entries;
 mod pools;
 mod sidecar;

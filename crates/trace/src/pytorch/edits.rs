@@ -1,0 +1,58 @@
+//! Ops added to a converted trace after the fact (pool contexts, releases, `empty_cache`
+//! calls read from the recording), in one pass that keeps every recorded event and stack with
+//! its op.
+
+use allocsim_core::{Op, Trace};
+use std::collections::BTreeMap;
+
+/// Ops to add to a trace, by the op index they go with, applied in one pass.
+#[derive(Default)]
+pub(super) struct Edits {
+    before: BTreeMap<usize, Vec<Op>>,
+    after: BTreeMap<usize, Vec<Op>>,
+    /// Ops that go before op `k` (and before the ops `before` puts there) and take these of its
+    /// recorded events.
+    splits: BTreeMap<usize, Vec<(Op, Vec<usize>)>>,
+}
+
+impl Edits {
+    pub(super) fn before(&mut self, k: usize, op: Op) {
+        self.before.entry(k).or_default().push(op);
+    }
+
+    pub(super) fn after(&mut self, k: usize, op: Op) {
+        self.after.entry(k).or_default().push(op);
+    }
+
+    pub(super) fn split(&mut self, k: usize, op: Op, recorded: Vec<usize>) {
+        self.splits.entry(k).or_default().push((op, recorded));
+    }
+
+    /// Rebuild the ops; every recorded event and stack follows its op to the op's new index,
+    /// and events taken by a split go to the op that took them.
+    pub(super) fn apply(self, trace: &mut Trace) {
+        let old = std::mem::take(&mut trace.ops);
+        let mut new_index = Vec::with_capacity(old.len());
+        let mut taken: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut ops = Vec::with_capacity(old.len() + self.before.len() + self.after.len());
+        for (k, op) in old.into_iter().enumerate() {
+            for (split, recorded) in self.splits.get(&k).into_iter().flatten() {
+                for &r in recorded {
+                    taken.insert(r, ops.len() as u64);
+                }
+                ops.push(split.clone());
+            }
+            ops.extend(self.before.get(&k).into_iter().flatten().cloned());
+            new_index.push(ops.len() as u64);
+            ops.push(op);
+            ops.extend(self.after.get(&k).into_iter().flatten().cloned());
+        }
+        trace.ops = ops;
+        for (r, e) in trace.recorded.iter_mut().enumerate() {
+            e.op = taken.get(&r).copied().unwrap_or(new_index[e.op as usize]);
+        }
+        for (op, _) in &mut trace.op_stacks {
+            *op = new_index[*op as usize];
+        }
+    }
+}
