@@ -165,13 +165,19 @@ pub fn compares_cumulative(report: &RunReport) -> bool {
     )
 }
 
-/// The recorded statistics the run is held to ([`compares_cumulative`]).
+/// Whether the run is held to the recorded statistic `key` ([`compares_cumulative`]).
+fn held_to(report: &RunReport) -> impl Fn(&str) -> bool {
+    let all = compares_cumulative(report);
+    move |key| all || key.ends_with(".current")
+}
+
+/// The recorded statistics the run is held to.
 pub fn comparable<'e>(
     report: &RunReport,
     expected: &'e [(String, i64)],
 ) -> impl Iterator<Item = &'e (String, i64)> {
-    let all = compares_cumulative(report);
-    expected.iter().filter(move |(k, _)| all || k.ends_with(".current"))
+    let held = held_to(report);
+    expected.iter().filter(move |(k, _)| held(k))
 }
 
 /// [`stat_differences`] over the [`comparable`] statistics.
@@ -179,9 +185,9 @@ pub fn recorded_differences(
     report: &RunReport,
     expected: &[(String, i64)],
 ) -> Vec<(String, Option<i64>, Option<i64>)> {
-    let all = compares_cumulative(report);
+    let held = held_to(report);
     let mut d = stat_differences(&report.stats, expected);
-    d.retain(|(k, _, _)| all || k.ends_with(".current"));
+    d.retain(|(k, _, _)| held(k));
     d
 }
 
