@@ -20,6 +20,10 @@ pub struct Args {
     /// Follow the recording's addresses and refusals (the default) or use the modelled device.
     #[arg(long)]
     model: bool,
+    /// With `--model`: how the modelled device places segments (`lowest`, `descending`,
+    /// `jittered:SEED`).
+    #[arg(long, value_parser = allocsim_sim::Placement::parse, default_value = "lowest")]
+    placement: allocsim_sim::Placement,
     /// `torch.cuda.memory_stats()` when a history that starts mid-run began, as JSON (the flat
     /// dict, or an object with a `memory_stats` member). Default: the sidecar's
     /// `meta.memory_stats_at_history_start`, if any.
@@ -42,6 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         policy: args.policy.clone(),
         device: if args.model { DeviceChoice::Sim } else { DeviceChoice::Recorded },
         fidelity: true,
+        placement: args.placement,
         ..RunOptions::default()
     };
     let report = run_trace(&trace, &opts, &mut [], |_| {})?;

@@ -1,6 +1,7 @@
 //! `allocsim`: the command-line front end. The only crate that prints, reads the environment
 //! or uses `anyhow`; every command is a thin layer over the library crates.
 
+mod capacity;
 mod compare;
 mod convert;
 mod explain_oom;
@@ -49,6 +50,9 @@ enum Command {
     /// Run every policy on every trace and compare peaks, fragmentation, OOMs, device calls and
     /// minimum feasible capacity.
     Compare(compare::Args),
+    /// The smallest free memory at the start (as `torch.cuda.mem_get_info()` reports it) on
+    /// which the recorded program completes without an OOM: a point and a band.
+    Capacity(capacity::Args),
     /// Explain each OOM: free memory, largest free block per pool, reserved but unallocated,
     /// and the live blocks fencing the largest free region, with their allocation stacks.
     ExplainOom(explain_oom::Args),
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         Command::Fidelity(args) => fidelity::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Compare(args) => compare::run(args),
+        Command::Capacity(args) => capacity::run(args),
         Command::ExplainOom(args) => explain_oom::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Workload(args) => validate::workload(args),

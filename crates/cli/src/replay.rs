@@ -10,6 +10,7 @@ use allocsim_replay::{
     RunReport, StartedFrom,
 };
 use allocsim_sim::Fault;
+use allocsim_sim::Placement;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -88,6 +89,10 @@ pub struct Args {
     /// exact. Default: the sidecar's `meta.memory_stats_at_history_start`, if any.
     #[arg(long, value_name = "FILE")]
     pub stats_at_start: Option<PathBuf>,
+    /// How the modelled device places segments: `lowest` (first fit from the bottom),
+    /// `descending` (each below the last, as the CUDA driver mostly does) or `jittered:SEED`.
+    #[arg(long, value_parser = Placement::parse, default_value = "lowest")]
+    pub placement: Placement,
 }
 
 impl Args {
@@ -107,6 +112,7 @@ impl Args {
             fidelity: false,
             seed: self.seed,
             faults: self.faults(),
+            placement: self.placement,
         }
     }
 }

@@ -56,6 +56,9 @@ pub struct TraceMeta {
     pub device_total_bytes: Option<u64>,
     /// Free device memory when the run started (other contexts take the rest).
     pub device_free_bytes: Option<u64>,
+    /// Memory the run took outside the allocator (free at start − free at end − reserved at
+    /// end), as `validation/fit.py` measures it.
+    pub outside_allocator_bytes: Option<u64>,
     /// `torch.cuda.memory_stats()` as the recorded run reported it at the end, if known.
     pub expected_stats: Option<Vec<(String, i64)>>,
     /// `torch.cuda.memory_stats()` when a history that starts mid-run began, if known.

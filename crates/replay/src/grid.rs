@@ -16,9 +16,6 @@ pub struct GridCell {
     pub min_feasible_capacity_bytes: Option<u64>,
 }
 
-/// Bisection stops when the bracket is this narrow: the granularity of a CUDA segment.
-pub const CAPACITY_RESOLUTION_BYTES: u64 = 2 << 20;
-
 /// Whether `trace` runs without OOM on a device of `capacity` bytes (total = free).
 fn fits(trace: &Trace, opts: &RunOptions, capacity: u64) -> Result<bool, ConfigError> {
     let opts = RunOptions {
@@ -45,16 +42,7 @@ pub fn min_feasible_capacity(
     if !fits(trace, opts, upper)? {
         return Ok(None);
     }
-    let (mut lo, mut hi) = (lower.min(upper), upper);
-    while hi - lo > CAPACITY_RESOLUTION_BYTES {
-        let mid = lo + (hi - lo) / 2;
-        if fits(trace, opts, mid)? {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Ok(Some(hi))
+    crate::capacity::bisect(lower.min(upper), upper, |x| fits(trace, opts, x)).map(Some)
 }
 
 /// Run every policy on every trace in parallel. `progress` is called once per finished cell.

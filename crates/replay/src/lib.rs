@@ -8,6 +8,7 @@
 //! break it (a free of an allocation that failed with OOM, a double free in a hand-written
 //! trace) are skipped and counted, never passed on.
 
+mod capacity;
 mod engine;
 mod explain;
 mod fidelity;
@@ -16,10 +17,14 @@ mod metrics;
 mod observers;
 mod run;
 
+pub use capacity::{
+    capacity, Capacity, CapacityOptions, PlacementThreshold, BAND_MARGIN_BYTES,
+    CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES,
+};
 pub use engine::{AsDynAllocator, AsDynDevice, Engine, OpOutcome, Skipped};
 pub use explain::{Fence, FreeRegion, OomExplainer, OomExplanation};
 pub use fidelity::{Divergence, Fidelity};
-pub use grid::{compare, min_feasible_capacity, GridCell, CAPACITY_RESOLUTION_BYTES};
+pub use grid::{compare, min_feasible_capacity, GridCell};
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
 pub use observers::{format_event, CheckObserver, EventLog, Observer, Recorder};
 pub use run::{

@@ -12,7 +12,7 @@ use allocsim_core::{
     SnapshotSegment, StartState, Trace, TraceMeta,
 };
 use allocsim_policies::pytorch::PyTorchAllocator;
-use allocsim_sim::{Fault, RecordedDevice, SimConfig, SimDevice};
+use allocsim_sim::{Fault, Placement, RecordedDevice, SimConfig, SimDevice};
 use std::borrow::Borrow;
 
 /// Which device a run uses.
@@ -48,6 +48,9 @@ pub struct RunOptions {
     pub seed: u64,
     /// Faults the simulated device injects (a run with faults never follows a recording).
     pub faults: Vec<Fault>,
+    /// How the modelled device places segments (a run that follows a recording takes the
+    /// recorded addresses while it does).
+    pub placement: Placement,
 }
 
 /// What a run produced.
@@ -202,6 +205,7 @@ fn run_head<O: Borrow<Op>>(
         free_bytes: free,
         seed: opts.seed,
         faults: opts.faults.clone(),
+        placement: opts.placement,
         ..SimConfig::default()
     });
     let what_if = opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != meta.alloc_conf.as_ref())

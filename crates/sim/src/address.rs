@@ -9,22 +9,126 @@
 //!
 //! Placement scans the live ranges in address order, O(live ranges): allocators keep at most
 //! a few thousand segments live, and a gap index is not worth its complexity at that size.
+//!
+//! What the real driver does is not copied: it mostly places each new range below the last,
+//! but the same program gets other addresses, and neighbours swap places, when a different
+//! amount of memory is free at its start (`validation/` shows it). So [`Placement::Descending`]
+//! models the rule, and a question whose answer hangs on ties between equal free blocks (how
+//! little memory a run needs) is also asked under [`Placement::Jittered`], the rule with seeded
+//! swaps: the spread of the answers is what the addresses leave open.
 
+use crate::faults::SplitMix64;
 use std::collections::BTreeMap;
 
 /// The lowest address the model hands out, in the range where Linux puts CUDA's mappings.
 pub const VA_BASE: u64 = 0x7f00_0000_0000;
+/// The top of the 47-bit user address space, where descending placement starts.
+const VA_TOP: u64 = 0x8000_0000_0000;
+/// Jittered placement passes over up to this many gaps a range would fit in.
+const JITTER_GAPS: u64 = 2;
+
+/// How the modelled driver picks an address for a new range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// The lowest free place (first fit): freed ranges are reused from the bottom.
+    #[default]
+    Lowest,
+    /// The highest free place below the top of the user address space: each new range lands
+    /// below the last, as the CUDA driver mostly places them, so the newest of equal free
+    /// blocks has the lowest address.
+    Descending,
+    /// `Descending`, but each range passes over a random number (below 3, drawn from this seed)
+    /// of the highest gaps it would fit in: neighbours swap places as they do between runs.
+    Jittered { seed: u64 },
+}
+
+impl Placement {
+    /// `lowest`, `descending` or `jittered:SEED`, as flags take it.
+    pub fn parse(text: &str) -> Result<Placement, String> {
+        match text {
+            "lowest" => Ok(Placement::Lowest),
+            "descending" => Ok(Placement::Descending),
+            _ => text
+                .strip_prefix("jittered:")
+                .and_then(|seed| seed.parse().ok())
+                .map(|seed| Placement::Jittered { seed })
+                .ok_or_else(|| format!("{text:?}: expected lowest, descending or jittered:SEED")),
+        }
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Placement::Lowest => write!(f, "lowest"),
+            Placement::Descending => write!(f, "descending"),
+            Placement::Jittered { seed } => write!(f, "jittered:{seed}"),
+        }
+    }
+}
 
 /// Live address ranges, `start -> end` (exclusive), never overlapping.
 #[derive(Debug, Clone, Default)]
 pub struct AddressSpace {
     live: BTreeMap<u64, u64>,
+    placement: Placement,
+    jitter: Option<SplitMix64>,
 }
 
 impl AddressSpace {
-    /// Place `size_bytes` at the lowest free multiple of `alignment`.
+    pub fn new(placement: Placement) -> Self {
+        let jitter = match placement {
+            Placement::Jittered { seed } => Some(SplitMix64(seed)),
+            _ => None,
+        };
+        AddressSpace { live: BTreeMap::new(), placement, jitter }
+    }
+
+    /// Place `size_bytes` at a free multiple of `alignment` as the placement says.
     /// `None` only when the 64-bit space is exhausted.
     pub fn place(&mut self, size_bytes: u64, alignment: u64) -> Option<u64> {
+        let skip = match &mut self.jitter {
+            Some(rng) => rng.next_u64() % JITTER_GAPS,
+            None => 0,
+        };
+        let addr = match self.placement {
+            Placement::Lowest => None,
+            Placement::Descending | Placement::Jittered { .. } => {
+                self.highest_fit(size_bytes, alignment, skip)
+            }
+        };
+        let addr = match addr {
+            Some(a) => a,
+            None => self.lowest_fit(size_bytes, alignment)?,
+        };
+        self.live.insert(addr, addr.checked_add(size_bytes)?);
+        Some(addr)
+    }
+
+    /// The highest aligned start below `VA_TOP` whose range overlaps nothing live, passing over
+    /// the first `skip` gaps it would fit in while there is a lower one.
+    fn highest_fit(&self, size_bytes: u64, alignment: u64, mut skip: u64) -> Option<u64> {
+        let align_down = |v: u64| v - v % alignment.max(1);
+        let fit_below = |end: u64, floor: u64| {
+            end.checked_sub(size_bytes).map(align_down).filter(|&c| c >= floor.max(VA_BASE))
+        };
+        let mut found = None;
+        let mut end = VA_TOP;
+        for (&start, &live_end) in self.live.iter().rev() {
+            if let Some(c) = fit_below(end, live_end) {
+                found = Some(c);
+                if skip == 0 {
+                    return found;
+                }
+                skip -= 1;
+            }
+            end = end.min(start);
+        }
+        fit_below(end, VA_BASE).or(found)
+    }
+
+    /// The lowest aligned start at or above `VA_BASE` whose range overlaps nothing live.
+    fn lowest_fit(&self, size_bytes: u64, alignment: u64) -> Option<u64> {
         let mut candidate = align_up(VA_BASE, alignment)?;
         for (&start, &end) in &self.live {
             if end <= candidate {
@@ -35,8 +139,6 @@ impl AddressSpace {
             }
             candidate = align_up(end, alignment)?;
         }
-        let end = candidate.checked_add(size_bytes)?;
-        self.live.insert(candidate, end);
         Some(candidate)
     }
 
@@ -153,6 +255,45 @@ mod tests {
         assert_eq!(va.place(MIB2, MIB2), Some(VA_BASE));
         assert_eq!(va.place(3 * MIB2, MIB2), Some(VA_BASE + MIB2));
         assert_eq!(va.place(MIB2, MIB2), Some(VA_BASE + 11 * MIB2));
+    }
+
+    #[test]
+    fn descending_placement_goes_down_and_refills_from_the_top() {
+        let mut va = AddressSpace::new(Placement::Descending);
+        let a = va.place(4 * MIB2, MIB2).unwrap();
+        let b = va.place(MIB2, MIB2).unwrap();
+        assert_eq!((a, b), (VA_TOP - 4 * MIB2, VA_TOP - 5 * MIB2));
+        assert!(va.release(a));
+        assert_eq!(va.place(MIB2, MIB2), Some(VA_TOP - MIB2), "the highest hole first");
+        assert_eq!(va.place(5 * MIB2, MIB2), Some(VA_TOP - 10 * MIB2), "too big for the hole");
+    }
+
+    #[test]
+    fn jittered_placement_is_seeded_disjoint_and_mostly_descending() {
+        let place_all = |seed| {
+            let mut va = AddressSpace::new(Placement::Jittered { seed });
+            let mut out = Vec::new();
+            for i in 0..200u64 {
+                out.push(va.place(3 * MIB2, MIB2).unwrap());
+                if i % 3 == 0 {
+                    assert!(va.release(out[out.len() / 2]));
+                }
+            }
+            out
+        };
+        let a = place_all(7);
+        assert_eq!(a, place_all(7), "same seed, same addresses");
+        assert_ne!(a, place_all(8));
+        assert!(a.iter().all(|&x| x % MIB2 == 0 && x >= VA_BASE && x < VA_TOP));
+        assert!(a.windows(2).filter(|w| w[1] < w[0]).count() > a.len() / 2, "mostly down");
+    }
+
+    #[test]
+    fn placements_parse_as_they_print() {
+        for p in [Placement::Lowest, Placement::Descending, Placement::Jittered { seed: 3 }] {
+            assert_eq!(Placement::parse(&p.to_string()), Ok(p));
+        }
+        assert!(Placement::parse("jittered:x").is_err());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What a simulated device is: its memory, what others hold, its costs and its faults.
 
-use crate::{CostModel, Fault};
+use crate::{CostModel, Fault, Placement};
 
 /// `totalGlobalMem` of the H100 80GB HBM3 the bundled traces were recorded on.
 pub const H100_TOTAL_BYTES: u64 = 85_017_493_504;
@@ -18,6 +18,8 @@ pub struct SimConfig {
     pub faults: Vec<Fault>,
     /// Seeds every random choice the device makes (today: `Fault::FailRandom`).
     pub seed: u64,
+    /// How addresses are chosen (they break ties between equal free blocks).
+    pub placement: Placement,
 }
 
 impl Default for SimConfig {
@@ -28,6 +30,7 @@ impl Default for SimConfig {
             cost: CostModel::h100(),
             faults: Vec::new(),
             seed: 0,
+            placement: Placement::Lowest,
         }
     }
 }

@@ -77,7 +77,7 @@ impl SimDevice {
             start_free_bytes: cfg.free_bytes.min(cfg.total_bytes),
             cost: cfg.cost,
             faults: FaultState::new(cfg.faults, cfg.seed),
-            va: AddressSpace::default(),
+            va: AddressSpace::new(cfg.placement),
             segments: BTreeMap::new(),
             edge_pages: BTreeMap::new(),
             reservations: BTreeMap::new(),

@@ -12,6 +12,7 @@ fn device(total_pages: u64, free_pages: u64, faults: Vec<Fault>) -> SimDevice {
         cost: CostModel::zero(),
         faults,
         seed: 42,
+        placement: Default::default(),
     })
 }
 

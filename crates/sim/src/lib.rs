@@ -24,7 +24,7 @@ mod device;
 mod faults;
 mod recorded;
 
-pub use address::VA_BASE;
+pub use address::{Placement, VA_BASE};
 pub use calls::{
     CallDivergence, CallLog, CallLogger, FreeMemoryCheck, LoggedCall, LoggedMemInfo,
     ReplayCallsDevice,

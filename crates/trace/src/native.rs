@@ -158,6 +158,7 @@ impl NativeMeta {
             device_free_bytes: self.device_free_bytes,
             expected_stats: self.expected_stats,
             stats_at_start: None,
+            outside_allocator_bytes: None,
         }
     }
 }

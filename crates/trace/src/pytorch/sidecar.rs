@@ -62,6 +62,7 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         for (key, slot) in [
             ("total_memory", &mut meta.device_total_bytes),
             ("free_at_start", &mut meta.device_free_bytes),
+            ("outside_allocator_bytes", &mut meta.outside_allocator_bytes),
         ] {
             if let Some(v) = field(key) {
                 let n = v.as_u64().ok_or_else(|| {

@@ -1,0 +1,149 @@
+//! "Would it fit?": the smallest free memory at a run's start on which its ops complete
+//! without an OOM, as a point and a band, held against the GPU in `validation/`.
+//!
+//! Free memory at the start is what `torch.cuda.mem_get_info()` reports once the CUDA context
+//! exists. Two things take it besides the allocator's segments, and the model has both:
+//! - **Memory outside the allocator** that the run takes as it goes (kernels loaded lazily,
+//!   library handles and workspaces): [`CapacityOptions::outside_bytes`], taken from the start.
+//!   A recording made by `validation/fit.py` measures it (`meta.outside_allocator_bytes`);
+//!   otherwise [`OUTSIDE_ALLOCATOR_BYTES`], measured on an H100 (`docs/capacity.md`).
+//! - **The driver's addresses**, which break ties between equal free blocks and so decide
+//!   fragmentation under pressure. They differ between runs of the same program with different
+//!   free memory, so no recording says what they will be. The point is the run bisected under
+//!   descending placement (the driver's usual rule); the band spreads over
+//!   [`CapacityOptions::jitters`] seeded jittered placements (neighbours swapped, as between
+//!   real runs), widened below by [`BAND_MARGIN_BYTES`].
+
+use crate::{run_trace, DeviceChoice, RunOptions};
+use allocsim_core::{ConfigError, Trace};
+use allocsim_sim::{Placement, PAGE_BYTES};
+use rayon::prelude::*;
+
+/// Memory a PyTorch training run takes outside the caching allocator on an H100 with PyTorch
+/// 2.11 and CUDA 13 (the largest of the validation workloads: 246 MiB; see `docs/capacity.md`).
+pub const OUTSIDE_ALLOCATOR_BYTES: u64 = 257_949_696;
+
+/// Bisection stops when the bracket is this narrow: the driver's page.
+pub const CAPACITY_RESOLUTION_BYTES: u64 = PAGE_BYTES;
+
+/// How far below the lowest bisected threshold the band reaches: the bisection's resolution
+/// (the threshold lies within it below the end found) plus the spread of the outside memory
+/// between runs of one workload on the H100 (255,852,544 to 257,949,696 bytes: a run that dies
+/// early has not loaded every kernel).
+pub const BAND_MARGIN_BYTES: u64 = CAPACITY_RESOLUTION_BYTES + PAGE_BYTES;
+
+/// What a capacity question is asked under.
+#[derive(Debug, Clone)]
+pub struct CapacityOptions {
+    /// Policy, settings and device; the free memory is what is searched, and the device is the
+    /// model (a smaller device leaves any recording at its first refusal).
+    pub run: RunOptions,
+    /// Memory the run takes outside the allocator, counted as taken from the start.
+    pub outside_bytes: u64,
+    /// How many seeded jittered placements the band is taken over, besides descending.
+    pub jitters: u32,
+}
+
+/// The threshold under one placement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacementThreshold {
+    pub placement: Placement,
+    /// `None`: not even all of the device's free memory is enough.
+    pub capacity_bytes: Option<u64>,
+}
+
+/// The answer: free memory at the start (outside memory included) the run needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    /// Under descending placement. `None` if the run does not fit the device at all.
+    pub capacity_bytes: Option<u64>,
+    /// The least any placement needed less [`BAND_MARGIN_BYTES`], and the most any needed
+    /// (`None` if under some placement the run does not fit the device at all).
+    pub low_bytes: Option<u64>,
+    pub high_bytes: Option<u64>,
+    pub outside_bytes: u64,
+    /// The device's free memory at the start, the most that was tried.
+    pub searched_up_to_bytes: u64,
+    pub placements: Vec<PlacementThreshold>,
+}
+
+/// Bisect the smallest `x` in `(lo, hi]` with `fits(x)`, to `CAPACITY_RESOLUTION_BYTES`, given that
+/// `fits(hi)`. Feasibility is not strictly monotonic for every policy (a bigger card can change
+/// an early decision), so this is the boundary bisection finds, checked to fit.
+pub(crate) fn bisect(
+    mut lo: u64,
+    mut hi: u64,
+    mut fits: impl FnMut(u64) -> Result<bool, ConfigError>,
+) -> Result<u64, ConfigError> {
+    while hi - lo > CAPACITY_RESOLUTION_BYTES {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi)
+}
+
+/// Whether `trace` completes without an OOM with `free_bytes` free at the start.
+fn fits(
+    trace: &Trace,
+    opts: &CapacityOptions,
+    placement: Placement,
+    free_bytes: u64,
+) -> Result<bool, ConfigError> {
+    let run = RunOptions {
+        device: DeviceChoice::Sim,
+        device_free_bytes: Some(free_bytes.saturating_sub(opts.outside_bytes)),
+        placement,
+        check: false,
+        fidelity: false,
+        ..opts.run.clone()
+    };
+    Ok(run_trace(trace, &run, &mut [], |_| {})?.metrics.ooms.is_empty())
+}
+
+/// The capacity of `trace` under `opts`: one bisection per placement, in parallel.
+pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, ConfigError> {
+    let base = run_trace(
+        trace,
+        &RunOptions {
+            device: DeviceChoice::Sim,
+            check: false,
+            fidelity: false,
+            ..opts.run.clone()
+        },
+        &mut [],
+        |_| {},
+    )?;
+    let upper = base.device_free_bytes.saturating_add(opts.outside_bytes);
+    // Nothing fits below what is live at once, plus the outside memory.
+    let lower =
+        (base.metrics.peak_requested_bytes + opts.outside_bytes).min(upper).saturating_sub(1);
+    let placements: Vec<Placement> = std::iter::once(Placement::Descending)
+        .chain((0..u64::from(opts.jitters)).map(|seed| Placement::Jittered { seed }))
+        .collect();
+    let placements = placements
+        .into_par_iter()
+        .map(|placement| {
+            let capacity_bytes = if fits(trace, opts, placement, upper)? {
+                Some(bisect(lower, upper, |x| fits(trace, opts, placement, x))?)
+            } else {
+                None
+            };
+            Ok(PlacementThreshold { placement, capacity_bytes })
+        })
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    let found = || placements.iter().filter_map(|p| p.capacity_bytes);
+    // A placement under which the run does not fit at all makes the band open upwards.
+    let all_fit = placements.iter().all(|p| p.capacity_bytes.is_some());
+    Ok(Capacity {
+        capacity_bytes: placements[0].capacity_bytes,
+        low_bytes: found().min().map(|b| b.saturating_sub(BAND_MARGIN_BYTES)),
+        high_bytes: if all_fit { found().max() } else { None },
+        outside_bytes: opts.outside_bytes,
+        searched_up_to_bytes: upper,
+        placements,
+    })
+}

@@ -1,0 +1,208 @@
+"""Measure on the GPU the smallest free memory on which a seeded workload runs without an OOM.
+
+Run on a GPU machine with PyTorch, transformers and CuPy:
+    python3 validation/fit.py WORKLOAD ALLOC_CONF OUTDIR [LO HI]
+WORKLOAD is `llama_ft` (the d_llama_ft workload of traces/pytorch-2.11-h100-user/
+capture_user_patterns.py, step for step) or `gpt2_train` (GPT-2 small, 8 steps of varied shapes).
+
+1. Records the workload once with all the card's free memory: OUTDIR/NAME.pickle.gz (the
+   snapshot, `_record_memory_history(context=None)`) and OUTDIR/NAME.json (the sidecar allocsim
+   reads: settings, `free_at_start`, `memory_stats()` at the end, and the memory the run used
+   outside the caching allocator, `outside_allocator_bytes`, with its growth over the run).
+2. Bisects the threshold between the recording's peak allocated (cannot fit) and its peak
+   reserved plus the outside memory (must fit), until the bracket is narrow
+   (0.2 % of the peak allocated, at least 8 MiB). With LO and HI given, bisects between them
+   instead, without recording (to go on from a bracket an earlier run left).
+   Each try is a fresh CUDA context in a forked child (the parent imports torch but never
+   touches CUDA): it takes all free memory but the target with a ballast cudaMalloc outside
+   PyTorch's allocator, then runs the workload. A try fails on an OOM or on any other error
+   (cuDNN's attention fails so when its memory outside the allocator runs out). The free memory a try
+   really had is `mem_get_info()` after the ballast (the ballast rounds to 2 MiB pages).
+With FIT_DEADLINE (unix time) set, stops bisecting before a try could run past it.
+Prints one JSON line per try and a summary line {"real_oom_free", "real_fits_free", ...}, both
+ends observed on the GPU. The snapshots of the tightest fitting try and the loosest failing
+one are kept as OUTDIR/NAME.fit.pickle.gz and OUTDIR/NAME.oom.pickle.gz.
+"""
+import gzip, json, multiprocessing as mp, os, random, shutil, sys, time
+
+import cupy
+import torch
+import transformers  # noqa: F401  imported before the fork, so each try starts at once
+
+MIB = 1 << 20
+
+
+def llama_ft(step_done):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(30)
+    rng = random.Random(30)
+    cfg = LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=16,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).cuda()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    for step in range(8):
+        for micro in range(2):
+            b, s = rng.choice([2, 4, 8]), rng.randint(128, 2048)
+            ids = torch.randint(0, 32000, (b, s), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss / 2
+            loss.backward()
+            ids = loss = None
+            step_done()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        step_done()
+
+
+def gpt2_train(step_done):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(41)
+    rng = random.Random(41)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for step in range(8):
+        b, s = rng.choice([4, 8]), rng.choice([256, 512, 1024])
+        ids = torch.randint(0, 50257, (b, s), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        step_done()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        step_done()
+        ids = loss = None
+
+
+WORKLOADS = {"llama_ft": llama_ft, "gpt2_train": gpt2_train}
+
+
+def one_try(workload, target, snapshot_path, out):
+    """One run in a fresh CUDA context; `target` None means all free memory (the recording)."""
+    torch.cuda.mem_get_info()  # the context, as in a recording, before the ballast
+    free0, total = torch.cuda.mem_get_info()
+    ballast = cupy.cuda.runtime.malloc(free0 - target) if target is not None else None
+    free1, _ = torch.cuda.mem_get_info()
+    profile = []
+
+    def step_done():
+        free, _ = torch.cuda.mem_get_info()
+        profile.append([time.time_ns() // 1000, free1 - free - torch.cuda.memory_reserved()])
+
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=3_000_000)
+    t0 = time.perf_counter()
+    failure = None
+    try:
+        WORKLOADS[workload](step_done)
+    except torch.OutOfMemoryError:
+        failure = "oom"
+    except Exception as e:  # cuDNN, cuBLAS: their memory outside the allocator ran out
+        failure = (str(e).splitlines() or [type(e).__name__])[0][:200]
+    fits = failure is None
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    stats = torch.cuda.memory_stats()
+    free_end, _ = torch.cuda.mem_get_info()
+    torch.cuda.memory._dump_snapshot(snapshot_path)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    if ballast is not None:
+        cupy.cuda.runtime.free(ballast)
+    out.put({
+        "target_free": target, "free_at_start": free1, "fits": fits, "failure": failure, "seconds": round(seconds, 2),
+        "total_memory": total, "free_at_end": free_end, "reserved_at_end": stats["reserved_bytes.all.current"],
+        "outside_allocator_bytes": free1 - free_end - stats["reserved_bytes.all.current"],
+        "outside_profile": profile, "memory_stats": dict(stats), "gpu": torch.cuda.get_device_name(),
+    })
+
+
+def run_try(workload, target, snapshot_path):
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=one_try, args=(workload, target, snapshot_path, q))
+    p.start()
+    r = q.get(timeout=150)
+    p.join()
+    return r
+
+
+def gz(src, dst):
+    with open(src, "rb") as f, gzip.open(dst, "wb", compresslevel=6) as g:
+        shutil.copyfileobj(f, g)
+    os.remove(src)
+
+
+def main():
+    workload, conf, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf  # read when the child's allocator starts
+    os.makedirs(outdir, exist_ok=True)
+    name = workload + ("_" + conf.replace(":", "-").replace(",", "_") if conf else "")
+    tmp = os.path.join(outdir, name + ".try.pickle")
+
+    def show(r):
+        brief = {k: v for k, v in r.items() if k not in ("memory_stats", "outside_profile", "gpu")}
+        brief["peak_reserved"] = r["memory_stats"]["reserved_bytes.all.peak"]
+        brief["ooms"], brief["retries"] = r["memory_stats"]["num_ooms"], r["memory_stats"]["num_alloc_retries"]
+        print(json.dumps({"workload": name, **brief}), flush=True)
+
+    if len(sys.argv) > 5:  # go on from a bracket: LO and HI free bytes
+        bisect(workload, name, outdir, tmp, int(sys.argv[4]), int(sys.argv[5]), show, None)
+        return
+    rec = run_try(workload, None, tmp)
+    show(rec)
+    gz(tmp, os.path.join(outdir, name + ".pickle.gz"))
+    meta = {
+        "workload": name, "alloc_conf": conf, "history": "full", "torch": torch.__version__,
+        "cuda": torch.version.cuda, "gpu": rec["gpu"], "total_memory": rec["total_memory"],
+        "free_at_start": rec["free_at_start"], "free_at_end": rec["free_at_end"],
+        "outside_allocator_bytes": rec["outside_allocator_bytes"], "outside_profile": rec["outside_profile"],
+        "workload_seconds": rec["seconds"],
+    }
+    with open(os.path.join(outdir, name + ".json"), "w") as f:
+        json.dump({"meta": meta, "memory_stats": rec["memory_stats"]}, f, indent=1, sort_keys=True)
+
+    st = rec["memory_stats"]
+    # Some libraries (cuDNN's attention) take memory for a moment outside the allocator, more
+    # than what is still held at the end: the upper end leaves 512 MiB for that.
+    lo, hi = st["allocated_bytes.all.peak"], st["reserved_bytes.all.peak"] + rec["outside_allocator_bytes"] + 512 * MIB
+    bisect(workload, name, outdir, tmp, lo, hi, show, rec["seconds"])
+
+
+def bisect(workload, name, outdir, tmp, lo, hi, show, seconds):
+    """Try both ends, then halve until the bracket is 0.2 % of `lo` wide (at least 8 MiB)."""
+    resolution = max(8 * MIB, lo // 512)
+    best_fit = best_oom = None
+    for target in [hi, lo]:
+        r = run_try(workload, target, tmp)
+        show(r)
+        if r["fits"]:
+            best_fit = r
+            gz(tmp, os.path.join(outdir, name + ".fit.pickle.gz"))
+        else:
+            best_oom = r
+            gz(tmp, os.path.join(outdir, name + ".oom.pickle.gz"))
+    deadline = float(os.environ.get("FIT_DEADLINE", "inf"))  # unix time: stop bisecting, keep what is known
+    while best_fit and best_oom and best_fit["free_at_start"] - best_oom["free_at_start"] > resolution:
+        if time.time() + 2 * (seconds or best_fit["seconds"]) + 10 > deadline:
+            break
+        mid = (best_fit["free_at_start"] + best_oom["free_at_start"]) // 2
+        r = run_try(workload, mid, tmp)
+        show(r)
+        if r["fits"]:
+            best_fit = r
+            gz(tmp, os.path.join(outdir, name + ".fit.pickle.gz"))
+        else:
+            best_oom = r
+            gz(tmp, os.path.join(outdir, name + ".oom.pickle.gz"))
+    print(json.dumps({"summary": name, "alloc_conf": os.environ["PYTORCH_CUDA_ALLOC_CONF"],
+                      "real_oom_free": best_oom and best_oom["free_at_start"],
+                      "real_fits_free": best_fit and best_fit["free_at_start"],
+                      "outside_allocator_bytes_at_fit": best_fit and best_fit["outside_allocator_bytes"],
+                      "gpu": (best_fit or best_oom)["gpu"], "torch": torch.__version__}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
