@@ -3,7 +3,11 @@
 
 use crate::output::{bytes, emit, outln, parse_size};
 use allocsim_core::Trace;
-use allocsim_replay::{capacity, Capacity, CapacityOptions, RunOptions, OUTSIDE_ALLOCATOR_BYTES};
+use allocsim_replay::{
+    capacity, run_trace, Capacity, CapacityOptions, DeviceChoice, RunOptions,
+    OUTSIDE_ALLOCATOR_BYTES,
+};
+use rayon::prelude::*;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -113,6 +117,154 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         out,
         "   the band is the spread over {} driver address placements, see docs/capacity.md)",
         JITTERS + 1
+    );
+    emit(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The settings people try, in the order the table lists them before ranking.
+pub const ADVISE_SETTINGS: [&str; 8] = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:128",
+    "max_split_size_mb:512",
+    "roundup_power2_divisions:4",
+    "max_split_size_mb:128,roundup_power2_divisions:4",
+    "expandable_segments:True,roundup_power2_divisions:4",
+    "garbage_collection_threshold:0.8,max_split_size_mb:128",
+];
+
+/// Jittered placements per setting in `advise` (`capacity` takes more): the band is coarser,
+/// the eight settings take a second.
+const ADVISE_JITTERS: u32 = 4;
+
+#[derive(Debug, clap::Args)]
+pub struct AdviseArgs {
+    /// The trace (a PyTorch recording; any format `replay` reads).
+    trace: PathBuf,
+    /// Free memory on the card you want to run on, at the start (bytes, or `40GiB`, `40GB`,
+    /// `4e10`): OOMs are counted there. Default: the recording's own.
+    #[arg(long, value_parser = parse_size)]
+    device_free: Option<u64>,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// One setting's row.
+struct Row {
+    conf: &'static str,
+    capacity: Capacity,
+    peak_reserved: u64,
+    fragmentation: f64,
+    ooms: usize,
+}
+
+fn advise_row(
+    trace: &Trace,
+    conf: &'static str,
+    outside: u64,
+    device_free: Option<u64>,
+) -> anyhow::Result<Row> {
+    let run = RunOptions {
+        policy: "pytorch".to_string(),
+        alloc_conf: Some(conf.to_string()),
+        device: DeviceChoice::Sim,
+        device_free_bytes: device_free.map(|f| f.saturating_sub(outside)),
+        ..RunOptions::default()
+    };
+    let report = run_trace(trace, &run, &mut [], |_| {})?;
+    let opts = CapacityOptions {
+        run: RunOptions { device_free_bytes: None, ..run },
+        outside_bytes: outside,
+        jitters: ADVISE_JITTERS,
+    };
+    let peak_reserved = report.stats.reserved_bytes.all.peak.max(0) as u64;
+    let peak_allocated = report.stats.allocated_bytes.all.peak.max(0) as u64;
+    Ok(Row {
+        conf,
+        capacity: capacity(trace, &opts)?,
+        peak_reserved,
+        fragmentation: 1.0 - peak_allocated as f64 / peak_reserved.max(1) as f64,
+        ooms: report.metrics.ooms.len(),
+    })
+}
+
+pub fn advise(args: AdviseArgs) -> anyhow::Result<ExitCode> {
+    let trace = crate::read_trace(&args.trace)?;
+    let (outside, source) = args.model.outside(&trace);
+    let mut rows = ADVISE_SETTINGS
+        .par_iter()
+        .map(|conf| advise_row(&trace, conf, outside, args.device_free))
+        .collect::<anyhow::Result<Vec<Row>>>()?;
+    // Least memory needed first; a setting that does not fit at all goes last.
+    rows.sort_by_key(|r| (r.capacity.capacity_bytes.unwrap_or(u64::MAX), r.peak_reserved));
+    let device_free = args.device_free.or(trace.meta.device_free_bytes);
+    let mut out = String::new();
+    if args.model.json {
+        let rows: Vec<_> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut j = capacity_json(&r.capacity);
+                j["rank"] = json!(i + 1);
+                j["PYTORCH_CUDA_ALLOC_CONF"] = json!(r.conf);
+                j["peak_reserved_bytes"] = json!(r.peak_reserved);
+                j["fragmentation_at_peak"] = json!(r.fragmentation);
+                j["ooms_on_device"] = json!(r.ooms);
+                j
+            })
+            .collect();
+        let j = json!({
+            "trace": args.trace.display().to_string(),
+            "device_free_bytes": device_free,
+            "outside_allocator_bytes": outside,
+            "outside_allocator_source": source,
+            "settings": rows,
+        });
+        outln!(out, "{}", serde_json::to_string_pretty(&j)?);
+        emit(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
+    let opt_gib = |b: Option<u64>| b.map_or("-".to_string(), gib);
+    outln!(out, "allocsim advise {}", args.trace.display());
+    outln!(
+        out,
+        "  OOMs counted with {} free at start; outside the allocator: {} ({source})",
+        device_free.map_or("the recording's memory".to_string(), |b| format!("{} GiB", gib(b))),
+        bytes(outside)
+    );
+    outln!(
+        out,
+        "{:>4}  {:>12}  {:>22}  {:>5}  {:>6}  PYTORCH_CUDA_ALLOC_CONF",
+        "rank",
+        "peak reserved",
+        "needs GiB [band]",
+        "OOMs",
+        "frag"
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let c = &r.capacity;
+        let need = match c.capacity_bytes {
+            Some(p) => format!("{} [{}, {}]", gib(p), opt_gib(c.low_bytes), opt_gib(c.high_bytes)),
+            None => "does not fit".to_string(),
+        };
+        let conf = if r.conf.is_empty() { "(default)" } else { r.conf };
+        outln!(
+            out,
+            "{:>4}  {:>9} GiB  {:>22}  {:>5}  {:>5.1}%  {conf}",
+            i + 1,
+            gib(r.peak_reserved),
+            need,
+            r.ooms,
+            100.0 * r.fragmentation
+        );
+    }
+    outln!(out, "  needs: smallest free memory at start without an OOM (docs/capacity.md);");
+    outln!(out, "  frag: 1 - peak allocated / peak reserved. Replays the recorded ops under each");
+    outln!(
+        out,
+        "  setting: a program that frees in an order that depends on addresses may differ."
     );
     emit(&out)?;
     Ok(ExitCode::SUCCESS)

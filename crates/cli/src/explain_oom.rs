@@ -106,6 +106,55 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if explainer.explanations.len() > args.limit {
         outln!(out, "\n... and {} more (--limit)", explainer.explanations.len() - args.limit);
     }
+    if args.policy == "pytorch" && !explainer.explanations.is_empty() {
+        settings_that_avoid(&mut out, &trace, &opts, &explainer, args.limit)?;
+    }
     crate::output::emit(&out)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// For each OOM explained, the settings `allocsim advise` tries under which that op does not
+/// fail on the same device (the ops replayed as recorded).
+fn settings_that_avoid(
+    out: &mut String,
+    trace: &Trace,
+    opts: &RunOptions,
+    explainer: &OomExplainer,
+    limit: usize,
+) -> anyhow::Result<()> {
+    use rayon::prelude::*;
+    let own = opts.alloc_conf.clone().or(trace.meta.alloc_conf.clone()).unwrap_or_default();
+    let failing: Vec<(&str, Vec<u64>)> = crate::capacity::ADVISE_SETTINGS
+        .par_iter()
+        .filter(|conf| **conf != own)
+        .map(|conf| {
+            let run = RunOptions {
+                alloc_conf: Some(conf.to_string()),
+                device: DeviceChoice::Sim,
+                ..opts.clone()
+            };
+            let report = run_trace(trace, &run, &mut [], |_| {})?;
+            Ok((*conf, report.metrics.ooms.iter().map(|o| o.op_index).collect()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    outln!(out, "\nSettings that avoid each OOM (PYTORCH_CUDA_ALLOC_CONF, same device):");
+    for e in explainer.explanations.iter().take(limit) {
+        let avoid: Vec<&str> = failing
+            .iter()
+            .filter(|(_, ooms)| !ooms.contains(&e.op_index))
+            .map(|(conf, _)| if conf.is_empty() { "(default)" } else { *conf })
+            .collect();
+        let list =
+            if avoid.is_empty() { "none of those tried".to_string() } else { avoid.join("  |  ") };
+        outln!(out, "  op {}: {list}", e.op_index);
+    }
+    let clean: Vec<&str> = failing
+        .iter()
+        .filter(|(_, ooms)| ooms.is_empty())
+        .map(|(conf, _)| if conf.is_empty() { "(default)" } else { *conf })
+        .collect();
+    if !clean.is_empty() {
+        outln!(out, "  no OOM at all under: {}", clean.join("  |  "));
+    }
+    Ok(())
 }

@@ -53,6 +53,9 @@ enum Command {
     /// The smallest free memory at the start (as `torch.cuda.mem_get_info()` reports it) on
     /// which the recorded program completes without an OOM: a point and a band.
     Capacity(capacity::Args),
+    /// Replay a recording under the PYTORCH_CUDA_ALLOC_CONF settings people try and rank them:
+    /// peak reserved, memory needed (with its band), OOMs on a given card, fragmentation.
+    Advise(capacity::AdviseArgs),
     /// Explain each OOM: free memory, largest free block per pool, reserved but unallocated,
     /// and the live blocks fencing the largest free region, with their allocation stacks.
     ExplainOom(explain_oom::Args),
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Capacity(args) => capacity::run(args),
+        Command::Advise(args) => capacity::advise(args),
         Command::ExplainOom(args) => explain_oom::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Workload(args) => validate::workload(args),

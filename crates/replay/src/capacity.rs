@@ -14,8 +14,8 @@
 //!   [`CapacityOptions::jitters`] seeded jittered placements (neighbours swapped, as between
 //!   real runs), widened below by [`BAND_MARGIN_BYTES`].
 
-use crate::{run_trace, DeviceChoice, RunOptions};
-use allocsim_core::{ConfigError, Trace};
+use crate::{run_trace, DeviceChoice, Observer, RunOptions};
+use allocsim_core::{ConfigError, Event, Trace};
 use allocsim_sim::{Placement, PAGE_BYTES};
 use rayon::prelude::*;
 
@@ -86,6 +86,19 @@ pub(crate) fn bisect(
     Ok(hi)
 }
 
+/// Stops a run at its first OOM: a capacity question needs no more of it.
+#[derive(Default)]
+struct StopAtOom {
+    hit: bool,
+}
+
+impl Observer for StopAtOom {
+    fn on_event(&mut self, _: u64, _: u64, event: &Event) -> bool {
+        self.hit |= matches!(event, Event::Oom { .. });
+        !self.hit
+    }
+}
+
 /// Whether `trace` completes without an OOM with `free_bytes` free at the start.
 fn fits(
     trace: &Trace,
@@ -101,7 +114,9 @@ fn fits(
         fidelity: false,
         ..opts.run.clone()
     };
-    Ok(run_trace(trace, &run, &mut [], |_| {})?.metrics.ooms.is_empty())
+    let mut stop = StopAtOom::default();
+    run_trace(trace, &run, &mut [&mut stop], |_| {})?;
+    Ok(!stop.hit)
 }
 
 /// The capacity of `trace` under `opts`: one bisection per placement, in parallel.
@@ -117,21 +132,28 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
         &mut [],
         |_| {},
     )?;
-    let upper = base.device_free_bytes.saturating_add(opts.outside_bytes);
-    // Nothing fits below what is live at once, plus the outside memory.
-    let lower =
-        (base.metrics.peak_requested_bytes + opts.outside_bytes).min(upper).saturating_sub(1);
+    let device_free = base.device_free_bytes.saturating_add(opts.outside_bytes);
+    // Nothing fits below what is live at once, plus the outside memory. With as much free as
+    // the unconstrained run reserved, no reservation is refused, so the run fits: the bracket
+    // starts there (and at the whole device for a placement that reserves more).
+    let lower = (base.metrics.peak_requested_bytes + opts.outside_bytes).saturating_sub(1);
+    let reserved = base.stats.reserved_bytes.all.peak.max(0) as u64 + opts.outside_bytes;
+    let uppers = [reserved.min(device_free), device_free];
     let placements: Vec<Placement> = std::iter::once(Placement::Descending)
         .chain((0..u64::from(opts.jitters)).map(|seed| Placement::Jittered { seed }))
         .collect();
     let placements = placements
         .into_par_iter()
         .map(|placement| {
-            let capacity_bytes = if fits(trace, opts, placement, upper)? {
-                Some(bisect(lower, upper, |x| fits(trace, opts, placement, x))?)
-            } else {
-                None
-            };
+            let mut capacity_bytes = None;
+            for upper in uppers {
+                if fits(trace, opts, placement, upper)? {
+                    let lower = lower.min(upper);
+                    capacity_bytes =
+                        Some(bisect(lower, upper, |x| fits(trace, opts, placement, x))?);
+                    break;
+                }
+            }
             Ok(PlacementThreshold { placement, capacity_bytes })
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
@@ -143,7 +165,7 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
         low_bytes: found().min().map(|b| b.saturating_sub(BAND_MARGIN_BYTES)),
         high_bytes: if all_fit { found().max() } else { None },
         outside_bytes: opts.outside_bytes,
-        searched_up_to_bytes: upper,
+        searched_up_to_bytes: device_free,
         placements,
     })
 }
