@@ -142,3 +142,64 @@ fn readme_claims_match_the_traces_and_the_policies() {
     }
     assert_eq!(listed.matches('`').count(), 2 * policies.len(), "extra policies in {listed:?}");
 }
+
+/// `validation/`: for every row measured on the H100, the real threshold (the bracket between
+/// the loosest failing and the tightest fitting try) lies in the predicted band and the point
+/// is within 0.1 % of it, as the README and `validation/README.md` say.
+#[test]
+fn capacity_holds_against_the_h100() {
+    use allocsim_replay::{capacity, CapacityOptions, OUTSIDE_ALLOCATOR_BYTES};
+    let dir = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../validation/h100-pytorch-2.11"
+    ));
+    let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
+    let mut real = std::collections::BTreeMap::new();
+    for line in tries.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        if let Some(name) = v["summary"].as_str() {
+            let (lo, hi) = (v["real_oom_free"].as_u64(), v["real_fits_free"].as_u64());
+            real.insert(name.to_string(), (lo.expect("OOM end"), hi.expect("fits end")));
+        }
+    }
+    assert_eq!(real.len(), 6, "two workloads under three settings");
+    // Each recording under its own settings, and the defaults' recordings asked about
+    // `expandable_segments:True`.
+    let mut rows: Vec<(String, String, Option<&str>)> =
+        real.keys().map(|n| (n.clone(), n.clone(), None)).collect();
+    for w in ["llama_ft", "gpt2_train"] {
+        let expandable = format!("{w}_expandable_segments-True");
+        rows.push((w.to_string(), expandable, Some("expandable_segments:True")));
+    }
+    let mut failures = Vec::new();
+    for (recording, truth, conf) in rows {
+        let trace = read(&dir.join(format!("{recording}.pickle.gz")));
+        let outside = trace.meta.outside_allocator_bytes.expect("the sidecar measures it");
+        assert!(outside.abs_diff(OUTSIDE_ALLOCATOR_BYTES) <= 8 << 20, "{recording}: {outside}");
+        let opts = CapacityOptions {
+            run: RunOptions {
+                policy: "pytorch".into(),
+                alloc_conf: conf.map(str::to_string),
+                ..RunOptions::default()
+            },
+            outside_bytes: outside,
+            jitters: 16,
+        };
+        let c = capacity(&trace, &opts).unwrap();
+        let (lo, hi) = real[&truth];
+        let mid = (lo + hi) as f64 / 2.0;
+        let (point, low, high) =
+            (c.capacity_bytes.unwrap(), c.low_bytes.unwrap(), c.high_bytes.unwrap());
+        let error = point as f64 / mid - 1.0;
+        let row = format!(
+            "{recording} -> {truth}: point {point}, band [{low}, {high}], real ({lo}, {hi}]"
+        );
+        if low > hi || high < lo {
+            failures.push(format!("{row}: the real threshold is outside the band"));
+        }
+        if error.abs() > 0.001 {
+            failures.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

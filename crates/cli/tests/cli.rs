@@ -323,3 +323,48 @@ fn private_pools_are_listed_and_reported() {
     let ids: Vec<_> = json["pools_at_end"].as_array().unwrap().iter().map(|p| &p["id"]).collect();
     assert_eq!(ids, [&serde_json::json!([0, 0]), &serde_json::json!([0, 2])]);
 }
+
+/// `capacity` and `advise`: the JSON keys the issue names, a band around the point, the
+/// outside memory from the flag, every setting ranked, and clean errors.
+#[test]
+fn capacity_and_advise_answer_in_json_and_refuse_bad_input() {
+    let trace = bundled("gpt2_train.pickle.gz");
+    let out = allocsim(&["capacity", &trace, "--outside", "256MiB", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let key = |k: &str| j[k].as_u64().unwrap_or_else(|| panic!("{k} in {j}"));
+    let (point, low, high) =
+        (key("capacity_bytes"), key("capacity_low_bytes"), key("capacity_high_bytes"));
+    assert!(low <= point && point <= high, "{j}");
+    assert_eq!(key("outside_allocator_bytes"), 256 << 20);
+    // The recording reserved at most its peak: it needs no more than that plus the outside.
+    let peak = allocsim(&["replay", &trace, "--json"]);
+    let peak: serde_json::Value = serde_json::from_slice(&peak.stdout).unwrap();
+    let reserved = peak["memory_stats"]["reserved_bytes.all.peak"].as_u64().unwrap();
+    assert!(point <= reserved + (256 << 20), "{point} vs {reserved}");
+
+    let out = allocsim(&["advise", &trace, "--device-free", "10GiB", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = j["settings"].as_array().unwrap();
+    assert_eq!(rows.len(), 8);
+    let needs: Vec<u64> = rows.iter().map(|r| r["capacity_bytes"].as_u64().unwrap()).collect();
+    assert!(needs.windows(2).all(|w| w[0] <= w[1]), "ranked by memory needed: {needs:?}");
+    assert!(rows.iter().any(|r| r["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"));
+
+    for args in [
+        vec!["capacity", "/nonexistent/x.pickle.gz"],
+        vec!["advise", "/nonexistent/x.pickle.gz"],
+        vec!["capacity", &trace, "--outside", "lots"],
+        vec!["capacity", &trace, "--alloc-conf", "max_split_size_mb:nope"],
+    ] {
+        let out = allocsim(&args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.contains("x.pickle.gz") || err.contains("lots") || err.contains("nope"),
+            "{args:?}: {err}"
+        );
+    }
+}
