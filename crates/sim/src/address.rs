@@ -284,7 +284,7 @@ mod tests {
         let a = place_all(7);
         assert_eq!(a, place_all(7), "same seed, same addresses");
         assert_ne!(a, place_all(8));
-        assert!(a.iter().all(|&x| x % MIB2 == 0 && x >= VA_BASE && x < VA_TOP));
+        assert!(a.iter().all(|&x| x % MIB2 == 0 && (VA_BASE..VA_TOP).contains(&x)));
         assert!(a.windows(2).filter(|w| w[1] < w[0]).count() > a.len() / 2, "mostly down");
     }
 

@@ -28,6 +28,7 @@ fn everything() -> Trace {
             device_free_bytes: Some(79 << 30),
             expected_stats: Some(vec![("a".into(), -1), ("b".into(), 7)]),
             stats_at_start: None,
+            outside_allocator_bytes: None,
         },
         ops: vec![
             Op::Alloc { id: id(0), size: 100, stream: StreamId(0) },
