@@ -23,6 +23,9 @@ use rayon::prelude::*;
 /// 2.11 and CUDA 13 (the largest of the validation workloads: 246 MiB; see `docs/capacity.md`).
 pub const OUTSIDE_ALLOCATOR_BYTES: u64 = 257_949_696;
 
+/// Jittered placements are first bisected within 1/NEAR (2 %) of the descending threshold.
+const NEAR: u64 = 50;
+
 /// Bisection stops when the bracket is this narrow: the driver's page.
 pub const CAPACITY_RESOLUTION_BYTES: u64 = PAGE_BYTES;
 
@@ -119,7 +122,8 @@ fn fits(
     Ok(!stop.hit)
 }
 
-/// The capacity of `trace` under `opts`: one bisection per placement, in parallel.
+/// The capacity of `trace` under `opts`: one bisection per placement, the jittered ones in
+/// parallel.
 pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, ConfigError> {
     let base = run_trace(
         trace,
@@ -139,24 +143,50 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
     let lower = (base.metrics.peak_requested_bytes + opts.outside_bytes).saturating_sub(1);
     let reserved = base.stats.reserved_bytes.all.peak.max(0) as u64 + opts.outside_bytes;
     let uppers = [reserved.min(device_free), device_free];
-    let placements: Vec<Placement> = std::iter::once(Placement::Descending)
-        .chain((0..u64::from(opts.jitters)).map(|seed| Placement::Jittered { seed }))
-        .collect();
-    let placements = placements
+    let threshold = |placement, lower: u64, upper: u64| -> Result<Option<u64>, ConfigError> {
+        if !fits(trace, opts, placement, upper)? {
+            return Ok(None);
+        }
+        bisect(lower.min(upper), upper, |x| fits(trace, opts, placement, x)).map(Some)
+    };
+    // Descending first, over the whole bracket, falling back to the whole device.
+    let mut point = None;
+    for upper in uppers {
+        point = threshold(Placement::Descending, lower, upper)?;
+        if point.is_some() {
+            break;
+        }
+    }
+    // Jittered placements land near it: bisect within `NEAR` of it when both ends of that
+    // bracket say so (one run each), else over the whole bracket.
+    let jittered = (0..u64::from(opts.jitters))
         .into_par_iter()
-        .map(|placement| {
+        .map(|seed| {
+            let placement = Placement::Jittered { seed };
+            if let Some(p) = point {
+                let (near_lo, near_hi) = (p - p / NEAR, p + p / NEAR);
+                if near_hi <= device_free && !fits(trace, opts, placement, near_lo)? {
+                    if let Some(t) = threshold(placement, near_lo, near_hi)? {
+                        return Ok(PlacementThreshold { placement, capacity_bytes: Some(t) });
+                    }
+                }
+            }
             let mut capacity_bytes = None;
             for upper in uppers {
-                if fits(trace, opts, placement, upper)? {
-                    let lower = lower.min(upper);
-                    capacity_bytes =
-                        Some(bisect(lower, upper, |x| fits(trace, opts, placement, x))?);
+                capacity_bytes = threshold(placement, lower, upper)?;
+                if capacity_bytes.is_some() {
                     break;
                 }
             }
             Ok(PlacementThreshold { placement, capacity_bytes })
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
+    let placements: Vec<PlacementThreshold> = std::iter::once(PlacementThreshold {
+        placement: Placement::Descending,
+        capacity_bytes: point,
+    })
+    .chain(jittered)
+    .collect();
     let found = || placements.iter().filter_map(|p| p.capacity_bytes);
     // A placement under which the run does not fit at all makes the band open upwards.
     let all_fit = placements.iter().all(|p| p.capacity_bytes.is_some());
