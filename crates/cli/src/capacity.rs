@@ -136,7 +136,7 @@ pub const ADVISE_SETTINGS: [&str; 8] = [
 
 /// Jittered placements per setting in `advise` (`capacity` takes more): the band is coarser,
 /// the eight settings take a second.
-const ADVISE_JITTERS: u32 = 4;
+const ADVISE_JITTERS: u32 = 3;
 
 #[derive(Debug, clap::Args)]
 pub struct AdviseArgs {

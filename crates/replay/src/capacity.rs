@@ -23,8 +23,8 @@ use rayon::prelude::*;
 /// 2.11 and CUDA 13 (the largest of the validation workloads: 246 MiB; see `docs/capacity.md`).
 pub const OUTSIDE_ALLOCATOR_BYTES: u64 = 257_949_696;
 
-/// Jittered placements are first bisected within 1/NEAR (2 %) of the descending threshold.
-const NEAR: u64 = 50;
+/// Jittered placements are first bisected within 1/NEAR (1.25 %) of the descending threshold.
+const NEAR: u64 = 80;
 
 /// Bisection stops when the bracket is this narrow: the driver's page.
 pub const CAPACITY_RESOLUTION_BYTES: u64 = PAGE_BYTES;
