@@ -203,3 +203,20 @@ fn capacity_holds_against_the_h100() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The README shows `best_fit.rs` whole (its module doc aside): the example cannot drift.
+#[test]
+fn readme_shows_the_kit_example_as_it_is() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
+    let shown = readme
+        .split("`crates/policies/src/best_fit.rs`, whole:\n\n```rust\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README shows best_fit.rs");
+    let file = std::fs::read_to_string(format!("{root}/crates/policies/src/best_fit.rs")).unwrap();
+    let code: String =
+        file.lines().filter(|l| !l.starts_with("//!")).collect::<Vec<_>>().join("\n");
+    assert_eq!(shown.trim(), code.trim());
+    assert!(code.lines().count() <= 50, "the example policy stays short");
+}

@@ -53,24 +53,24 @@ macro_rules! books_glue {
 pub(crate) use books_glue;
 
 /// `rmm::CUDA_ALLOCATION_ALIGNMENT`, BFC's `kMinAllocationSize`.
-pub(crate) const ALIGN_256: u64 = 256;
+pub const ALIGN_256: u64 = 256;
 /// What `cudaMalloc` rounds segments to.
-pub(crate) const PAGE_2MIB: u64 = 2 << 20;
+pub const PAGE_2MIB: u64 = 2 << 20;
 
 /// `value` rounded up to a multiple of `to` (a power of two or not), saturating.
-pub(crate) fn round_up(value: u64, to: u64) -> u64 {
+pub fn round_up(value: u64, to: u64) -> u64 {
     value.div_ceil(to).saturating_mul(to)
 }
 
 /// A request rounded up to `align`, with 0 treated as 1 byte: every policy hands out a
 /// non-empty block for a 0-byte request, so ids stay one-to-one with blocks.
-pub(crate) fn rounded_request(size: u64, align: u64) -> u64 {
+pub fn rounded_request(size: u64, align: u64) -> u64 {
     round_up(size.max(1), align)
 }
 
 /// One live allocation: from `Alloc` until its `FreeCompleted`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Live {
+pub struct Live {
     pub addr: u64,
     pub size: u64,
     pub requested: u64,
@@ -84,7 +84,7 @@ pub(crate) struct Live {
 
 /// Statistics, live allocations and the memory cap, shared by every zoo policy.
 #[derive(Debug, Default)]
-pub(crate) struct Books {
+pub struct Books {
     pub stats: MemoryStats,
     pub live: BTreeMap<AllocId, Live>,
     /// Cap on reserved bytes from `set_memory_fraction`.
@@ -292,7 +292,7 @@ impl Books {
 
 /// Split a `key:value,key:value` settings string into pairs (keys lowercased, both trimmed).
 /// Empty entries are skipped, so `""` and `"a:1,"` are fine.
-pub(crate) fn parse_conf(policy: &str, conf: &str) -> Result<Vec<(String, String)>, ConfigError> {
+pub fn parse_conf(policy: &str, conf: &str) -> Result<Vec<(String, String)>, ConfigError> {
     let mut pairs = Vec::new();
     for entry in conf.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let Some((key, value)) = entry.split_once(':') else {
@@ -307,7 +307,7 @@ pub(crate) fn parse_conf(policy: &str, conf: &str) -> Result<Vec<(String, String
 
 /// A byte count: digits with an optional binary suffix (`k`/`kib`, `m`/`mib`, `g`/`gib`,
 /// `t`/`tib`, any case), or `max` for `u64::MAX`.
-pub(crate) fn parse_bytes(policy: &str, key: &str, value: &str) -> Result<u64, ConfigError> {
+pub fn parse_bytes(policy: &str, key: &str, value: &str) -> Result<u64, ConfigError> {
     let bad = || ConfigError(format!("policy {policy}: {key}:{value} is not a byte count"));
     let v = value.to_ascii_lowercase();
     if v == "max" {
@@ -343,7 +343,7 @@ pub(crate) fn parse_f64(policy: &str, key: &str, value: &str) -> Result<f64, Con
         .ok_or_else(|| ConfigError(format!("policy {policy}: {key}:{value} is not a number")))
 }
 
-pub(crate) fn unknown_key(policy: &str, key: &str, known: &[&str]) -> ConfigError {
+pub fn unknown_key(policy: &str, key: &str, known: &[&str]) -> ConfigError {
     ConfigError(format!("policy {policy}: unknown setting {key:?}; known: {}", known.join(", ")))
 }
 

@@ -331,11 +331,7 @@ impl std::fmt::Debug for Rig {
 
 impl Rig {
     pub fn new(name: &str, conf: Option<&str>, capacity: u64) -> Rig {
-        let policy = match super::by_name(name, conf) {
-            Some(Ok(p)) => p,
-            Some(Err(e)) => panic!("{name}: {e}"),
-            None => panic!("{name}: not a zoo policy"),
-        };
+        let policy = crate::by_name(name, conf).unwrap_or_else(|e| panic!("{name}: {e}"));
         Rig {
             device: BumpDevice::new(capacity),
             events: Vec::new(),
@@ -619,27 +615,12 @@ pub(crate) fn random_program(
     out
 }
 
-/// A policy with its typical small-config variants, for the random programs.
+/// A policy's defaults and its registered test settings, for the random programs.
 pub(crate) fn configs(name: &str) -> Vec<Option<&'static str>> {
-    match name {
-        "bfc" => vec![
-            None,
-            Some("allow_growth:false"),
-            Some("garbage_collection:false,fragmentation_fraction:0.01"),
-        ],
-        "rmm_pool" => vec![None, Some("initial_pool_size:1GiB,maximum_pool_size:6GiB")],
-        "rmm_arena" => vec![None, Some("arena_size:7GiB")],
-        "rmm_binning" => vec![None, Some("blocks_to_preallocate:4,min_exp:10,max_exp:16")],
-        "async_pool" => vec![None, Some("release_threshold:1GiB,internal_dependencies:false")],
-        "buddy" => vec![None, Some("segment_size:2MiB,min_block:4KiB")],
-        "tlsf" => vec![None, Some("segment_size:256MiB,sl_bits:3")],
-        "allocsim" => vec![
-            None,
-            Some("headroom:0,reclaim_min:0,candidates:1,grow_step:2MiB"),
-            Some("headroom:max,small_max:0,reserve_size:3GiB"),
-        ],
-        _ => vec![None],
-    }
+    let policy = crate::POLICIES.iter().find(|p| p.name == name);
+    std::iter::once(None)
+        .chain(policy.into_iter().flat_map(|p| p.test_settings.iter().map(|s| Some(*s))))
+        .collect()
 }
 
 /// Random programs through every config of `name`; some must OOM, most must not.
@@ -656,34 +637,18 @@ fn random_programs(name: &str) {
     }
 }
 
-macro_rules! random_program_tests {
-    ($($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                random_programs(stringify!($name));
-            }
-        )*
-
-        #[test]
-        fn every_zoo_policy_has_a_random_program_test() {
-            let tested = [$(stringify!($name)),*];
-            for name in super::super::names() {
-                assert!(tested.contains(&name), "add {name} to random_program_tests!");
-            }
-        }
-    };
-}
-
-mod random {
-    use super::random_programs;
-    random_program_tests!(bfc, rmm_pool, rmm_arena, rmm_binning, async_pool, buddy, tlsf, allocsim);
+/// Every registered policy but `pytorch` (which has its own suites), through random programs.
+#[test]
+fn random_programs_of_every_policy() {
+    for policy in crate::POLICIES.iter().filter(|p| p.name != "pytorch") {
+        random_programs(policy.name);
+    }
 }
 
 /// Sizes at the edges and bad settings: an OOM or an error, never a panic.
 #[test]
 fn extreme_requests_and_bad_settings_never_panic() {
-    for name in super::names() {
+    for name in crate::names().into_iter().filter(|&n| n != "pytorch") {
         let mut rig = Rig::new(name, None, 8 * GIB);
         let sizes = [0, 1, u64::MAX, u64::MAX - 511, 1 << 62, (1 << 40) + 1, 9 * GIB, 255, 257];
         for (id, size) in sizes.into_iter().enumerate() {

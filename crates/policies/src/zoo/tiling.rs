@@ -19,7 +19,7 @@ use allocsim_core::{AllocId, BlockState, Pool, SnapshotBlock, SnapshotSegment, S
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Chunk<T> {
+pub struct Chunk<T> {
     pub size: u64,
     /// Base of the segment holding the chunk (kept up to date by `join` and `cut_out`).
     seg: u64,
@@ -34,7 +34,7 @@ impl<T> Chunk<T> {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Seg {
+pub struct Seg {
     pub size: u64,
     pub stream: StreamId,
     pub pool: Pool,
@@ -59,7 +59,7 @@ fn class(size: u64) -> usize {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct Tiling<T> {
+pub struct Tiling<T> {
     segs: BTreeMap<u64, Seg>,
     chunks: BTreeMap<u64, Chunk<T>>,
     /// Σ over segments of two or more pieces of their free chunks: `inactive_split`.
@@ -228,6 +228,14 @@ impl<T: Copy> Tiling<T> {
         let end = addr + c.size;
         let n = self.chunks.get(&end)?;
         (n.seg == c.seg).then_some((end, *n))
+    }
+
+    /// Every free chunk in address order, with its segment.
+    pub fn free_chunks(&self) -> impl Iterator<Item = (u64, &Chunk<T>, &Seg)> + '_ {
+        self.chunks
+            .iter()
+            .filter(|(_, c)| c.is_free())
+            .filter_map(|(&a, c)| Some((a, c, self.segs.get(&c.seg)?)))
     }
 
     /// The chunks of the segment at `base`, in address order.
