@@ -220,3 +220,84 @@ fn readme_shows_the_kit_example_as_it_is() {
     assert_eq!(shown.trim(), code.trim());
     assert!(code.lines().count() <= 50, "the example policy stays short");
 }
+
+/// Every arrow one way: in each source directory, no two sibling modules reach each other,
+/// directly or through others (`crate::m` at a crate's root, `super::m` below it).
+#[test]
+fn modules_depend_on_each_other_one_way() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../crates"));
+    let mut dirs = vec![];
+    for krate in std::fs::read_dir(root).unwrap() {
+        let src = krate.unwrap().path().join("src");
+        let mut stack = vec![src.clone()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).into_iter().flatten() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                }
+            }
+            dirs.push((dir.clone(), dir == src));
+        }
+    }
+    let mut cycles = Vec::new();
+    for (dir, at_root) in dirs {
+        let files: BTreeMap<String, String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.unwrap().path();
+                let name = p.file_stem()?.to_str()?.to_string();
+                let skip =
+                    ["lib", "main", "mod"].contains(&name.as_str()) || name.ends_with("_tests");
+                if p.extension()? != "rs" || skip {
+                    return None;
+                }
+                // Comments name modules without depending on them.
+                let code: String = std::fs::read_to_string(&p)
+                    .unwrap()
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                Some((name, code))
+            })
+            .collect();
+        let prefix = if at_root { "crate::" } else { "super::" };
+        let edges: BTreeMap<&str, BTreeSet<&str>> = files
+            .iter()
+            .map(|(m, text)| {
+                let to = files
+                    .keys()
+                    .filter(|n| *n != m)
+                    .filter(|n| {
+                        text.match_indices(&format!("{prefix}{n}")).any(|(i, s)| {
+                            let after = text[i + s.len()..].chars().next();
+                            let before = text[..i].chars().last();
+                            !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                                && !before
+                                    .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+                        })
+                    })
+                    .map(String::as_str)
+                    .collect();
+                (m.as_str(), to)
+            })
+            .collect();
+        // Reachability by depth-first search from every module.
+        for &start in edges.keys() {
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<&str> = edges[start].iter().copied().collect();
+            while let Some(m) = stack.pop() {
+                if m == start {
+                    cycles.push(format!("{}: {start} reaches itself", dir.display()));
+                    break;
+                }
+                if seen.insert(m) {
+                    stack.extend(edges.get(m).into_iter().flatten().copied());
+                }
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
+}

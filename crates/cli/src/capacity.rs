@@ -78,7 +78,7 @@ fn capacity_json(c: &Capacity) -> serde_json::Value {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::read_trace(&args.trace)?;
+    let trace = crate::input::load_trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
     let conf = args.alloc_conf.clone();
     let shown_conf = conf.clone().or(trace.meta.alloc_conf.clone()).unwrap_or_default();
@@ -190,7 +190,7 @@ fn advise_row(
 }
 
 pub fn advise(args: AdviseArgs) -> anyhow::Result<ExitCode> {
-    let trace = crate::read_trace(&args.trace)?;
+    let trace = crate::input::load_trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
     let mut rows = ADVISE_SETTINGS
         .par_iter()

@@ -60,7 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let policies = policies(&args.policy)?;
     let mut traces = Vec::new();
     for path in &args.traces {
-        traces.push((trace_name(path), crate::read_trace(path)?));
+        traces.push((trace_name(path), crate::input::load_trace(path)?));
     }
     if let Some(jobs) = args.jobs {
         rayon::ThreadPoolBuilder::new().num_threads(jobs).build_global().ok();

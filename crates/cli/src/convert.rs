@@ -14,7 +14,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::read_trace(&args.input)?;
+    let trace = crate::input::load_trace(&args.input)?;
     allocsim_trace::write_trace(&trace, &args.output)
         .with_context(|| format!("converting {}", args.input.display()))?;
     // No output format holds a mid-run history's state at its start: `write_trace` lays its

@@ -1,7 +1,7 @@
 //! `allocsim explain-oom TRACE [--policy P]`.
 
+use crate::input::progress_bar;
 use crate::output::{bytes, outln};
-use crate::replay::progress_bar;
 use allocsim_core::Trace;
 use allocsim_replay::{run_trace, DeviceChoice, OomExplainer, RunOptions};
 use anyhow::Context;
@@ -37,7 +37,7 @@ fn stack_of(trace: &Trace, op: u64) -> Vec<String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::read_trace(&args.trace)?;
+    let trace = crate::input::load_trace(&args.trace)?;
     let opts = RunOptions {
         policy: args.policy.clone(),
         alloc_conf: args.alloc_conf.clone(),

@@ -32,7 +32,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut trace = crate::read_trace(&args.trace)?;
+    let mut trace = crate::input::load_trace(&args.trace)?;
     if let Some(path) = &args.truth {
         trace.meta.expected_stats = Some(read_stats_json(path)?);
     }

@@ -86,7 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let policies = policies(&args.policy)?;
     quiet_panics();
     if let Some(path) = &args.trace {
-        let trace = crate::read_trace(path)?;
+        let trace = crate::input::load_trace(path)?;
         let mut failed = false;
         for policy in &policies {
             match oracles(policy, &trace) {

@@ -78,7 +78,7 @@ fn summarise(trace: &Trace) -> Summary {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::read_trace(&args.trace)?;
+    let trace = crate::input::load_trace(&args.trace)?;
     let s = summarise(&trace);
     let m = &trace.meta;
     if args.json {

@@ -8,11 +8,14 @@ mod explain_oom;
 mod export;
 mod fidelity;
 mod fuzz;
+mod gpu;
 mod html;
 mod info;
+mod input;
 mod output;
 mod replay;
 mod validate;
+mod workload;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -27,16 +30,6 @@ struct Cli {
     /// the one GPU whose trace has entries (a snapshot where several have is refused).
     #[arg(long, global = true, value_name = "N")]
     cuda_device: Option<usize>,
-}
-
-/// How every command reads its trace files: set once from the command line.
-static READ_OPTIONS: std::sync::OnceLock<allocsim_trace::ReadOptions> = std::sync::OnceLock::new();
-
-/// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
-pub fn read_trace(
-    path: &std::path::Path,
-) -> Result<allocsim_core::Trace, allocsim_trace::TraceError> {
-    allocsim_trace::read_trace_with(path, READ_OPTIONS.get_or_init(Default::default))
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,7 +60,7 @@ enum Command {
     Validate(validate::Args),
     /// List the live workloads (transformer training, LLM inference, CNN training), or build
     /// one from a spec and write it out as a trace.
-    Workload(validate::WorkloadArgs),
+    Workload(workload::WorkloadArgs),
     /// Seeded swarm testing: generated programs under every oracle for every policy, printing
     /// the seed and the command that reproduces a failure (TigerBeetle's VOPR style).
     Fuzz(fuzz::Args),
@@ -85,7 +78,7 @@ pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let opts = allocsim_trace::ReadOptions { cuda_device: cli.cuda_device, ..Default::default() };
-    READ_OPTIONS.set(opts).expect("read options are set once");
+    input::READ_OPTIONS.set(opts).expect("read options are set once");
     let result = match cli.command {
         Command::Info(args) => info::run(args),
         Command::Replay(args) => replay::run(args),
@@ -96,7 +89,7 @@ fn main() -> ExitCode {
         Command::Advise(args) => capacity::advise(args),
         Command::ExplainOom(args) => explain_oom::run(args),
         Command::Validate(args) => validate::run(args),
-        Command::Workload(args) => validate::workload(args),
+        Command::Workload(args) => workload::workload(args),
         Command::Fuzz(args) => fuzz::run(args),
     };
     match result {

@@ -135,26 +135,6 @@ impl Args {
     }
 }
 
-/// A progress bar on stderr for runs long enough to want one (hidden when not a terminal).
-pub fn progress_bar(ops: u64) -> impl FnMut(u64) {
-    let bar = (ops >= 500_000).then(|| {
-        let bar = indicatif::ProgressBar::new(ops);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} ops {per_sec} {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
-    move |done| {
-        if let Some(bar) = &bar {
-            bar.set_position(done);
-            if done >= ops {
-                bar.finish_and_clear();
-            }
-        }
-    }
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // A native binary trace streams its ops, so memory stays bounded however long it is;
     // exporting a snapshot and replaying on a GPU want the whole trace.
@@ -165,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if streams { Some(allocsim_trace::native::read_native_ops(&args.trace)?) } else { None };
     let mut trace = match stream.as_mut() {
         Some(s) => std::mem::take(&mut s.head),
-        None => crate::validate::load_trace(&args.trace)?,
+        None => crate::input::load_trace(&args.trace)?,
     };
     if let Some(path) = &args.stats_at_start {
         trace.meta.stats_at_start = Some(read_stats_json(path)?);
@@ -186,7 +166,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         extra.push(r);
     }
     let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
-    let progress = progress_bar(ops_len);
+    let progress = crate::input::progress_bar(ops_len);
     let mut cuda_lines = Vec::new();
     let report = if let Some(mut s) = stream {
         let ops = s.ops.plain();
@@ -198,9 +178,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         report
     } else if args.device == DeviceArg::Cuda {
-        let (report, wall, gpu) =
-            crate::validate::replay_on_cuda(&trace, &opts, &mut extra, progress)?;
-        cuda_lines = crate::validate::cuda_timing_lines(&report, wall, &gpu);
+        let (report, wall, gpu) = crate::gpu::replay_on_cuda(&trace, &opts, &mut extra, progress)?;
+        cuda_lines = crate::gpu::cuda_timing_lines(&report, wall, &gpu);
         report
     } else {
         run_trace(&trace, &opts, &mut extra, progress)

@@ -12,6 +12,8 @@
 //! its refusals, its `mem_info`): that tells a difference caused by the driver's answers
 //! (address tie-breaks, a refusal the model did not predict) from one in a decision.
 
+use crate::gpu::per_op_us;
+use crate::input::load_trace;
 use crate::output::bytes;
 use allocsim_core::{CallKind, Event, RecordedEvent, Trace};
 use allocsim_cuda::{CudaDevice, PatternReport, Patterns};
@@ -21,23 +23,10 @@ use allocsim_replay::{
 use allocsim_sim::{CallLog, CallLogger, ReplayCallsDevice, SimConfig, SimDevice};
 use anyhow::Context;
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
-
-/// The prefix that names a live workload where a trace path is expected.
-pub const WORKLOAD_PREFIX: &str = "workload:";
-
-/// Read a trace file, or build the workload a `workload:NAME?key=value&...` argument names.
-pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
-    let text = input.to_string_lossy();
-    match text.strip_prefix(WORKLOAD_PREFIX) {
-        Some(spec) => allocsim_workloads::trace(spec)
-            .with_context(|| format!("building {text} (`allocsim workload` lists workloads)")),
-        None => Ok(crate::read_trace(input)?),
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum HardwareArg {
@@ -119,7 +108,7 @@ fn options(args: &Args) -> RunOptions {
 fn run_hardware(args: &Args, trace: &Trace) -> anyhow::Result<HardwareRun> {
     let opts = options(args);
     let mut recorder = Recorder::default();
-    let progress = crate::replay::progress_bar(trace.ops.len() as u64);
+    let progress = crate::input::progress_bar(trace.ops.len() as u64);
     let setup = || format!("setting up the {} policy", args.policy);
     let (description, report, patterns, calls, wall) = match args.device {
         HardwareArg::Cuda => {
@@ -348,10 +337,6 @@ fn verdict(clean: bool, model: &Comparison, following: &Following) -> &'static s
     }
 }
 
-fn per_op_us(wall: Duration, ops: u64) -> f64 {
-    wall.as_secs_f64() * 1e6 / ops.max(1) as f64
-}
-
 fn calls_line(r: &RunReport) -> String {
     let calls: Vec<String> = CallKind::ALL
         .iter()
@@ -517,85 +502,10 @@ fn json(
     })
 }
 
-/// `allocsim replay --device cuda`: the run on GPU `0` without pattern checks, and its wall
-/// time (the policy's own work plus the driver calls).
-pub fn replay_on_cuda(
-    trace: &Trace,
-    opts: &RunOptions,
-    extra: &mut [&mut dyn Observer],
-    progress: impl FnMut(u64),
-) -> anyhow::Result<(RunReport, Duration, String)> {
-    let mut gpu = CudaDevice::open(0).context("opening the GPU")?;
-    let start = Instant::now();
-    let report = run_trace_on(trace, opts, &mut gpu, "cuda", extra, progress)
-        .with_context(|| format!("setting up the {} policy", opts.policy))?;
-    let wall = start.elapsed();
-    Ok((report, wall, gpu.description()))
-}
-
-/// The lines `replay --device cuda` adds to its summary.
-pub fn cuda_timing_lines(report: &RunReport, wall: Duration, description: &str) -> Vec<String> {
-    vec![
-        format!("  GPU: {description}"),
-        format!(
-            "  wall time on the GPU: {:.3} s for {} ops ({:.2} us/op); device calls {:.3} ms measured",
-            wall.as_secs_f64(),
-            report.ops_run,
-            per_op_us(wall, report.ops_run),
-            report.device_calls.total_time_ns() as f64 / 1e6
-        ),
-    ]
-}
-
-#[derive(Debug, clap::Args)]
-pub struct WorkloadArgs {
-    /// A workload spec, `NAME?key=value&...`; without one, list the workloads and their
-    /// parameters with defaults.
-    pub spec: Option<String>,
-    /// Write the workload as a trace to this file (the extension picks the format, as for
-    /// `convert`).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-}
-
-pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
-    let Some(spec) = args.spec else {
-        println!("Live workloads; name one as `workload:NAME?key=value&...` wherever a TRACE is expected.");
-        for (name, what) in allocsim_workloads::names() {
-            println!("\n{name}: {what}");
-            let params = allocsim_workloads::parameters(name).unwrap_or_default();
-            let line: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!("  parameters (defaults): {}", line.join(" "));
-        }
-        return Ok(ExitCode::SUCCESS);
-    };
-    let spec = spec.strip_prefix(WORKLOAD_PREFIX).unwrap_or(&spec);
-    let trace = allocsim_workloads::trace(spec)?;
-    let (mut live, mut peak, mut sizes) = (0u64, 0u64, std::collections::HashMap::new());
-    for op in &trace.ops {
-        match *op {
-            allocsim_core::Op::Alloc { id, size, .. }
-            | allocsim_core::Op::AllocAt { id, size, .. } => {
-                sizes.insert(id, size);
-                live += size;
-                peak = peak.max(live);
-            }
-            allocsim_core::Op::FreeRequested { id } => live -= sizes.remove(&id).unwrap_or(0),
-            _ => {}
-        }
-    }
-    println!("workload {spec}: {} ops, peak live {}", trace.ops.len(), bytes(peak));
-    if let Some(out) = &args.out {
-        allocsim_trace::write_trace(&trace, out)
-            .with_context(|| format!("writing {}", out.display()))?;
-        println!("wrote {}", out.display());
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn args(input: &str, policy: &str) -> Args {
         Args {

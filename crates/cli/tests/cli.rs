@@ -368,3 +368,19 @@ fn capacity_and_advise_answer_in_json_and_refuse_bad_input() {
         );
     }
 }
+
+/// `workload:NAME?key=value` works wherever a trace is expected, as the README says.
+#[test]
+fn a_workload_spec_is_taken_wherever_a_trace_is() {
+    let spec = "workload:transformer-train?layers=2";
+    for args in [
+        vec!["info", spec],
+        vec!["replay", spec],
+        vec!["explain-oom", spec],
+        vec!["capacity", spec],
+        vec!["compare", spec, "--policy", "pytorch,best_fit", "--no-capacity"],
+    ] {
+        let out = allocsim(&args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}

@@ -7,7 +7,7 @@
 //! block keeps its slot, and with it its stale `requested_size`, exactly as long as PyTorch
 //! keeps the `Block` object alive.
 
-use super::freeset::FreeSet;
+use super::freeset::{FreeSet, SizeKey};
 use allocsim_core::{AllocId, MemPoolId, Pool, StreamId};
 use std::collections::BTreeSet;
 use std::ops::{Index, IndexMut};
@@ -99,16 +99,6 @@ impl Block {
     pub fn addr_key(&self, index: u32) -> AddrKey {
         AddrKey { stream: self.stream.0, addr: self.addr, index }
     }
-}
-
-/// A free block as `BlockComparatorSize` orders it: (stream, size, address). `index` never
-/// decides (addresses are unique within a pool); it is the payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct SizeKey {
-    pub stream: u64,
-    pub size: u64,
-    pub addr: u64,
-    pub index: u32,
 }
 
 /// `BlockComparatorAddress`: (stream, address).

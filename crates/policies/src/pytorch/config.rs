@@ -12,8 +12,25 @@
 //! `roundup_power2_divisions` and `garbage_collection_threshold` to their defaults; the other
 //! keys keep their previous values unless the string sets them (spec 11.1).
 
-use super::rounding::{K_LARGE_BUFFER, K_ROUNDUP_INTERVALS, MB};
 use allocsim_core::ConfigError;
+
+/// PyTorch's size constants (`CUDACachingAllocator.cpp`) start here; `rounding` applies them.
+pub const MB: u64 = 1 << 20;
+/// `kMinBlockSize`: every size is rounded to at least this.
+pub const K_MIN_BLOCK_SIZE: u64 = 512;
+/// `kSmallSize`: the largest request served by the small pool.
+pub const K_SMALL_SIZE: u64 = MB;
+/// `kSmallBuffer`: small-pool segment size, and the expandable small-pool page.
+pub const K_SMALL_BUFFER: u64 = 2 * MB;
+/// `kLargeBuffer` (`large_segment_size()` in 2.11): segment for 1–10 MiB requests, and the
+/// expandable large-pool page.
+pub const K_LARGE_BUFFER: u64 = 20 * MB;
+/// `kMinLargeAlloc`: from here on segments are the request rounded to `K_ROUND_LARGE`.
+pub const K_MIN_LARGE_ALLOC: u64 = 10 * MB;
+/// `kRoundLarge`.
+pub const K_ROUND_LARGE: u64 = 2 * MB;
+/// `kRoundUpPowerOfTwoIntervals`: 1 MiB .. 64 GiB.
+pub const K_ROUNDUP_INTERVALS: usize = 16;
 
 /// The allocator settings that PyTorch 2.11 keeps, with their defaults.
 #[derive(Debug, Clone, PartialEq)]

@@ -19,8 +19,17 @@
 //! The order is exactly PyTorch's: classes are monotone in size, the best block of a class is
 //! the smallest (size, address), and streams are kept in numeric order.
 
-use super::block::SizeKey;
 use std::collections::BTreeMap;
+
+/// A free block as `BlockComparatorSize` orders it: (stream, size, address). `index` never
+/// decides (addresses are unique within a pool); it is the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SizeKey {
+    pub stream: u64,
+    pub size: u64,
+    pub addr: u64,
+    pub index: u32,
+}
 
 /// Sizes below `64 << UNIT_SHIFT` get a class each (by 512 B unit).
 const UNIT_SHIFT: u32 = 9;

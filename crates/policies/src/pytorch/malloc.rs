@@ -3,7 +3,8 @@
 //! every whole cached segment, and only then OOM. The order decides which device calls happen
 //! and so which segment events a recording shows; it must not be "simplified".
 
-use super::block::{Block, SizeKey, NIL};
+use super::block::{Block, NIL};
+use super::freeset::SizeKey;
 use super::rounding::{get_allocation_size, is_small, round_size, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
 use super::stats::{StatArrayExt, StatExt};
 use super::PyTorchAllocator;

@@ -4,22 +4,10 @@
 
 use super::config::Config;
 
-pub const MB: u64 = 1 << 20;
-/// `kMinBlockSize`: every size is rounded to at least this.
-pub const K_MIN_BLOCK_SIZE: u64 = 512;
-/// `kSmallSize`: the largest request served by the small pool.
-pub const K_SMALL_SIZE: u64 = MB;
-/// `kSmallBuffer`: small-pool segment size, and the expandable small-pool page.
-pub const K_SMALL_BUFFER: u64 = 2 * MB;
-/// `kLargeBuffer` (`large_segment_size()` in 2.11): segment for 1–10 MiB requests, and the
-/// expandable large-pool page.
-pub const K_LARGE_BUFFER: u64 = 20 * MB;
-/// `kMinLargeAlloc`: from here on segments are the request rounded to `K_ROUND_LARGE`.
-pub const K_MIN_LARGE_ALLOC: u64 = 10 * MB;
-/// `kRoundLarge`.
-pub const K_ROUND_LARGE: u64 = 2 * MB;
-/// `kRoundUpPowerOfTwoIntervals`: 1 MiB .. 64 GiB.
-pub const K_ROUNDUP_INTERVALS: usize = 16;
+pub use super::config::{
+    K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+};
 
 /// `DeviceCachingAllocator::round_size`.
 pub fn round_size(config: &Config, size: u64) -> u64 {
@@ -72,6 +60,7 @@ pub fn is_small(size: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pytorch::config::MB;
 
     #[test]
     fn default_rounding() {

@@ -2,7 +2,7 @@
 //! its own modelled device of the same configuration, op by op, comparing the events of every
 //! op, then the statistics and the snapshot after it. The first difference is the failure.
 
-use super::run::{Failure, Oracle};
+use super::failure::{Failure, Oracle};
 use crate::program::format_op;
 use crate::reference::{Reference, Settings};
 use allocsim_core::{Allocator, Device, Env, Event, MemoryStats, Op, Trace};

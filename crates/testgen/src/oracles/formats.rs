@@ -6,7 +6,8 @@
 //! never a panic, and an accepted trace survives a round trip through its own format and
 //! replays under the checker.
 
-use super::run::{checked_run, observed_run, Failure, Oracle};
+use super::failure::{Failure, Oracle};
+use super::run::{checked_run, observed_run};
 use allocsim_core::{RecordedEvent, Trace};
 use allocsim_replay::Recorder;
 use allocsim_trace::{native, pickle, pytorch, rmm};

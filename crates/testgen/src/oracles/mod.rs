@@ -15,6 +15,7 @@
 mod consistency;
 mod contract;
 mod differential;
+mod failure;
 pub mod formats;
 mod run;
 mod seed;
@@ -22,8 +23,8 @@ mod seed;
 pub use consistency::{implied_free_space, stat_consistency, PYTORCH_ACCOUNTING};
 pub use contract::Contract;
 pub use differential::{compare_with_reference, reference_applies};
+pub use failure::{Failure, Oracle};
 pub use run::{
     check_trace, check_trace_catching, checked_run, determinism, observed_run, run_options,
-    Failure, Oracle,
 };
 pub use seed::{seed_applies, seeded_matches_full};

@@ -3,7 +3,7 @@
 //! segments, live blocks and statistics, make the same events from `k` on and end with the
 //! same statistics. This is what a history that starts mid-run relies on.
 
-use super::run::{Failure, Oracle};
+use super::failure::{Failure, Oracle};
 use allocsim_core::{AllocId, Allocator, BlockState, Device, Event, Op, StartState, Trace};
 use allocsim_policies::pytorch::PyTorchAllocator;
 use allocsim_replay::{Engine, Observer, OpOutcome, H100_FREE_BYTES, H100_TOTAL_BYTES};

@@ -1,0 +1,49 @@
+//! Where every command's input comes from: a trace file (read with the options the command
+//! line set once), or a live workload named `workload:NAME?key=value&...`, and the progress bar
+//! long runs show. Every command that takes a trace takes it through [`load_trace`].
+
+use allocsim_core::Trace;
+use anyhow::Context;
+use std::path::Path;
+
+/// How every command reads its trace files: set once from the command line.
+pub static READ_OPTIONS: std::sync::OnceLock<allocsim_trace::ReadOptions> =
+    std::sync::OnceLock::new();
+
+/// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
+pub fn read_trace(path: &Path) -> Result<Trace, allocsim_trace::TraceError> {
+    allocsim_trace::read_trace_with(path, READ_OPTIONS.get_or_init(Default::default))
+}
+
+/// The prefix that names a live workload where a trace path is expected.
+pub const WORKLOAD_PREFIX: &str = "workload:";
+
+/// Read a trace file, or build the workload a `workload:NAME?key=value&...` argument names.
+pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
+    let text = input.to_string_lossy();
+    match text.strip_prefix(WORKLOAD_PREFIX) {
+        Some(spec) => allocsim_workloads::trace(spec)
+            .with_context(|| format!("building {text} (`allocsim workload` lists workloads)")),
+        None => Ok(read_trace(input)?),
+    }
+}
+
+/// A progress bar on stderr for runs long enough to want one (hidden when not a terminal).
+pub fn progress_bar(ops: u64) -> impl FnMut(u64) {
+    let bar = (ops >= 500_000).then(|| {
+        let bar = indicatif::ProgressBar::new(ops);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} ops {per_sec} {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    move |done| {
+        if let Some(bar) = &bar {
+            bar.set_position(done);
+            if done >= ops {
+                bar.finish_and_clear();
+            }
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! `allocsim workload [SPEC] [--out FILE]`: list the live workloads, or build one and write it.
+
+use crate::input::WORKLOAD_PREFIX;
+use crate::output::bytes;
+use anyhow::Context;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct WorkloadArgs {
+    /// A workload spec, `NAME?key=value&...`; without one, list the workloads and their
+    /// parameters with defaults.
+    pub spec: Option<String>,
+    /// Write the workload as a trace to this file (the extension picks the format, as for
+    /// `convert`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
+    let Some(spec) = args.spec else {
+        println!("Live workloads; name one as `workload:NAME?key=value&...` wherever a TRACE is expected.");
+        for (name, what) in allocsim_workloads::names() {
+            println!("\n{name}: {what}");
+            let params = allocsim_workloads::parameters(name).unwrap_or_default();
+            let line: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!("  parameters (defaults): {}", line.join(" "));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let spec = spec.strip_prefix(WORKLOAD_PREFIX).unwrap_or(&spec);
+    let trace = allocsim_workloads::trace(spec)?;
+    let (mut live, mut peak, mut sizes) = (0u64, 0u64, std::collections::HashMap::new());
+    for op in &trace.ops {
+        match *op {
+            allocsim_core::Op::Alloc { id, size, .. }
+            | allocsim_core::Op::AllocAt { id, size, .. } => {
+                sizes.insert(id, size);
+                live += size;
+                peak = peak.max(live);
+            }
+            allocsim_core::Op::FreeRequested { id } => live -= sizes.remove(&id).unwrap_or(0),
+            _ => {}
+        }
+    }
+    println!("workload {spec}: {} ops, peak live {}", trace.ops.len(), bytes(peak));
+    if let Some(out) = &args.out {
+        allocsim_trace::write_trace(&trace, out)
+            .with_context(|| format!("writing {}", out.display()))?;
+        println!("wrote {}", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
