@@ -301,3 +301,18 @@ fn modules_depend_on_each_other_one_way() {
     }
     assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
 }
+
+/// ARCHITECTURE.md names every policy, and the README every live workload.
+#[test]
+fn docs_name_every_policy_and_workload() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let arch = std::fs::read_to_string(format!("{root}/ARCHITECTURE.md")).unwrap();
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    for p in allocsim_policies::names() {
+        let named = arch.contains(&format!("`{p}`")) || arch.contains(&format!("`{p}/`"));
+        assert!(named, "ARCHITECTURE.md does not name the policy {p}");
+    }
+    for (w, _) in allocsim_workloads::names() {
+        assert!(readme.contains(&format!("`{w}`")), "the README does not name the workload {w}");
+    }
+}

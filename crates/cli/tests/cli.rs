@@ -262,6 +262,13 @@ fn info_reads_every_bundled_trace_and_every_command_has_help() {
     let mut commands = commands;
     commands.sort_unstable();
     assert_eq!(listed, commands, "the README's table of commands");
+    // ARCHITECTURE.md's code map names every command too.
+    let arch =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../ARCHITECTURE.md"))
+            .expect("ARCHITECTURE.md");
+    for c in &commands {
+        assert!(arch.contains(&format!("`{c}`")), "ARCHITECTURE.md does not name `{c}`");
+    }
 }
 
 fn user_trace(name: &str) -> PathBuf {

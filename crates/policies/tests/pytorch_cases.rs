@@ -1,4 +1,4 @@
-//! PyTorch's own allocator tests with concrete numbers (spec section 12), ported to the clone.
+//! PyTorch's own allocator tests with concrete numbers (docs/pytorch-caching-allocator.md §12), ported to the clone.
 //! Each test names the PyTorch test it follows.
 
 mod pytorch_support;
@@ -240,7 +240,7 @@ fn memory_snapshot_layout() {
 }
 
 /// A cudaMalloc'ed segment's remainder keeps the stale request of the block object that
-/// became the remainder (spec 2.1).
+/// became the remainder (docs/pytorch-caching-allocator.md §2.1).
 #[test]
 fn remainder_keeps_stale_requested_size() {
     let mut h = Harness::new("", GIB80);

@@ -150,7 +150,7 @@ impl Program {
             "seed {seed} op {op}: device"
         );
         // With expandable segments the check uses the segment size but maps whole pages, so
-        // PyTorch itself can end above the cap (spec section 6); only cudaMalloc runs are held.
+        // PyTorch itself can end above the cap (docs/pytorch-caching-allocator.md §6); only cudaMalloc runs are held.
         self.expandable_seen |= self.h.alloc.config().expandable_segments;
         if let (Some(allowed), false) =
             (self.h.alloc.allowed_memory_maximum(), self.expandable_seen)

@@ -1,6 +1,6 @@
 //! The driver's virtual address space, modelled, and the set of mapped pages in a reservation.
 //!
-//! The real driver's placement is not reproducible (fidelity notes §1: jumps up and down), so
+//! The real driver's placement is not reproducible (docs/fidelity-notes.md §1: jumps up and down), so
 //! the model picks a rule that is simple, deterministic and reuses freed space the way a
 //! first-fit driver would: **the lowest address at or above [`VA_BASE`], aligned as asked,
 //! whose range overlaps no live range**. Freed ranges become holes that later requests fill

@@ -2,7 +2,7 @@
 //! injection, and a device that follows a recording.
 //!
 //! Two devices implement [`allocsim_core::Device`] here, because a user needs two answers
-//! (fidelity notes §3):
+//! (docs/fidelity-notes.md §3):
 //! - [`SimDevice`], the model: free memory from the total, what others hold at the start and
 //!   what is reserved; addresses from a model of the driver's address space; virtual time from
 //!   costs measured on an H100; faults injected from a seed. Every what-if runs on it.

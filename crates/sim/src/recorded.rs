@@ -1,4 +1,4 @@
-//! A device that follows a recording (fidelity notes §1–3).
+//! A device that follows a recording (docs/fidelity-notes.md §1–3).
 //!
 //! Replaying a PyTorch snapshot under its own settings should reproduce the run exactly, and
 //! two things the trace alone cannot model decide that: the addresses the driver returned

@@ -1,4 +1,4 @@
-//! Blocks and block pools (spec section 2), laid out for speed.
+//! Blocks and block pools (docs/pytorch-caching-allocator.md §2), laid out for speed.
 //!
 //! PyTorch's `Block` is a heap object linked to its neighbours by raw `prev`/`next` pointers
 //! and kept in `std::set`s ordered by (stream, size, ptr). Here blocks live in an [`Arena`]

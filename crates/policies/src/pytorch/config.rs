@@ -10,7 +10,7 @@
 //!
 //! Every parse first resets `max_split_size`, `max_non_split_rounding`,
 //! `roundup_power2_divisions` and `garbage_collection_threshold` to their defaults; the other
-//! keys keep their previous values unless the string sets them (spec 11.1).
+//! keys keep their previous values unless the string sets them (docs/pytorch-caching-allocator.md §11.1).
 
 use allocsim_core::ConfigError;
 

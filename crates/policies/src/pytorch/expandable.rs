@@ -1,4 +1,4 @@
-//! Expandable segments (spec section 6): one large address reservation per (stream, pool),
+//! Expandable segments (docs/pytorch-caching-allocator.md §6): one large address reservation per (stream, pool),
 //! into which pages (2 MiB small, 20 MiB large) are mapped as the pool grows and unmapped by
 //! `empty_cache`. Blocks of such a segment are ordinary blocks with a `mapped` flag; unmapped
 //! ranges sit in the pool's `unmapped` set so that growth can find them by address.

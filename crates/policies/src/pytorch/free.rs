@@ -1,4 +1,4 @@
-//! Freeing (spec section 5): `free` stops a block counting as allocated at once; `free_block`
+//! Freeing (docs/pytorch-caching-allocator.md §5): `free` stops a block counting as allocated at once; `free_block`
 //! makes it reusable, merging it with free neighbours, either at once or, for a block recorded
 //! on other streams, when that work completes (`free_completed` here, `process_events` or
 //! `synchronize_and_free_events` in PyTorch).
@@ -75,7 +75,7 @@ impl PyTorchAllocator {
     }
 
     /// `free_block`: trace `free_completed`, merge with the previous then the next block, back
-    /// into the free set, and account the change in inactive split blocks (spec 7.2).
+    /// into the free set, and account the change in inactive split blocks (docs/pytorch-caching-allocator.md §7.2).
     #[inline(always)]
     pub(super) fn free_block<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, index: u32) {
         let b = self.arena[index];

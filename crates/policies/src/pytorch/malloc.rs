@@ -1,4 +1,4 @@
-//! The allocation path, `DeviceCachingAllocator::malloc` (spec section 4), in PyTorch's order:
+//! The allocation path, `DeviceCachingAllocator::malloc` (docs/pytorch-caching-allocator.md §4), in PyTorch's order:
 //! best fit from the cache, then GC, a new segment, freeing oversize cached segments, freeing
 //! every whole cached segment, and only then OOM. The order decides which device calls happen
 //! and so which segment events a recording shows; it must not be "simplified".

@@ -1,4 +1,4 @@
-//! Private pools (`torch.cuda.MemPool`, CUDA graph pools; spec 1.3 and 4.3): allocations made
+//! Private pools (`torch.cuda.MemPool`, CUDA graph pools; docs/pytorch-caching-allocator.md §1.3 and §4.3): allocations made
 //! while a pool is being allocated to come from its own free sets and segments, a block always
 //! returns to its own pool, and a pool's segments go back to the device only once nothing
 //! holds the pool (`use_count` 0) and a release of cached blocks finds them wholly free.

@@ -1,4 +1,4 @@
-//! Giving memory back to the device (spec 4.2–4.4): `release_available_cached_blocks` (oversize
+//! Giving memory back to the device (docs/pytorch-caching-allocator.md §4.2–4.4): `release_available_cached_blocks` (oversize
 //! segments, on a miss), `release_cached_blocks` (every whole free segment: the last resort
 //! before OOM, and `empty_cache`), and `garbage_collect_cached_blocks` (old segments, under a
 //! memory fraction).
@@ -166,7 +166,7 @@ impl PyTorchAllocator {
 
     /// `garbage_collect_cached_blocks`: above `threshold * allowed`, free unsplit large cached
     /// segments at least as old as the average, pass after pass, without stopping at the
-    /// target inside a pass (fidelity-notes 4).
+    /// target inside a pass (docs/fidelity-notes.md §4).
     pub(super) fn garbage_collect_cached_blocks<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>) {
         let Some(allowed) = self.allowed_memory_maximum else { return };
         let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;

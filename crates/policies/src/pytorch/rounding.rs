@@ -1,5 +1,5 @@
 //! Sizes: how a request becomes a block size, which pool it goes to, and how big a segment it
-//! asks the device for (spec section 1). Kept apart from the allocator because these are pure
+//! asks the device for (docs/pytorch-caching-allocator.md §1). Kept apart from the allocator because these are pure
 //! functions of the config, tested on their own against PyTorch's numbers.
 
 use super::config::Config;

@@ -1,4 +1,4 @@
-//! `DeviceCachingAllocator::snapshot` (spec 8.3): segments in PyTorch's layout, where an
+//! `DeviceCachingAllocator::snapshot` (docs/pytorch-caching-allocator.md §8.3): segments in PyTorch's layout, where an
 //! expandable segment shows as one segment per contiguous mapped range; and the cheap
 //! free-space figures the engine asks for after every OOM.
 

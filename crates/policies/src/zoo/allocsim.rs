@@ -31,7 +31,8 @@
 //! per pool and stream at its end and keep every freed page until `empty_cache` or OOM; here
 //! holes anywhere give their pages back when the alternative is a new peak.
 //!
-//! Measured on the bundled PyTorch 2.11 H100 recordings (`zoo::measure`, modelled H100), in
+//! Measured on the bundled PyTorch 2.11 H100 recordings (modelled H100; `allocsim compare`
+//! reports both figures per policy under each trace's own settings), in
 //! GiB: peak reserved under each trace's own settings, and the least free memory (2 MiB steps)
 //! that runs the trace without OOM, against the best of every other policy (PyTorch's clone with
 //! and without expandable segments, uncached, and the whole zoo). The last three traces were

@@ -18,6 +18,4 @@ pub mod rmm_pool;
 pub mod tlsf;
 
 #[cfg(test)]
-mod measure;
-#[cfg(test)]
 mod testing;

@@ -1,7 +1,7 @@
-//! Test helper for the zoo: a trivial bump [`Device`], a shadow model that rebuilds the memory
-//! map from a policy's events alone and checks it after every op, and a seeded random op
-//! program run through every policy. Small on purpose: `allocsim-check` will replace it; until
-//! then every call is also fed to `allocsim-check`'s `Checker`, and both must agree.
+//! Test helper for the policies: a trivial bump [`Device`], a shadow model that rebuilds the
+//! memory map from a policy's events alone and checks it after every op, and seeded random op
+//! programs through every registered policy but `pytorch`; every call also goes to
+//! `allocsim-check`'s `Checker`, and both must agree.
 
 use allocsim_core::{
     AllocId, Allocator, BlockState, CallKind, Device, DeviceCalls, DeviceError, Env, Event,

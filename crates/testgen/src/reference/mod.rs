@@ -335,7 +335,7 @@ impl Reference {
         }
     }
 
-    /// `garbage_collect_cached_blocks` (spec §4.4, fidelity notes §4).
+    /// `garbage_collect_cached_blocks` (docs/pytorch-caching-allocator.md §4.4, docs/fidelity-notes.md §4).
     fn garbage_collect(&mut self, env: &mut Env<'_>) {
         let Some(allowed) = self.allowed else { return };
         let threshold = (self.settings.gc_threshold * allowed as f64) as u64;

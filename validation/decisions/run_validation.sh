@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The H100 validation batch behind crates/cuda/VALIDATION.md.
+# The H100 validation batch behind validation/decisions/README.md.
 #
-#   crates/cuda/run_validation.sh BIN OUTDIR [timing|traces|workloads|viz|all]
+#   validation/decisions/run_validation.sh BIN OUTDIR [timing|traces|workloads|viz|all]
 #
 # BIN is a release `allocsim` built on a machine with Rust (the GPU machine has none); run from
 # the repository root. Every run's JSON goes to OUTDIR/runs/, one line per run to
@@ -60,7 +60,7 @@ timing() {
     for i in 1 2 3; do
       "$B" replay "$T/$t.pickle.gz" --policy pytorch --device cuda --json >"$OUT/runs/replay_${t}_$i.json" 2>"$OUT/runs/replay_${t}_$i.err"
       echo "allocsim $t run $i: $(grep 'wall time' "$OUT/runs/replay_${t}_$i.err")"
-      python3 kernels/torch_replay.py "/tmp/$t.allocsim.json" >"$OUT/runs/torch_${t}_$i.json" 2>"$OUT/runs/torch_${t}_$i.err"
+      python3 validation/decisions/torch_replay.py "/tmp/$t.allocsim.json" >"$OUT/runs/torch_${t}_$i.json" 2>"$OUT/runs/torch_${t}_$i.err"
       echo "torch   $t run $i: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.3f s, %.2f us/op, %s device allocs' % (d['seconds'], d['us_per_op'], d['num_device_alloc']))" "$OUT/runs/torch_${t}_$i.json" 2>&1)"
     done
   done

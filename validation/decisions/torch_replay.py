@@ -14,7 +14,7 @@ Prints one JSON object: ops, wall seconds for the op loop (synchronised at both 
 op, OOMs, and a few `torch.cuda.memory_stats()` keys to set beside allocsim's run of the same
 stream with its `pytorch` policy.
 
-    python3 kernels/torch_replay.py OUT.allocsim.json [--repeat N]
+    python3 validation/decisions/torch_replay.py OUT.allocsim.json [--repeat N]
 """
 
 import argparse
