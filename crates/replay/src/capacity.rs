@@ -129,6 +129,7 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
         trace,
         &RunOptions {
             device: DeviceChoice::Sim,
+            placement: Placement::Descending,
             check: false,
             fidelity: false,
             ..opts.run.clone()
@@ -149,36 +150,32 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
         }
         bisect(lower.min(upper), upper, |x| fits(trace, opts, placement, x)).map(Some)
     };
-    // Descending first, over the whole bracket, falling back to the whole device.
-    let mut point = None;
-    for upper in uppers {
-        point = threshold(Placement::Descending, lower, upper)?;
-        if point.is_some() {
-            break;
+    // Over the whole bracket, falling back to the whole device.
+    let whole = |placement| -> Result<Option<u64>, ConfigError> {
+        for upper in uppers {
+            if let Some(t) = threshold(placement, lower, upper)? {
+                return Ok(Some(t));
+            }
         }
-    }
-    // Jittered placements land near it: bisect within `NEAR` of it when both ends of that
+        Ok(None)
+    };
+    let point = whole(Placement::Descending)?;
+    // Jittered placements land near it: bisect within 1/NEAR of it when both ends of that
     // bracket say so (one run each), else over the whole bracket.
     let jittered = (0..u64::from(opts.jitters))
         .into_par_iter()
         .map(|seed| {
             let placement = Placement::Jittered { seed };
-            if let Some(p) = point {
-                let (near_lo, near_hi) = (p - p / NEAR, p + p / NEAR);
-                if near_hi <= device_free && !fits(trace, opts, placement, near_lo)? {
+            let near =
+                point.filter(|p| p + p / NEAR <= device_free).map(|p| (p - p / NEAR, p + p / NEAR));
+            if let Some((near_lo, near_hi)) = near {
+                if !fits(trace, opts, placement, near_lo)? {
                     if let Some(t) = threshold(placement, near_lo, near_hi)? {
                         return Ok(PlacementThreshold { placement, capacity_bytes: Some(t) });
                     }
                 }
             }
-            let mut capacity_bytes = None;
-            for upper in uppers {
-                capacity_bytes = threshold(placement, lower, upper)?;
-                if capacity_bytes.is_some() {
-                    break;
-                }
-            }
-            Ok(PlacementThreshold { placement, capacity_bytes })
+            Ok(PlacementThreshold { placement, capacity_bytes: whole(placement)? })
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
     let placements: Vec<PlacementThreshold> = std::iter::once(PlacementThreshold {
@@ -191,7 +188,7 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
     // A placement under which the run does not fit at all makes the band open upwards.
     let all_fit = placements.iter().all(|p| p.capacity_bytes.is_some());
     Ok(Capacity {
-        capacity_bytes: placements[0].capacity_bytes,
+        capacity_bytes: point,
         low_bytes: found().min().map(|b| b.saturating_sub(BAND_MARGIN_BYTES)),
         high_bytes: if all_fit { found().max() } else { None },
         outside_bytes: opts.outside_bytes,
