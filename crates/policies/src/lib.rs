@@ -28,70 +28,66 @@ fn boxed<A: Allocator + 'static>(
     built.map(|a| Box::new(a) as Box<dyn Allocator>)
 }
 
-/// Every policy, in the order reports list them.
-pub const POLICIES: &[Policy] = &[
-    Policy {
-        name: "pytorch",
-        build: |c| boxed(pytorch::PyTorchAllocator::from_conf(c)),
-        test_settings: &[],
-    },
-    Policy {
-        name: "uncached",
-        build: |c| boxed(uncached::Uncached::from_conf(c)),
-        test_settings: &[],
-    },
-    Policy {
-        name: "bfc",
-        build: |c| boxed(zoo::bfc::Bfc::from_conf(c)),
-        test_settings: &[
-            "allow_growth:false",
-            "garbage_collection:false,fragmentation_fraction:0.01",
-        ],
-    },
-    Policy {
-        name: "rmm_pool",
-        build: |c| boxed(zoo::rmm_pool::RmmPool::from_conf(c)),
-        test_settings: &["initial_pool_size:1GiB,maximum_pool_size:6GiB"],
-    },
-    Policy {
-        name: "rmm_arena",
-        build: |c| boxed(zoo::rmm_arena::RmmArena::from_conf(c)),
-        test_settings: &["arena_size:7GiB"],
-    },
-    Policy {
-        name: "rmm_binning",
-        build: |c| boxed(zoo::rmm_binning::RmmBinning::from_conf(c)),
-        test_settings: &["blocks_to_preallocate:4,min_exp:10,max_exp:16"],
-    },
-    Policy {
-        name: "async_pool",
-        build: |c| boxed(zoo::async_pool::AsyncPool::from_conf(c)),
-        test_settings: &["release_threshold:1GiB,internal_dependencies:false"],
-    },
-    Policy {
-        name: "buddy",
-        build: |c| boxed(zoo::buddy::Buddy::from_conf(c)),
-        test_settings: &["segment_size:2MiB,min_block:4KiB"],
-    },
-    Policy {
-        name: "tlsf",
-        build: |c| boxed(zoo::tlsf::Tlsf::from_conf(c)),
-        test_settings: &["segment_size:256MiB,sl_bits:3"],
-    },
-    Policy {
-        name: "allocsim",
-        build: |c| boxed(zoo::allocsim::Allocsim::from_conf(c)),
-        test_settings: &[
-            "headroom:0,reclaim_min:0,candidates:1,grow_step:2MiB",
-            "headroom:max,small_max:0,reserve_size:3GiB",
-        ],
-    },
-    Policy {
-        name: "best_fit",
-        build: |c| boxed(kit::Kit::<best_fit::BestFit>::from_conf(c)),
-        test_settings: &["min_segment:2MiB"],
-    },
-];
+/// Something done with a policy whose type is known at compile time: the replay loop, built
+/// once per policy through [`visit_policy`], so that every policy's calls are direct and its
+/// generic entry points ([`Allocator::malloc_to`]) inline the caller's event handling.
+pub trait PolicyVisitor {
+    type Output;
+    fn visit<A: Allocator + 'static>(self, allocator: A) -> Self::Output;
+}
+
+/// The one list of policies: the table [`POLICIES`] and [`visit_policy`] are made from it.
+macro_rules! policies {
+    ($($name:literal => $ty:ty, test_settings: [$($setting:literal),* $(,)?];)*) => {
+        /// Every policy, in the order reports list them.
+        pub const POLICIES: &[Policy] = &[$(
+            Policy {
+                name: $name,
+                build: |c| boxed(<$ty>::from_conf(c)),
+                test_settings: &[$($setting),*],
+            },
+        )*];
+
+        /// Build the policy `name` from `conf` and hand it to `visitor` as its own type.
+        pub fn visit_policy<V: PolicyVisitor>(
+            name: &str,
+            conf: &str,
+            visitor: V,
+        ) -> Result<V::Output, ConfigError> {
+            match name {
+                $($name => Ok(visitor.visit(<$ty>::from_conf(conf)?)),)*
+                _ => Err(unknown_policy(name)),
+            }
+        }
+    };
+}
+
+policies! {
+    "pytorch" => pytorch::PyTorchAllocator, test_settings: [];
+    "uncached" => uncached::Uncached, test_settings: [];
+    "bfc" => zoo::bfc::Bfc, test_settings: [
+        "allow_growth:false",
+        "garbage_collection:false,fragmentation_fraction:0.01",
+    ];
+    "rmm_pool" => zoo::rmm_pool::RmmPool,
+        test_settings: ["initial_pool_size:1GiB,maximum_pool_size:6GiB"];
+    "rmm_arena" => zoo::rmm_arena::RmmArena, test_settings: ["arena_size:7GiB"];
+    "rmm_binning" => zoo::rmm_binning::RmmBinning,
+        test_settings: ["blocks_to_preallocate:4,min_exp:10,max_exp:16"];
+    "async_pool" => zoo::async_pool::AsyncPool,
+        test_settings: ["release_threshold:1GiB,internal_dependencies:false"];
+    "buddy" => zoo::buddy::Buddy, test_settings: ["segment_size:2MiB,min_block:4KiB"];
+    "tlsf" => zoo::tlsf::Tlsf, test_settings: ["segment_size:256MiB,sl_bits:3"];
+    "allocsim" => zoo::allocsim::Allocsim, test_settings: [
+        "headroom:0,reclaim_min:0,candidates:1,grow_step:2MiB",
+        "headroom:max,small_max:0,reserve_size:3GiB",
+    ];
+    "best_fit" => kit::Kit<best_fit::BestFit>, test_settings: ["min_segment:2MiB"];
+}
+
+fn unknown_policy(name: &str) -> ConfigError {
+    ConfigError(format!("unknown policy {name:?}; known policies: {}", names().join(", ")))
+}
 
 /// Every policy name `by_name` accepts, in the order reports list them.
 pub fn names() -> Vec<&'static str> {
@@ -102,10 +98,7 @@ pub fn names() -> Vec<&'static str> {
 /// (for `pytorch`, a `PYTORCH_CUDA_ALLOC_CONF` string); `None` means its defaults.
 pub fn by_name(name: &str, conf: Option<&str>) -> Result<Box<dyn Allocator>, ConfigError> {
     let Some(policy) = POLICIES.iter().find(|p| p.name == name) else {
-        return Err(ConfigError(format!(
-            "unknown policy {name:?}; known policies: {}",
-            names().join(", ")
-        )));
+        return Err(unknown_policy(name));
     };
     (policy.build)(conf.unwrap_or(""))
 }

@@ -11,7 +11,7 @@ use allocsim_core::{
     Allocator, ConfigError, Device, DeviceCalls, Env, Event, MemoryStats, Op, RecordedEvent,
     SnapshotSegment, StartState, Trace, TraceMeta,
 };
-use allocsim_policies::pytorch::PyTorchAllocator;
+use allocsim_policies::PolicyVisitor;
 use allocsim_sim::{Fault, Placement, RecordedDevice, SimConfig, SimDevice};
 use std::borrow::Borrow;
 
@@ -263,14 +263,32 @@ fn run_on<O: Borrow<Op>, D: AsDynDevice + ?Sized>(
         (None, _) => String::new(),
     };
     let run = Run { trace, opts, device_name, alloc_conf, total, free };
-    // The PyTorch policy, the one most replays use, is called directly rather than through a
-    // trait object (see `AsDynAllocator`); `by_name` builds it the same way.
-    if opts.policy == "pytorch" {
-        let mut allocator = PyTorchAllocator::from_conf(&run.alloc_conf)?;
-        run.replay(ops, &mut allocator, device, extra, progress)
-    } else {
-        let mut allocator = allocsim_policies::by_name(&opts.policy, Some(&run.alloc_conf))?;
-        run.replay(ops, &mut *allocator, device, extra, progress)
+    // Every policy is called directly, through the loop built for its own type.
+    let conf = run.alloc_conf.clone();
+    let replay = Replay { run, ops, device, extra, progress };
+    allocsim_policies::visit_policy(&opts.policy, &conf, replay)?
+}
+
+/// The replay loop, handed the policy as its own type by `visit_policy`.
+struct Replay<'r, 'x, 'y, 't, 'o, I, D: ?Sized, P> {
+    run: Run<'t, 'o>,
+    ops: I,
+    device: &'r mut D,
+    extra: &'x mut [&'y mut dyn Observer],
+    progress: P,
+}
+
+impl<I, O, D, P> PolicyVisitor for Replay<'_, '_, '_, '_, '_, I, D, P>
+where
+    I: IntoIterator<Item = O>,
+    O: Borrow<Op>,
+    D: AsDynDevice + ?Sized,
+    P: FnMut(u64),
+{
+    type Output = Result<RunReport, ConfigError>;
+
+    fn visit<A: Allocator + 'static>(self, mut allocator: A) -> Self::Output {
+        self.run.replay(self.ops, &mut allocator, self.device, self.extra, self.progress)
     }
 }
 
