@@ -265,3 +265,80 @@ pub trait Allocator {
         space
     }
 }
+
+/// A trait object as an [`Allocator`] of a known type, for code generic over its allocator
+/// (the replay engine) handed a `&mut dyn Allocator`: every call goes on to the object, and
+/// the sink-generic entry points take their defaults (the sink passed on as `dyn Emit`).
+pub struct DynAllocator<'a>(pub &'a mut dyn Allocator);
+
+impl fmt::Debug for DynAllocator<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DynAllocator").field(&self.0.name()).finish()
+    }
+}
+
+impl Allocator for DynAllocator<'_> {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn block_alignment(&self) -> u64 {
+        self.0.block_alignment()
+    }
+    fn malloc(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Granted, OomInfo> {
+        self.0.malloc(env, id, size, stream)
+    }
+    fn malloc_at(
+        &mut self,
+        env: &mut Env<'_>,
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+        addr: u64,
+    ) -> Result<Granted, OomInfo> {
+        self.0.malloc_at(env, id, size, stream, addr)
+    }
+    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
+        self.0.free(env, id)
+    }
+    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
+        self.0.record_stream(id, stream)
+    }
+    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
+        self.0.free_completed(env, id)
+    }
+    fn seed(
+        &mut self,
+        env: &mut Env<'_>,
+        start: &StartState,
+        stats: Option<&MemoryStats>,
+    ) -> Result<(), String> {
+        self.0.seed(env, start, stats)
+    }
+    fn pool_action(&mut self, env: &mut Env<'_>, pool: MemPoolId, action: PoolAction) {
+        self.0.pool_action(env, pool, action)
+    }
+    fn empty_cache(&mut self, env: &mut Env<'_>) {
+        self.0.empty_cache(env)
+    }
+    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
+        self.0.set_memory_fraction(env, fraction)
+    }
+    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
+        self.0.set_settings(conf)
+    }
+    fn stats(&self) -> MemoryStats {
+        self.0.stats()
+    }
+    fn snapshot(&self) -> Vec<SnapshotSegment> {
+        self.0.snapshot()
+    }
+    fn free_space(&self) -> FreeSpace {
+        self.0.free_space()
+    }
+}

@@ -177,3 +177,56 @@ pub trait Device {
         Vec::new()
     }
 }
+
+/// A trait object as a [`Device`] of a known type (see [`crate::DynAllocator`]).
+pub struct DynDevice<'a>(pub &'a mut dyn Device);
+
+impl fmt::Debug for DynDevice<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DynDevice").finish_non_exhaustive()
+    }
+}
+
+impl Device for DynDevice<'_> {
+    fn begin_op(&mut self, index: u64) {
+        self.0.begin_op(index)
+    }
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.0.malloc(size)
+    }
+    fn adopt_segment(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        self.0.adopt_segment(addr, size)
+    }
+    fn adopt_reservation(
+        &mut self,
+        addr: u64,
+        size: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), DeviceError> {
+        self.0.adopt_reservation(addr, size, mapped)
+    }
+    fn free(&mut self, addr: u64, size: u64) {
+        self.0.free(addr, size)
+    }
+    fn reserve_address(&mut self, size: u64, alignment: u64) -> Result<u64, DeviceError> {
+        self.0.reserve_address(size, alignment)
+    }
+    fn release_address(&mut self, addr: u64, size: u64) {
+        self.0.release_address(addr, size)
+    }
+    fn map(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        self.0.map(addr, size)
+    }
+    fn unmap(&mut self, addr: u64, size: u64) {
+        self.0.unmap(addr, size)
+    }
+    fn mem_info(&self) -> MemInfo {
+        self.0.mem_info()
+    }
+    fn calls(&self) -> &DeviceCalls {
+        self.0.calls()
+    }
+    fn notes(&self) -> Vec<String> {
+        self.0.notes()
+    }
+}

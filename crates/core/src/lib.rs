@@ -18,8 +18,8 @@ mod start;
 mod stats;
 mod trace;
 
-pub use allocator::{Allocator, ConfigError, Emit, Env, FreeSpace, Granted, OomInfo};
-pub use device::{CallKind, CallStats, Device, DeviceCalls, DeviceError, MemInfo};
+pub use allocator::{Allocator, ConfigError, DynAllocator, Emit, Env, FreeSpace, Granted, OomInfo};
+pub use device::{CallKind, CallStats, Device, DeviceCalls, DeviceError, DynDevice, MemInfo};
 pub use event::Event;
 pub use ids::{AllocId, MemPoolId, Pool, StreamId, GIB, KIB, MIB};
 pub use idtable::IdTable;

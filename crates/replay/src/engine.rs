@@ -3,8 +3,8 @@
 
 use crate::Observer;
 use allocsim_core::{
-    AllocId, Allocator, BlockState, ConfigError, Device, Emit, Env, Event, Granted, IdTable,
-    MemoryStats, OomInfo, Op, StartState, StreamId,
+    Allocator, BlockState, ConfigError, Device, DynAllocator, DynDevice, Emit, Env, Event, Granted,
+    IdTable, MemoryStats, OomInfo, Op, StartState,
 };
 use std::borrow::Borrow;
 
@@ -46,97 +46,11 @@ enum IdState {
 /// Keep at most this many refusal messages.
 const MAX_NOTES: usize = 16;
 
-/// An allocator, concrete or a trait object, as the `&dyn Allocator` observers see.
-///
-/// The engine is generic over its allocator and device so that a replay of one known policy
-/// on one known device (`allocsim replay` of the PyTorch policy, the hot loop) calls them
-/// directly, with the engine's event sink of a known type too ([`Allocator::malloc_to`]);
-/// everything else passes trait objects. Observers keep one signature either way.
-pub trait AsDynAllocator: Allocator {
-    fn as_dyn(&self) -> &dyn Allocator;
-    fn malloc_via<E: Emit>(
-        &mut self,
-        env: &mut Env<'_, E>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo>;
-    fn free_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId);
-    fn free_completed_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId);
-}
-
-impl<T: Allocator> AsDynAllocator for T {
-    fn as_dyn(&self) -> &dyn Allocator {
-        self
-    }
-    #[inline(always)]
-    fn malloc_via<E: Emit>(
-        &mut self,
-        env: &mut Env<'_, E>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        self.malloc_to(env, id, size, stream)
-    }
-    #[inline(always)]
-    fn free_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
-        self.free_to(env, id);
-    }
-    #[inline(always)]
-    fn free_completed_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
-        self.free_completed_to(env, id);
-    }
-}
-
-impl AsDynAllocator for dyn Allocator + '_ {
-    fn as_dyn(&self) -> &dyn Allocator {
-        self
-    }
-    fn malloc_via<E: Emit>(
-        &mut self,
-        env: &mut Env<'_, E>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        self.malloc(&mut env.as_dyn(), id, size, stream)
-    }
-    fn free_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
-        self.free(&mut env.as_dyn(), id);
-    }
-    fn free_completed_via<E: Emit>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
-        self.free_completed(&mut env.as_dyn(), id);
-    }
-}
-
-/// A device, concrete or a trait object, as the `dyn Device` observers and allocators see
-/// (see [`AsDynAllocator`]).
-pub trait AsDynDevice: Device {
-    fn as_dyn(&self) -> &dyn Device;
-    fn as_dyn_mut(&mut self) -> &mut dyn Device;
-}
-
-impl<T: Device> AsDynDevice for T {
-    fn as_dyn(&self) -> &dyn Device {
-        self
-    }
-    fn as_dyn_mut(&mut self) -> &mut dyn Device {
-        self
-    }
-}
-
-impl AsDynDevice for dyn Device + '_ {
-    fn as_dyn(&self) -> &dyn Device {
-        self
-    }
-    fn as_dyn_mut(&mut self) -> &mut dyn Device {
-        self
-    }
-}
-
 /// The engine: owns nothing but bookkeeping; borrows the allocator and the device.
-pub struct Engine<'a, A: ?Sized = dyn Allocator + 'a, D: ?Sized = dyn Device + 'a> {
+/// Generic over its allocator and device so that each replay loop calls them directly, with
+/// the engine's event sink of a known type ([`Allocator::malloc_to`]); a trait object comes
+/// wrapped ([`DynAllocator`], [`DynDevice`]). Observers see `&dyn` either way.
+pub struct Engine<'a, A = DynAllocator<'a>, D = DynDevice<'a>> {
     allocator: &'a mut A,
     device: &'a mut D,
     tally: Tally,
@@ -144,7 +58,7 @@ pub struct Engine<'a, A: ?Sized = dyn Allocator + 'a, D: ?Sized = dyn Device + '
     refusals: Vec<String>,
 }
 
-impl<A: AsDynAllocator + ?Sized, D: ?Sized> std::fmt::Debug for Engine<'_, A, D> {
+impl<A: Allocator, D> std::fmt::Debug for Engine<'_, A, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("policy", &self.allocator.name())
@@ -154,7 +68,7 @@ impl<A: AsDynAllocator + ?Sized, D: ?Sized> std::fmt::Debug for Engine<'_, A, D>
     }
 }
 
-impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
+impl<'a, A: Allocator, D: Device> Engine<'a, A, D> {
     pub fn new(allocator: &'a mut A, device: &'a mut D) -> Self {
         Engine {
             allocator,
@@ -175,11 +89,11 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
     }
 
     pub fn allocator(&self) -> &dyn Allocator {
-        self.allocator.as_dyn()
+        &*self.allocator
     }
 
     pub fn device(&self) -> &dyn Device {
-        self.device.as_dyn()
+        &*self.device
     }
 
     /// Start the allocator from `start` ([`Allocator::seed`]); its live blocks become live
@@ -187,7 +101,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
     /// ([`StartState::prologue`]).
     pub fn seed(&mut self, start: &StartState, stats: Option<&MemoryStats>) -> Result<(), String> {
         let mut events = Vec::new();
-        let mut env = Env::new(self.device.as_dyn_mut(), &mut events);
+        let mut env = Env::new(&mut *self.device as &mut dyn Device, &mut events);
         self.allocator.seed(&mut env, start, stats)?;
         debug_assert!(events.is_empty(), "seeding emits no events");
         for seg in &start.segments {
@@ -240,8 +154,8 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
             self.tally.op_index,
             op,
             &outcome,
-            self.allocator.as_dyn(),
-            self.device.as_dyn(),
+            &*self.allocator as &dyn Allocator,
+            &*self.device as &dyn Device,
         ) && self.tally.keep_going;
         self.tally.op_index += 1;
         keep_going
@@ -253,7 +167,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
     fn apply<O: Observer + ?Sized>(&mut self, op: &Op, observer: &mut O) -> OpOutcome {
         let op_index = self.tally.op_index;
         let mut sink = Sink { tally: &mut self.tally, observer };
-        let mut env = Env { device: self.device.as_dyn_mut(), events: &mut sink };
+        let mut env = Env { device: &mut *self.device as &mut dyn Device, events: &mut sink };
         let allocator = &mut *self.allocator;
         match *op {
             Op::Alloc { id, size, stream } => {
@@ -261,7 +175,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
                     self.skipped.duplicate_allocs += 1;
                     OpOutcome::Skipped
                 } else {
-                    match allocator.malloc_via(&mut env, id, size, stream) {
+                    match allocator.malloc_to(&mut env, id, size, stream) {
                         Ok(granted) => {
                             env.events.tally.ids.set(id, IdState::Live);
                             // The policy wrote the two fields with two 8-byte stores; copied
@@ -297,7 +211,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
             Op::FreeRequested { id } => match env.events.tally.ids.get(id) {
                 IdState::Live => {
                     env.events.tally.ids.set(id, IdState::Pending);
-                    allocator.free_via(&mut env, id);
+                    allocator.free_to(&mut env, id);
                     OpOutcome::Done
                 }
                 other => skip(&mut self.skipped, other),
@@ -311,7 +225,7 @@ impl<'a, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized> Engine<'a, A, D> {
             },
             Op::FreeCompleted { id } => match env.events.tally.ids.get(id) {
                 IdState::Pending => {
-                    allocator.free_completed_via(&mut env, id);
+                    allocator.free_completed_to(&mut env, id);
                     OpOutcome::Done
                 }
                 other => skip(&mut self.skipped, other),

@@ -21,7 +21,7 @@ pub use capacity::{
     capacity, Capacity, CapacityOptions, PlacementThreshold, BAND_MARGIN_BYTES,
     CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES,
 };
-pub use engine::{AsDynAllocator, AsDynDevice, Engine, OpOutcome, Skipped};
+pub use engine::{Engine, OpOutcome, Skipped};
 pub use explain::{Fence, FreeRegion, OomExplainer, OomExplanation};
 pub use fidelity::{Divergence, Fidelity};
 pub use grid::{compare, min_feasible_capacity, GridCell};
@@ -32,7 +32,7 @@ pub use run::{
     H100_FREE_BYTES, H100_TOTAL_BYTES,
 };
 
-use allocsim_core::{Allocator, Device, Op};
+use allocsim_core::{Allocator, Device, DynAllocator, DynDevice, Op};
 use std::borrow::Borrow;
 
 /// Replay `ops` (their indices are their positions) through `allocator` on `device`,
@@ -45,11 +45,11 @@ pub fn replay<O: Borrow<Op>>(
     observers: &mut [&mut dyn Observer],
     progress: impl FnMut(u64),
 ) -> (u64, Skipped) {
-    replay_with(ops, allocator, device, observers, progress)
+    replay_with(ops, &mut DynAllocator(allocator), &mut DynDevice(device), observers, progress)
 }
 
-/// [`replay`] with one observer of a known type (see [`Engine::step_with`]), and an allocator
-/// and a device that may be of known types too (see [`AsDynAllocator`]).
+/// [`replay`] with one observer, an allocator and a device of known types (see
+/// [`Engine::step_with`]).
 pub fn replay_with<O, B, A, D>(
     ops: impl IntoIterator<Item = O>,
     allocator: &mut A,
@@ -60,8 +60,8 @@ pub fn replay_with<O, B, A, D>(
 where
     O: Borrow<Op>,
     B: Observer + ?Sized,
-    A: AsDynAllocator + ?Sized,
-    D: AsDynDevice + ?Sized,
+    A: Allocator,
+    D: Device,
 {
     let mut engine = Engine::new(allocator, device);
     let ran = engine.run(ops, observer, progress);

@@ -3,13 +3,13 @@
 //! thing by "replay this trace under this policy".
 
 use crate::{
-    AsDynAllocator, AsDynDevice, CheckObserver, Divergence, Engine, Fidelity, Metrics,
-    MetricsReport, Observer, OpOutcome, Skipped,
+    CheckObserver, Divergence, Engine, Fidelity, Metrics, MetricsReport, Observer, OpOutcome,
+    Skipped,
 };
 use allocsim_check::{CheckConfig, CheckReport, Checker};
 use allocsim_core::{
-    Allocator, ConfigError, Device, DeviceCalls, Env, Event, MemoryStats, Op, RecordedEvent,
-    SnapshotSegment, StartState, Trace, TraceMeta,
+    Allocator, ConfigError, Device, DeviceCalls, DynDevice, Env, Event, MemoryStats, Op,
+    RecordedEvent, SnapshotSegment, StartState, Trace, TraceMeta,
 };
 use allocsim_policies::PolicyVisitor;
 use allocsim_sim::{Fault, Placement, RecordedDevice, SimConfig, SimDevice};
@@ -242,11 +242,12 @@ pub fn run_trace_on(
     let mem = device.mem_info();
     let (total, free) = (mem.total_bytes, mem.free_bytes);
     let head = Head::of(trace);
-    run_on(head, &trace.ops, opts, device, device_name, total, free, extra, progress)
+    let mut device = DynDevice(device);
+    run_on(head, &trace.ops, opts, &mut device, device_name, total, free, extra, progress)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_on<O: Borrow<Op>, D: AsDynDevice + ?Sized>(
+fn run_on<O: Borrow<Op>, D: Device>(
     trace: Head<'_>,
     ops: impl IntoIterator<Item = O>,
     opts: &RunOptions,
@@ -270,7 +271,7 @@ fn run_on<O: Borrow<Op>, D: AsDynDevice + ?Sized>(
 }
 
 /// The replay loop, handed the policy as its own type by `visit_policy`.
-struct Replay<'r, 'x, 'y, 't, 'o, I, D: ?Sized, P> {
+struct Replay<'r, 'x, 'y, 't, 'o, I, D, P> {
     run: Run<'t, 'o>,
     ops: I,
     device: &'r mut D,
@@ -282,7 +283,7 @@ impl<I, O, D, P> PolicyVisitor for Replay<'_, '_, '_, '_, '_, I, D, P>
 where
     I: IntoIterator<Item = O>,
     O: Borrow<Op>,
-    D: AsDynDevice + ?Sized,
+    D: Device,
     P: FnMut(u64),
 {
     type Output = Result<RunReport, ConfigError>;
@@ -303,7 +304,7 @@ struct Run<'t, 'o> {
 }
 
 impl Run<'_, '_> {
-    fn replay<O: Borrow<Op>, A: AsDynAllocator + ?Sized, D: AsDynDevice + ?Sized>(
+    fn replay<O: Borrow<Op>, A: Allocator, D: Device>(
         self,
         ops: impl IntoIterator<Item = O>,
         allocator: &mut A,
@@ -315,7 +316,7 @@ impl Run<'_, '_> {
         let memory_fraction = opts.memory_fraction.or(trace.meta.memory_fraction);
         if let Some(fraction) = memory_fraction {
             let mut events = Vec::new();
-            let mut env = Env::new(device.as_dyn_mut(), &mut events);
+            let mut env = Env::new(device, &mut events);
             allocator.set_memory_fraction(&mut env, fraction)?;
         }
 

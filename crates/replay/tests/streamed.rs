@@ -2,7 +2,7 @@
 //! memory reports, on the recorded device and on the model; an observer list and a single
 //! observer see the same run; and the engine's id bookkeeping skips what it must.
 
-use allocsim_core::{AllocId, Op, StreamId, Trace};
+use allocsim_core::{AllocId, DynAllocator, Op, StreamId, Trace};
 use allocsim_replay::{
     replay, replay_with, run_trace, run_trace_streamed, DeviceChoice, EventLog, Observer,
     RunOptions, RunReport,
@@ -87,7 +87,7 @@ fn log_of(trace: &Trace, list: bool) -> String {
         let mut observers: Vec<&mut dyn Observer> = vec![&mut log];
         replay(&trace.ops, &mut *allocator, &mut device, &mut observers, |_| {});
     } else {
-        replay_with(&trace.ops, &mut *allocator, &mut device, &mut log, |_| {});
+        replay_with(&trace.ops, &mut DynAllocator(&mut *allocator), &mut device, &mut log, |_| {});
     }
     String::from_utf8(log.finish().unwrap()).unwrap()
 }

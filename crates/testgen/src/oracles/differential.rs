@@ -5,7 +5,7 @@
 use super::failure::{Failure, Oracle};
 use crate::program::format_op;
 use crate::reference::{Reference, Settings};
-use allocsim_core::{Allocator, Device, Env, Event, MemoryStats, Op, Trace};
+use allocsim_core::{Allocator, Device, DynAllocator, Env, Event, MemoryStats, Op, Trace};
 use allocsim_replay::{
     format_event, Engine, Observer, OpOutcome, H100_FREE_BYTES, H100_TOTAL_BYTES,
 };
@@ -105,7 +105,8 @@ pub fn compare_with_reference(policy: &str, trace: &Trace) -> Result<(), Failure
     }
     let beyond = model.beyond_model();
     let mut want_engine = Engine::new(&mut model, &mut model_device);
-    let mut got_engine = Engine::new(&mut *policy_alloc, &mut policy_device);
+    let mut policy_alloc = DynAllocator(&mut *policy_alloc);
+    let mut got_engine = Engine::new(&mut policy_alloc, &mut policy_device);
     for (i, op) in trace.ops.iter().enumerate() {
         let (mut want, mut got) = (Collect::default(), Collect::default());
         want_engine.step(op, &mut [&mut want]);
