@@ -2,7 +2,8 @@
 //! against the recorded runs; determinism; format round trips.
 
 use allocsim_core::Trace;
-use allocsim_replay::{run_trace, DeviceChoice, EventLog, Observer, RunOptions, StartedFrom};
+use allocsim_replay::{EventLog, Observer};
+use allocsim_run::{run_trace, DeviceChoice, RunOptions, StartedFrom};
 use allocsim_tests::{bundled_traces, UNDETERMINED_STATS};
 
 fn read(path: &std::path::Path) -> Trace {
@@ -148,7 +149,7 @@ fn readme_claims_match_the_traces_and_the_policies() {
 /// is within 0.1 % of it, as the README and `validation/README.md` say.
 #[test]
 fn capacity_holds_against_the_h100() {
-    use allocsim_replay::{capacity, CapacityOptions, OUTSIDE_ALLOCATOR_BYTES};
+    use allocsim_run::{capacity, CapacityOptions, OUTSIDE_ALLOCATOR_BYTES};
     let dir = std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../validation/h100-pytorch-2.11"

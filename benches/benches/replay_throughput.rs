@@ -6,7 +6,7 @@
 //! `cargo bench -p allocsim-benches --bench replay_throughput`
 
 use allocsim_benches::{bundled, write_repeated, LLAMA};
-use allocsim_replay::{run_trace, run_trace_streamed, DeviceChoice, RunOptions};
+use allocsim_run::{run_trace, run_trace_streamed, DeviceChoice, RunOptions};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::io::BufWriter;
 

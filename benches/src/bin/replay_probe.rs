@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p allocsim-benches --bin replay-probe -- TRACE`
 
-use allocsim_replay::{run_trace, run_trace_streamed, RunOptions};
+use allocsim_run::{run_trace, run_trace_streamed, RunOptions};
 use allocsim_trace::{native, Format};
 use std::path::PathBuf;
 use std::process::ExitCode;

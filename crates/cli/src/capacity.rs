@@ -3,7 +3,7 @@
 
 use crate::output::{bytes, emit, outln, parse_size};
 use allocsim_core::Trace;
-use allocsim_replay::{
+use allocsim_run::{
     capacity, run_trace, Capacity, CapacityOptions, DeviceChoice, RunOptions,
     OUTSIDE_ALLOCATOR_BYTES,
 };

@@ -1,7 +1,7 @@
 //! `allocsim compare TRACE... --policy all|a,b,c`: the policy x trace grid.
 
 use crate::output::outln;
-use allocsim_replay::{compare, GridCell, RunOptions};
+use allocsim_run::{compare, GridCell, RunOptions};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 use std::process::ExitCode;

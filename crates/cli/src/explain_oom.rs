@@ -3,7 +3,8 @@
 use crate::input::progress_bar;
 use crate::output::{bytes, outln};
 use allocsim_core::Trace;
-use allocsim_replay::{run_trace, DeviceChoice, OomExplainer, RunOptions};
+use allocsim_replay::OomExplainer;
+use allocsim_run::{run_trace, DeviceChoice, RunOptions};
 use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;

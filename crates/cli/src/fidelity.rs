@@ -1,7 +1,7 @@
 //! `allocsim fidelity TRACE [--truth STATS.json]`.
 
 use crate::output::{comparable, outln, read_stats_json, recorded_differences};
-use allocsim_replay::{run_trace, DeviceChoice, RunOptions};
+use allocsim_run::{run_trace, DeviceChoice, RunOptions};
 use anyhow::bail;
 use std::path::PathBuf;
 use std::process::ExitCode;

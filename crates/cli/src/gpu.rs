@@ -3,7 +3,8 @@
 
 use allocsim_core::Trace;
 use allocsim_cuda::CudaDevice;
-use allocsim_replay::{run_trace_on, Observer, RunOptions, RunReport};
+use allocsim_replay::Observer;
+use allocsim_run::{run_trace_on, RunOptions, RunReport};
 use anyhow::Context;
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,8 @@
 //! The self-contained HTML report of `compare --html`: inline SVG, no scripts, no network.
 
 use allocsim_core::{Allocator, BlockState, Device, Op, SnapshotSegment, Trace};
-use allocsim_replay::{run_trace, DeviceChoice, GridCell, Observer, OpOutcome, RunOptions};
+use allocsim_replay::{Observer, OpOutcome};
+use allocsim_run::{run_trace, DeviceChoice, GridCell, RunOptions};
 use std::fmt::Write;
 
 const COLORS: [&str; 10] = [

@@ -2,7 +2,7 @@
 //! the comparison with recorded statistics.
 
 use allocsim_core::{MemoryStats, Stat, StatArray};
-use allocsim_replay::{RunReport, StartedFrom};
+use allocsim_run::{RunReport, StartedFrom};
 
 /// PyTorch's `format_size`-like rendering, with the exact count alongside for big values.
 /// A size as flags take it: bytes (`42949672960`, `4e10`), or a number with a unit, decimal

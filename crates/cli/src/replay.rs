@@ -5,9 +5,9 @@ use crate::output::{
 };
 use crate::output::{emit, outln};
 use allocsim_core::{CallKind, MemPoolId};
-use allocsim_replay::{
-    run_trace, run_trace_streamed, DeviceChoice, EventLog, Observer, Recorder, RunOptions,
-    RunReport, StartedFrom,
+use allocsim_replay::{EventLog, Observer, Recorder};
+use allocsim_run::{
+    run_trace, run_trace_streamed, DeviceChoice, RunOptions, RunReport, StartedFrom,
 };
 use allocsim_sim::Fault;
 use allocsim_sim::Placement;

@@ -17,9 +17,8 @@ use crate::input::load_trace;
 use crate::output::bytes;
 use allocsim_core::{CallKind, Event, RecordedEvent, Trace};
 use allocsim_cuda::{CudaDevice, PatternReport, Patterns};
-use allocsim_replay::{
-    run_trace, run_trace_on, DeviceChoice, Divergence, Observer, Recorder, RunOptions, RunReport,
-};
+use allocsim_replay::{Divergence, Observer, Recorder};
+use allocsim_run::{run_trace, run_trace_on, DeviceChoice, RunOptions, RunReport};
 use allocsim_sim::{CallLog, CallLogger, ReplayCallsDevice, SimConfig, SimDevice};
 use anyhow::Context;
 use std::cell::RefCell;
@@ -173,8 +172,8 @@ fn run_stand_in(
 }
 
 fn sim_capacity(trace: &Trace) -> (u64, u64) {
-    let total = trace.meta.device_total_bytes.unwrap_or(allocsim_replay::H100_TOTAL_BYTES);
-    let free = trace.meta.device_free_bytes.unwrap_or(allocsim_replay::H100_FREE_BYTES).min(total);
+    let total = trace.meta.device_total_bytes.unwrap_or(allocsim_run::H100_TOTAL_BYTES);
+    let free = trace.meta.device_free_bytes.unwrap_or(allocsim_run::H100_FREE_BYTES).min(total);
     (total, free)
 }
 

@@ -8,29 +8,17 @@
 //! break it (a free of an allocation that failed with OOM, a double free in a hand-written
 //! trace) are skipped and counted, never passed on.
 
-mod capacity;
 mod engine;
 mod explain;
 mod fidelity;
-mod grid;
 mod metrics;
 mod observers;
-mod run;
 
-pub use capacity::{
-    capacity, Capacity, CapacityOptions, PlacementThreshold, BAND_MARGIN_BYTES,
-    CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES,
-};
 pub use engine::{Engine, OpOutcome, Skipped};
 pub use explain::{Fence, FreeRegion, OomExplainer, OomExplanation};
 pub use fidelity::{Divergence, Fidelity};
-pub use grid::{compare, min_feasible_capacity, GridCell};
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
 pub use observers::{format_event, CheckObserver, EventLog, Observer, Recorder};
-pub use run::{
-    run_trace, run_trace_on, run_trace_streamed, DeviceChoice, RunOptions, RunReport, StartedFrom,
-    H100_FREE_BYTES, H100_TOTAL_BYTES,
-};
 
 use allocsim_core::{Allocator, Device, DynAllocator, DynDevice, Op};
 use std::borrow::Borrow;

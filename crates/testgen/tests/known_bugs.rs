@@ -60,7 +60,7 @@ fn a_snapshot_we_write_reads_back() {
     let trace = program.trace();
     let mut recorder = allocsim_replay::Recorder::default();
     let opts = allocsim_testgen::oracles::run_options("pytorch");
-    allocsim_replay::run_trace(&trace, &opts, &mut [&mut recorder], |_| {}).unwrap();
+    allocsim_run::run_trace(&trace, &opts, &mut [&mut recorder], |_| {}).unwrap();
     let run = Trace { ops: trace.ops.clone(), recorded: recorder.events, ..Trace::default() };
     let mut bytes = Vec::new();
     let written =

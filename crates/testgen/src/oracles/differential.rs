@@ -6,9 +6,8 @@ use super::failure::{Failure, Oracle};
 use crate::program::format_op;
 use crate::reference::{Reference, Settings};
 use allocsim_core::{Allocator, Device, DynAllocator, Env, Event, MemoryStats, Op, Trace};
-use allocsim_replay::{
-    format_event, Engine, Observer, OpOutcome, H100_FREE_BYTES, H100_TOTAL_BYTES,
-};
+use allocsim_replay::{format_event, Engine, Observer, OpOutcome};
+use allocsim_run::{H100_FREE_BYTES, H100_TOTAL_BYTES};
 use allocsim_sim::{SimConfig, SimDevice};
 
 /// Collects one op's events and outcome.

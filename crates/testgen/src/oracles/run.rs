@@ -6,9 +6,8 @@ use super::differential::compare_with_reference;
 use super::failure::{Failure, Oracle};
 use allocsim_check::{CheckConfig, Checker};
 use allocsim_core::Trace;
-use allocsim_replay::{
-    run_trace, CheckObserver, DeviceChoice, EventLog, Observer, RunOptions, H100_TOTAL_BYTES,
-};
+use allocsim_replay::{CheckObserver, EventLog, Observer};
+use allocsim_run::{run_trace, DeviceChoice, RunOptions, H100_TOTAL_BYTES};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The options every oracle run uses: the modelled device (generated traces have no

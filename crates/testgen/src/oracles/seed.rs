@@ -6,7 +6,8 @@
 use super::failure::{Failure, Oracle};
 use allocsim_core::{AllocId, Allocator, BlockState, Device, Event, Op, StartState, Trace};
 use allocsim_policies::pytorch::PyTorchAllocator;
-use allocsim_replay::{Engine, Observer, OpOutcome, H100_FREE_BYTES, H100_TOTAL_BYTES};
+use allocsim_replay::{Engine, Observer, OpOutcome};
+use allocsim_run::{H100_FREE_BYTES, H100_TOTAL_BYTES};
 use allocsim_sim::{SimConfig, SimDevice};
 use std::collections::BTreeMap;
 

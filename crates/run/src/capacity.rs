@@ -14,8 +14,9 @@
 //!   [`CapacityOptions::jitters`] seeded jittered placements (neighbours swapped, as between
 //!   real runs), widened below by [`BAND_MARGIN_BYTES`].
 
-use crate::{run_trace, DeviceChoice, Observer, RunOptions};
+use crate::{run_trace, DeviceChoice, RunOptions};
 use allocsim_core::{ConfigError, Event, Trace};
+use allocsim_replay::Observer;
 use allocsim_sim::{Placement, PAGE_BYTES};
 use rayon::prelude::*;
 

@@ -3,10 +3,8 @@
 //! observer see the same run; and the engine's id bookkeeping skips what it must.
 
 use allocsim_core::{AllocId, DynAllocator, Op, StreamId, Trace};
-use allocsim_replay::{
-    replay, replay_with, run_trace, run_trace_streamed, DeviceChoice, EventLog, Observer,
-    RunOptions, RunReport,
-};
+use allocsim_replay::{replay, replay_with, EventLog, Observer};
+use allocsim_run::{run_trace, run_trace_streamed, DeviceChoice, RunOptions, RunReport};
 use allocsim_sim::{SimConfig, SimDevice};
 use std::path::PathBuf;
 

@@ -2,16 +2,16 @@
 //! integration tests, the comparison grid, the benchmarks), so that they all mean the same
 //! thing by "replay this trace under this policy".
 
-use crate::{
-    CheckObserver, Divergence, Engine, Fidelity, Metrics, MetricsReport, Observer, OpOutcome,
-    Skipped,
-};
 use allocsim_check::{CheckConfig, CheckReport, Checker};
 use allocsim_core::{
     Allocator, ConfigError, Device, DeviceCalls, DynDevice, Env, Event, MemoryStats, Op,
     RecordedEvent, SnapshotSegment, StartState, Trace, TraceMeta,
 };
 use allocsim_policies::PolicyVisitor;
+use allocsim_replay::{
+    CheckObserver, Divergence, Engine, Fidelity, Metrics, MetricsReport, Observer, OpOutcome,
+    Skipped,
+};
 use allocsim_sim::{Fault, Placement, RecordedDevice, SimConfig, SimDevice};
 use std::borrow::Borrow;
 

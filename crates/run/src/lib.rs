@@ -1,0 +1,18 @@
+//! One run, set up from a trace and options (policy, settings, memory fraction, device), over
+//! the replay engine: the glue every front end shares (the CLI, the integration tests, the
+//! benchmarks), so that they all mean the same thing by "replay this trace under this policy";
+//! the policy x trace grid; and the capacity bisection ("would it fit?").
+
+mod capacity;
+mod grid;
+mod run;
+
+pub use capacity::{
+    capacity, Capacity, CapacityOptions, PlacementThreshold, BAND_MARGIN_BYTES,
+    CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES,
+};
+pub use grid::{compare, min_feasible_capacity, GridCell};
+pub use run::{
+    run_trace, run_trace_on, run_trace_streamed, DeviceChoice, RunOptions, RunReport, StartedFrom,
+    H100_FREE_BYTES, H100_TOTAL_BYTES,
+};
