@@ -175,28 +175,24 @@ def bisect(workload, name, outdir, tmp, lo, hi, show, seconds):
     """Try both ends, then halve until the bracket is 0.2 % of `lo` wide (at least 8 MiB)."""
     resolution = max(8 * MIB, lo // 512)
     best_fit = best_oom = None
-    for target in [hi, lo]:
+
+    def attempt(target):
+        nonlocal best_fit, best_oom
         r = run_try(workload, target, tmp)
         show(r)
         if r["fits"]:
             best_fit = r
-            gz(tmp, os.path.join(outdir, name + ".fit.pickle.gz"))
         else:
             best_oom = r
-            gz(tmp, os.path.join(outdir, name + ".oom.pickle.gz"))
+        gz(tmp, os.path.join(outdir, name + (".fit" if r["fits"] else ".oom") + ".pickle.gz"))
+
+    for target in [hi, lo]:
+        attempt(target)
     deadline = float(os.environ.get("FIT_DEADLINE", "inf"))  # unix time: stop bisecting, keep what is known
     while best_fit and best_oom and best_fit["free_at_start"] - best_oom["free_at_start"] > resolution:
         if time.time() + 2 * (seconds or best_fit["seconds"]) + 10 > deadline:
             break
-        mid = (best_fit["free_at_start"] + best_oom["free_at_start"]) // 2
-        r = run_try(workload, mid, tmp)
-        show(r)
-        if r["fits"]:
-            best_fit = r
-            gz(tmp, os.path.join(outdir, name + ".fit.pickle.gz"))
-        else:
-            best_oom = r
-            gz(tmp, os.path.join(outdir, name + ".oom.pickle.gz"))
+        attempt((best_fit["free_at_start"] + best_oom["free_at_start"]) // 2)
     print(json.dumps({"summary": name, "alloc_conf": os.environ["PYTORCH_CUDA_ALLOC_CONF"],
                       "real_oom_free": best_oom and best_oom["free_at_start"],
                       "real_fits_free": best_fit and best_fit["free_at_start"],

@@ -235,6 +235,20 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Device calls by kind as JSON: `{"malloc": {"calls", "failed", "time_ns"}, ...}`.
+pub fn device_calls_json(calls: &allocsim_core::DeviceCalls) -> serde_json::Value {
+    let by_kind: serde_json::Map<String, serde_json::Value> = allocsim_core::CallKind::ALL
+        .iter()
+        .map(|&k| {
+            let c = calls.get(k);
+            let entry =
+                serde_json::json!({"calls": c.calls, "failed": c.failed, "time_ns": c.time_ns});
+            (k.name().to_string(), entry)
+        })
+        .collect();
+    by_kind.into()
+}
+
 #[cfg(test)]
 mod size_tests {
     use super::parse_size;

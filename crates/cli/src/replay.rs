@@ -243,16 +243,7 @@ fn pools_at_end(r: &RunReport) -> BTreeMap<MemPoolId, PoolFigures> {
 pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> serde_json::Value {
     let stats: serde_json::Map<String, serde_json::Value> =
         r.stats.flat().into_iter().map(|(k, v)| (k, v.into())).collect();
-    let calls: serde_json::Map<String, serde_json::Value> = CallKind::ALL
-        .iter()
-        .map(|&k| {
-            let c = r.device_calls.get(k);
-            (
-                k.name().to_string(),
-                serde_json::json!({"calls": c.calls, "failed": c.failed, "time_ns": c.time_ns}),
-            )
-        })
-        .collect();
+    let calls = crate::output::device_calls_json(&r.device_calls);
     let m = &r.metrics;
     serde_json::json!({
         "trace": args.trace.display().to_string(),

@@ -121,16 +121,7 @@ pub(super) fn json(
     verdict: &str,
 ) -> serde_json::Value {
     let r = &hw.report;
-    let calls: serde_json::Map<String, serde_json::Value> = CallKind::ALL
-        .iter()
-        .map(|&k| {
-            let c = r.device_calls.get(k);
-            (
-                k.name().to_string(),
-                serde_json::json!({"calls": c.calls, "failed": c.failed, "time_ns": c.time_ns}),
-            )
-        })
-        .collect();
+    let calls = crate::output::device_calls_json(&r.device_calls);
     serde_json::json!({
         "input": args.input.display().to_string(),
         "policy": args.policy,
