@@ -22,6 +22,7 @@ impl Default for BestFit {
 
 impl Rules for BestFit {
     const NAME: &'static str = "best_fit";
+    type Tag = ();
     const SETTINGS: &'static [Setting<Self>] = &[Setting {
         key: "min_segment",
         help: "the smallest segment reserved, in bytes",

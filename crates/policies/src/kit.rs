@@ -36,19 +36,33 @@ pub fn bytes_value(value: &str) -> Result<u64, String> {
 }
 
 /// The decisions of a policy built on the kit. Why this shape: across the zoo, what differs
-/// between allocators is where a request lands, how big a new segment is, whether freed
-/// memory coalesces and when it goes back to the device; everything else is shared, and a
+/// between allocators is where a request lands, how big a new segment is, what a freed block
+/// merges with and when memory goes back to the device; everything else is shared, and a
 /// policy that states only these cannot get the statistics or the events wrong.
+///
+/// A simple policy answers [`Rules::place`] (which free chunk a block goes to) and takes the
+/// defaults. A policy with its own index over the free chunks (free lists by size, orders)
+/// overrides [`Rules::take`], [`Rules::give_back`], [`Rules::added`] and [`Rules::removing`]
+/// instead, which hand it the tiling to keep in step with, and may tag chunks (`Tag`).
 pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
     /// The name `allocsim --policy` takes.
     const NAME: &'static str;
     /// The settings `key:value,...` strings may set.
     const SETTINGS: &'static [Setting<Self>];
+    /// What the policy remembers per chunk (`()` for most).
+    type Tag: Copy + Default + std::fmt::Debug;
 
     /// The block a request of `size` bytes gets: at least `size` (saturate: a request whose
     /// rounding overflows is refused).
     fn block_size(&self, size: u64) -> u64 {
         rounded_request(size, 512)
+    }
+
+    /// Whether a block of `block` bytes is refused outright, without asking the device.
+    /// Default: no.
+    fn refuses(&self, block: u64) -> bool {
+        let _ = block;
+        false
     }
 
     /// The segment to reserve when no free chunk takes a block of `block` bytes (at least
@@ -57,20 +71,85 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         round_up(block, PAGE_2MIB)
     }
 
+    /// A smaller segment to try when the device refused `refused` bytes for a block of `block`
+    /// bytes. Default: none.
+    fn smaller_segment(&self, block: u64, refused: u64) -> Option<u64> {
+        let _ = (block, refused);
+        None
+    }
+
     /// The free chunk a block of `block` bytes for `stream` goes to, by its address; `None`
     /// reserves a new segment. The chunk must be free and at least `block` bytes (the kit
-    /// checks, and reserves a segment instead of trusting a wrong answer).
-    fn place(&self, tiling: &Tiling<()>, block: u64, stream: StreamId) -> Option<u64>;
+    /// checks, and reserves a segment instead of trusting a wrong answer). Default: none, for
+    /// a policy that overrides [`Rules::take`].
+    fn place(&self, tiling: &Tiling<Self::Tag>, block: u64, stream: StreamId) -> Option<u64> {
+        let _ = (tiling, block, stream);
+        None
+    }
 
-    /// Whether a freed chunk merges with the free chunks beside it. Default: yes.
-    fn coalesces(&self) -> bool {
-        true
+    /// Take a free chunk of at least `block` bytes for `stream` and cut it to `block`: its
+    /// address. Default: [`Rules::place`], then the cut.
+    fn take(
+        &mut self,
+        tiling: &mut Tiling<Self::Tag>,
+        block: u64,
+        stream: StreamId,
+    ) -> Option<u64> {
+        let addr = self.place(tiling, block, stream)?;
+        tiling.get(addr).filter(|c| c.is_free() && c.size >= block)?;
+        tiling.split(addr, block, Self::Tag::default());
+        Some(addr)
+    }
+
+    /// Take a block of `block` bytes from the segment just reserved for it at `base` (one free
+    /// chunk, already [`Rules::added`]). Default: its first `block` bytes.
+    fn take_from(
+        &mut self,
+        tiling: &mut Tiling<Self::Tag>,
+        base: u64,
+        block: u64,
+        stream: StreamId,
+    ) -> Option<u64> {
+        let _ = stream;
+        tiling.split(base, block, Self::Tag::default());
+        Some(base)
+    }
+
+    /// A new segment is in the tiling at `base`, one free chunk. Default: nothing to index.
+    fn added(&mut self, tiling: &mut Tiling<Self::Tag>, base: u64) {
+        let _ = (tiling, base);
+    }
+
+    /// The block at `addr` is free again: release it in the tiling and merge as the policy
+    /// merges. Default: merge with the free chunks beside it.
+    fn give_back(&mut self, tiling: &mut Tiling<Self::Tag>, addr: u64) {
+        tiling.release(addr, Self::Tag::default());
+        tiling.merge_next(addr);
+        if let Some((prev, chunk)) = tiling.prev(addr) {
+            if chunk.is_free() {
+                tiling.merge_next(prev);
+            }
+        }
+    }
+
+    /// The wholly free segment at `base` is about to go back to the device. Default: nothing
+    /// to unindex.
+    fn removing(&mut self, tiling: &Tiling<Self::Tag>, base: u64) {
+        let _ = (tiling, base);
     }
 
     /// Whether a segment goes back to the device as soon as it is wholly free. Default: no; it
     /// stays cached until `empty_cache`, or until a reservation is refused.
     fn returns_free_segments(&self) -> bool {
         false
+    }
+
+    /// After a settings string applied (`previous` is what was in force, `started` whether any
+    /// segment was ever reserved): refuse combinations that make no sense, or put back what
+    /// cannot change once memory is in use. On an error nothing changes.
+    fn check(&mut self, previous: &Self, started: bool) -> Result<(), String> {
+        let _ = (previous, started);
+        Ok(())
     }
 }
 
@@ -79,7 +158,7 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
 pub struct Kit<R: Rules> {
     pub rules: R,
     books: Books,
-    tiling: Tiling<()>,
+    tiling: Tiling<R::Tag>,
 }
 
 impl<R: Rules> Kit<R> {
@@ -89,55 +168,65 @@ impl<R: Rules> Kit<R> {
         Ok(kit)
     }
 
-    /// Reserve a segment for a block of `block` bytes: its base, the block's chunk.
+    /// Reserve a segment for a block of `block` bytes, trying smaller ones as the rules say,
+    /// and take the block from it.
     fn grow(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
-        let size = self.rules.segment_size(block).max(block);
-        let base = self.books.device_malloc(env, size, stream)?;
-        self.tiling.add_segment(base, size, stream, ());
-        Some(base)
+        let mut size = self.rules.segment_size(block).max(block);
+        loop {
+            if let Some(base) = self.books.device_malloc(env, size, stream) {
+                self.tiling.add_segment(base, size, stream, R::Tag::default());
+                self.rules.added(&mut self.tiling, base);
+                return self.rules.take_from(&mut self.tiling, base, block, stream);
+            }
+            match self.rules.smaller_segment(block, size) {
+                Some(smaller) if smaller >= block && smaller < size => size = smaller,
+                _ => return None,
+            }
+        }
     }
 
     /// Give every wholly free segment back to the device; whether there was one.
     fn release_free_segments(&mut self, env: &mut Env<'_>) -> bool {
-        let free: Vec<(u64, StreamId)> = self
-            .tiling
-            .segments()
-            .filter(|(_, s)| s.is_wholly_free())
-            .map(|(base, s)| (base, s.stream))
-            .collect();
-        let released = !free.is_empty();
-        for (base, stream) in free {
-            if let Some(seg) = self.tiling.remove_segment(base) {
-                self.books.device_free(env, base, seg.size, stream);
-            }
+        let free: Vec<u64> =
+            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
+        for &base in &free {
+            self.release_segment(env, base);
         }
-        released
+        !free.is_empty()
     }
 
-    /// The placement the rules chose, if it is a free chunk big enough.
-    fn placed(&self, block: u64, stream: StreamId) -> Option<u64> {
-        let addr = self.rules.place(&self.tiling, block, stream)?;
-        self.tiling.get(addr).filter(|c| c.is_free() && c.size >= block).map(|_| addr)
+    fn release_segment(&mut self, env: &mut Env<'_>, base: u64) {
+        self.rules.removing(&self.tiling, base);
+        if let Some(seg) = self.tiling.remove_segment(base) {
+            self.books.device_free(env, base, seg.size, seg.stream);
+        }
+    }
+
+    /// A free chunk cut to `block`, growing and then releasing what is cached if need be.
+    fn find(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
+        if let Some(addr) = self.rules.take(&mut self.tiling, block, stream) {
+            return Some(addr);
+        }
+        if let Some(addr) = self.grow(env, block, stream) {
+            return Some(addr);
+        }
+        // Refused: what is cached and wholly free goes back, and one more try.
+        if !self.release_free_segments(env) {
+            return None;
+        }
+        self.books.stats.num_alloc_retries += 1;
+        self.grow(env, block, stream)
     }
 
     /// The block of a completed free is free memory again.
     fn take_back(&mut self, env: &mut Env<'_>, block: Live, _deferred: bool) {
-        let mut addr = block.addr;
-        self.tiling.release(addr, ());
-        if self.rules.coalesces() {
-            self.tiling.merge_next(addr);
-            if let Some((prev, chunk)) = self.tiling.prev(addr) {
-                if chunk.is_free() && self.tiling.merge_next(prev) {
-                    addr = prev;
-                }
-            }
-        }
+        self.rules.give_back(&mut self.tiling, block.addr);
         if self.rules.returns_free_segments() {
-            let base = self.tiling.seg_of(addr);
-            if let Some((base, seg)) = base.and_then(|b| Some((b, *self.tiling.seg(b)?))) {
-                if seg.is_wholly_free() && self.tiling.remove_segment(base).is_some() {
-                    self.books.device_free(env, base, seg.size, seg.stream);
-                }
+            let base = self.tiling.seg_of(block.addr);
+            if let Some(base) =
+                base.filter(|&b| self.tiling.seg(b).is_some_and(Seg::is_wholly_free))
+            {
+                self.release_segment(env, base);
             }
         }
         self.books.sync_inactive_split(self.tiling.inactive_split());
@@ -157,23 +246,12 @@ impl<R: Rules> Allocator for Kit<R> {
         stream: StreamId,
     ) -> Result<Granted, OomInfo> {
         let block = self.rules.block_size(size);
-        let addr = if block < size {
-            None
-        } else if let Some(addr) = self.placed(block, stream) {
-            Some(addr)
-        } else if let Some(base) = self.grow(env, block, stream) {
-            Some(base)
-        } else if self.release_free_segments(env) {
-            // Refused: what was cached and wholly free went back; one more try.
-            self.grow(env, block, stream)
-        } else {
-            None
-        };
-        let Some(addr) = addr else {
+        let refused = block < size || self.rules.refuses(block);
+        let found = if refused { None } else { self.find(env, block, stream) };
+        let Some(addr) = found else {
             self.books.sync_inactive_split(self.tiling.inactive_split());
             return Err(self.books.oom(env, id, block, stream, self.tiling.largest_free()));
         };
-        self.tiling.split(addr, block, ());
         self.tiling.take(addr, id);
         self.books.sync_inactive_split(self.tiling.inactive_split());
         Ok(self.books.grant(env, id, (addr, block), size, stream))
@@ -182,12 +260,13 @@ impl<R: Rules> Allocator for Kit<R> {
     crate::zoo::common::books_glue!();
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
-        let _ = self.release_free_segments(env);
+        self.release_free_segments(env);
         self.books.sync_inactive_split(self.tiling.inactive_split());
     }
 
     fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
         let mut rules = self.rules.clone();
+        let started = self.books.stats.num_device_alloc > 0;
         let result = parse_conf(R::NAME, conf).and_then(|pairs| {
             for (key, value) in pairs {
                 let Some(setting) = R::SETTINGS.iter().find(|s| s.key == key) else {
@@ -198,7 +277,9 @@ impl<R: Rules> Allocator for Kit<R> {
                     ConfigError(format!("policy {}: {key}:{value}: {problem}", R::NAME))
                 })?;
             }
-            Ok(())
+            rules
+                .check(&self.rules, started)
+                .map_err(|problem| ConfigError(format!("policy {}: {problem}", R::NAME)))
         });
         // A bad string changes nothing.
         if result.is_ok() {

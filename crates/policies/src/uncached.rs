@@ -12,6 +12,7 @@ pub struct NoCache;
 
 impl Rules for NoCache {
     const NAME: &'static str = "uncached";
+    type Tag = ();
     const SETTINGS: &'static [Setting<Self>] = &[];
 
     fn block_size(&self, size: u64) -> u64 {

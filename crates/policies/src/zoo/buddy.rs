@@ -15,42 +15,31 @@
 //! - `min_block` (bytes, power of two >= 256, default 512),
 //! - `segment_size` (bytes, power of two >= `min_block`, default 64 MiB).
 
-use super::common::{books_glue, parse_bytes, parse_conf, unknown_key, Books, Live};
-use super::tiling::Tiling;
-use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
-    MIB,
-};
+use crate::kit::{bytes_value, Kit, Rules, Setting, Tiling};
+use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
-const NAME: &str = "buddy";
-const KEYS: &[&str] = &["min_block", "segment_size"];
 /// No block or segment larger than this (1 TiB): bigger requests are refused outright.
 const MAX_BLOCK_BYTES: u64 = 1 << 40;
 
-#[derive(Debug)]
-pub struct Buddy {
-    books: Books,
-    tiling: Tiling<()>,
-    /// Free block addresses per order.
+/// The buddy rules: free block addresses per order, and the two sizes that decide them.
+#[derive(Debug, Clone)]
+pub struct BuddyRules {
+    /// Free block addresses per order (size `min_block << order`).
     free: Vec<BTreeSet<u64>>,
     min_block: u64,
     segment_size: u64,
 }
 
-impl Buddy {
-    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
-        let mut me = Buddy {
-            books: Books::default(),
-            tiling: Tiling::default(),
-            free: Vec::new(),
-            min_block: 512,
-            segment_size: 64 * MIB,
-        };
-        me.set_settings(conf)?;
-        Ok(me)
+impl Default for BuddyRules {
+    fn default() -> Self {
+        BuddyRules { free: Vec::new(), min_block: 512, segment_size: 64 * MIB }
     }
+}
 
+pub type Buddy = Kit<BuddyRules>;
+
+impl BuddyRules {
     fn order(&self, block: u64) -> usize {
         (block / self.min_block).trailing_zeros() as usize
     }
@@ -61,174 +50,126 @@ impl Buddy {
         }
         &mut self.free[order]
     }
+}
 
-    /// Take a free block of `order`, splitting a larger one if needed.
-    fn take_block(&mut self, order: usize) -> Option<u64> {
+impl Rules for BuddyRules {
+    const NAME: &'static str = "buddy";
+    const SETTINGS: &'static [Setting<Self>] = &[
+        Setting {
+            key: "min_block",
+            help: "the smallest block, a power of two >= 256 (only before the first request)",
+            apply: |rules, value| {
+                rules.min_block = bytes_value(value)?;
+                Ok(())
+            },
+        },
+        Setting {
+            key: "segment_size",
+            help: "the segment reserved for blocks up to its size, a power of two",
+            apply: |rules, value| {
+                rules.segment_size = bytes_value(value)?;
+                Ok(())
+            },
+        },
+    ];
+    type Tag = ();
+
+    fn block_size(&self, size: u64) -> u64 {
+        size.max(self.min_block).checked_next_power_of_two().unwrap_or(u64::MAX)
+    }
+
+    fn refuses(&self, block: u64) -> bool {
+        block > MAX_BLOCK_BYTES
+    }
+
+    fn segment_size(&self, block: u64) -> u64 {
+        self.segment_size.max(block)
+    }
+
+    fn smaller_segment(&self, block: u64, _refused: u64) -> Option<u64> {
+        Some(block)
+    }
+
+    /// The lowest-addressed free block of the smallest order that has one, halved down to the
+    /// block's order, each upper half listed in its order.
+    fn take(&mut self, tiling: &mut Tiling<()>, block: u64, _stream: StreamId) -> Option<u64> {
+        let order = self.order(block);
         let from = (order..self.free.len()).find(|&j| !self.free[j].is_empty())?;
         let addr = self.free[from].pop_first()?;
         for j in (order..from).rev() {
             let half = self.min_block << j;
-            if let Some(upper) = self.tiling.split(addr, half, ()) {
+            if let Some(upper) = tiling.split(addr, half, ()) {
                 self.list(j).insert(upper);
             }
         }
         Some(addr)
     }
 
-    fn grow(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> bool {
-        let preferred = self.segment_size.max(block);
-        for size in [preferred, block] {
-            if let Some(addr) = self.books.device_malloc(env, size, stream) {
-                self.tiling.add_segment(addr, size, stream, ());
-                let order = self.order(size);
-                self.list(order).insert(addr);
-                return true;
-            }
-            if size == block {
-                break;
-            }
-        }
-        false
+    fn take_from(
+        &mut self,
+        tiling: &mut Tiling<()>,
+        _: u64,
+        block: u64,
+        s: StreamId,
+    ) -> Option<u64> {
+        self.take(tiling, block, s)
     }
 
-    /// Merge the free block at `addr` with its buddies as far as possible, then list it.
-    fn release_block(&mut self, addr: u64) {
-        self.tiling.release(addr, ());
+    fn added(&mut self, tiling: &mut Tiling<()>, base: u64) {
+        if let Some(seg) = tiling.seg(base) {
+            let order = self.order(seg.size);
+            self.list(order).insert(base);
+        }
+    }
+
+    /// Merge with the buddy (the other half of the parent: flip the size bit of the offset in
+    /// the segment) while it is wholly free, repeatedly; then list the result.
+    fn give_back(&mut self, tiling: &mut Tiling<()>, addr: u64) {
+        tiling.release(addr, ());
         let mut at = addr;
-        while let Some(&c) = self.tiling.get(at) {
-            let Some(base) = self.tiling.seg_of(at) else { break };
-            let seg_size = self.tiling.seg(base).map_or(0, |s| s.size);
-            if c.size >= seg_size {
+        while let Some(&c) = tiling.get(at) {
+            let Some(base) = tiling.seg_of(at) else { break };
+            if c.size >= tiling.seg(base).map_or(0, |s| s.size) {
                 break;
             }
             let buddy = base + ((at - base) ^ c.size);
-            let order = self.order(c.size);
-            let buddy_free =
-                self.tiling.get(buddy).is_some_and(|b| b.is_free() && b.size == c.size);
-            if !buddy_free {
+            if !tiling.get(buddy).is_some_and(|b| b.is_free() && b.size == c.size) {
                 break;
             }
+            let order = self.order(c.size);
             self.list(order).remove(&buddy);
             let lower = at.min(buddy);
-            self.tiling.merge_next(lower);
+            tiling.merge_next(lower);
             at = lower;
         }
-        if let Some(c) = self.tiling.get(at) {
+        if let Some(c) = tiling.get(at) {
             let order = self.order(c.size);
             self.list(order).insert(at);
         }
     }
 
-    /// Return wholly free segments to the device; whether any went.
-    fn release_free_segments(&mut self, env: &mut Env<'_>) -> bool {
-        let free: Vec<u64> =
-            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
-        for &base in &free {
-            if let Some(seg) = self.tiling.remove_segment(base) {
-                let order = self.order(seg.size);
-                self.list(order).remove(&base);
-                self.books.device_free(env, base, seg.size, seg.stream);
-            }
+    fn removing(&mut self, tiling: &Tiling<()>, base: u64) {
+        if let Some(seg) = tiling.seg(base) {
+            let order = self.order(seg.size);
+            self.list(order).remove(&base);
         }
-        !free.is_empty()
-    }
-
-    fn find(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
-        let order = self.order(block);
-        if let Some(addr) = self.take_block(order) {
-            return Some(addr);
-        }
-        if self.grow(env, block, stream) {
-            return self.take_block(order);
-        }
-        self.books.stats.num_alloc_retries += 1;
-        if self.release_free_segments(env) && self.grow(env, block, stream) {
-            return self.take_block(order);
-        }
-        None
-    }
-}
-
-impl Buddy {
-    /// The block of a completed free is the policy's again (see `books_glue!`).
-    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
-        self.release_block(b.addr);
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-}
-
-impl Allocator for Buddy {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn malloc(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        let block = size.max(self.min_block).checked_next_power_of_two().unwrap_or(u64::MAX);
-        let found = if block <= MAX_BLOCK_BYTES { self.find(env, block, stream) } else { None };
-        let result = match found {
-            Some(addr) => {
-                self.tiling.take(addr, id);
-                Ok(self.books.grant(env, id, (addr, block), size, stream))
-            }
-            None => Err(self.books.oom(env, id, block, stream, self.tiling.largest_free())),
-        };
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-        result
-    }
-
-    books_glue!();
-
-    fn empty_cache(&mut self, env: &mut Env<'_>) {
-        self.release_free_segments(env);
-        self.books.sync_inactive_split(self.tiling.inactive_split());
     }
 
     /// `min_block` takes effect only before the first request.
-    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
-        let (mut min_block, mut segment_size) = (self.min_block, self.segment_size);
-        for (key, value) in parse_conf(NAME, conf)? {
-            match key.as_str() {
-                "min_block" => min_block = parse_bytes(NAME, &key, &value)?,
-                "segment_size" => segment_size = parse_bytes(NAME, &key, &value)?,
-                _ => return Err(unknown_key(NAME, &key, KEYS)),
-            }
-        }
+    fn check(&mut self, previous: &Self, started: bool) -> Result<(), String> {
         let pow2 = |v: u64| v.is_power_of_two();
-        if !pow2(min_block)
-            || min_block < 256
-            || !pow2(segment_size)
-            || segment_size < min_block
-            || segment_size > MAX_BLOCK_BYTES
+        if !pow2(self.min_block)
+            || self.min_block < 256
+            || !pow2(self.segment_size)
+            || self.segment_size < self.min_block
+            || self.segment_size > MAX_BLOCK_BYTES
         {
-            return Err(ConfigError(format!(
-                "policy {NAME}: need powers of two 256 <= min_block <= segment_size <= 1 TiB"
-            )));
+            return Err("need powers of two 256 <= min_block <= segment_size <= 1 TiB".into());
         }
-        if self.books.stats.num_device_alloc == 0 {
-            self.min_block = min_block;
+        if started {
+            self.min_block = previous.min_block;
         }
-        self.segment_size = segment_size;
         Ok(())
-    }
-
-    fn snapshot(&self) -> Vec<SnapshotSegment> {
-        self.tiling.snapshot(&self.books)
-    }
-
-    fn free_space(&self) -> FreeSpace {
-        let mut space = FreeSpace::default();
-        for (order, list) in self.free.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
-            let size = self.min_block << order;
-            space.cached_bytes += size * list.len() as u64;
-            space.largest_free_block_bytes = size;
-        }
-        space
     }
 }
 
