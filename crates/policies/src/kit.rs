@@ -9,8 +9,10 @@
 //! freed chunks merge and when segments go back. The checker, the property tests and `allocsim
 //! compare` take any policy registered in [`crate::POLICIES`].
 //!
-//! A policy that keeps its own indexes for speed (bins, bitmaps; the zoo's) uses [`Books`] and
-//! [`Tiling`] directly and implements [`Allocator`] itself.
+//! A policy with its own index over the free chunks (free lists by order: `buddy`) overrides
+//! the hooks that keep it in step. The zoo's others, whose rules reach further (dedicated
+//! segments, per-stream lists, lanes of mapped pages), still use [`Books`] and [`Tiling`]
+//! directly and implement [`Allocator`] themselves.
 
 pub use crate::zoo::common::{round_up, rounded_request, Books, Live, ALIGN_256, PAGE_2MIB};
 pub use crate::zoo::tiling::{Chunk, Seg, Tiling};
