@@ -71,7 +71,7 @@ fn capacity_json(c: &Capacity) -> serde_json::Value {
         "outside_allocator_bytes": c.outside_bytes,
         "searched_up_to_bytes": c.searched_up_to_bytes,
         "per_placement": c.placements.iter().map(|p| json!({
-            "placement": format!("{:?}", p.placement),
+            "placement": p.placement.to_string(),
             "capacity_bytes": p.capacity_bytes,
         })).collect::<Vec<_>>(),
     })
@@ -81,7 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let trace = crate::input::load_trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
     let conf = args.alloc_conf.clone();
-    let shown_conf = conf.clone().or(trace.meta.alloc_conf.clone()).unwrap_or_default();
+    // The trace's own settings are PyTorch's, and apply to the PyTorch policy only.
+    let own = trace.meta.alloc_conf.clone().filter(|_| args.policy == "pytorch");
+    let shown_conf = conf.clone().or(own).unwrap_or_default();
     let c = capacity(&trace, &options(&args.policy, conf, outside))?;
     let mut out = String::new();
     if args.model.json {

@@ -18,4 +18,4 @@ pub mod rmm_pool;
 pub mod tlsf;
 
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;

@@ -332,6 +332,11 @@ impl std::fmt::Debug for Rig {
 impl Rig {
     pub fn new(name: &str, conf: Option<&str>, capacity: u64) -> Rig {
         let policy = crate::by_name(name, conf).unwrap_or_else(|e| panic!("{name}: {e}"));
+        Rig::with_policy(name, policy, capacity)
+    }
+
+    /// A rig around a policy built elsewhere (one not registered, say).
+    pub fn with_policy(name: &str, policy: Box<dyn Allocator>, capacity: u64) -> Rig {
         Rig {
             device: BumpDevice::new(capacity),
             events: Vec::new(),
