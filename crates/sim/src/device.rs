@@ -91,6 +91,15 @@ impl SimDevice {
         }
     }
 
+    /// The test device: `total_bytes`, all of it free, calls that cost nothing, addresses
+    /// lowest-first. Contract breaches are kept in [`SimDevice::errors`], never panics.
+    pub fn for_tests(total_bytes: u64) -> Self {
+        SimDevice::new(SimConfig {
+            cost: CostModel::zero(),
+            ..SimConfig::with_total_bytes(total_bytes)
+        })
+    }
+
     /// What `cudaMemGetInfo` reports free.
     pub fn free_bytes(&self) -> u64 {
         self.start_free_bytes.saturating_sub(self.reserved_bytes.saturating_add(self.taken_bytes))

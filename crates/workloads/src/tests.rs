@@ -2,48 +2,15 @@
 //! peaks, and the same ops for the same seed.
 
 use crate::{build, names, trace, CnnTrain, LlmInference, TransformerTrain};
-use allocsim_core::{
-    Allocator, CallKind, Device, DeviceCalls, DeviceError, Env, MemInfo, MemoryStats, Op, GIB,
-};
+use allocsim_core::{Allocator, Env, MemoryStats, Op, GIB};
 use allocsim_policies::uncached::Uncached;
+use allocsim_sim::SimDevice;
 use std::collections::BTreeSet;
-
-/// A device with unbounded memory and bump addresses: enough to watch a policy's statistics.
-#[derive(Default)]
-struct BumpDevice {
-    next: u64,
-    calls: DeviceCalls,
-}
-
-impl Device for BumpDevice {
-    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
-        self.next += size.next_multiple_of(2 << 20);
-        self.calls.record(CallKind::Malloc, true, 0);
-        Ok(self.next)
-    }
-    fn free(&mut self, _addr: u64, _size: u64) {
-        self.calls.record(CallKind::Free, true, 0);
-    }
-    fn reserve_address(&mut self, _size: u64, _alignment: u64) -> Result<u64, DeviceError> {
-        Err(DeviceError::Driver("no VMM here".into()))
-    }
-    fn release_address(&mut self, _addr: u64, _size: u64) {}
-    fn map(&mut self, _addr: u64, _size: u64) -> Result<(), DeviceError> {
-        Err(DeviceError::Driver("no VMM here".into()))
-    }
-    fn unmap(&mut self, _addr: u64, _size: u64) {}
-    fn mem_info(&self) -> MemInfo {
-        MemInfo { free_bytes: 1 << 50, total_bytes: 1 << 50 }
-    }
-    fn calls(&self) -> &DeviceCalls {
-        &self.calls
-    }
-}
 
 /// Replay `ops` under `uncached`, checking the op stream's own bookkeeping on the way.
 fn replay_uncached(ops: &[Op]) -> MemoryStats {
     let mut policy = Uncached::from_conf("").unwrap();
-    let mut device = BumpDevice::default();
+    let mut device = SimDevice::for_tests(1 << 50);
     let mut events = Vec::new();
     let mut live = BTreeSet::new();
     for op in ops {

@@ -1,47 +1,9 @@
 use super::*;
-use allocsim_core::{Device, DeviceCalls, DeviceError, MemInfo};
-
-/// A bump-pointer device with a capacity: enough to test the model without `allocsim-sim`.
-#[derive(Debug, Default)]
-struct Bump {
-    next: u64,
-    used: u64,
-    total: u64,
-    calls: DeviceCalls,
-}
-
-impl Device for Bump {
-    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
-        if self.used + size > self.total {
-            return Err(DeviceError::OutOfMemory { requested: size, free: self.total - self.used });
-        }
-        self.used += size;
-        let addr = 0x1000_0000 + self.next;
-        self.next += size;
-        Ok(addr)
-    }
-    fn free(&mut self, _addr: u64, size: u64) {
-        self.used -= size;
-    }
-    fn reserve_address(&mut self, _size: u64, _alignment: u64) -> Result<u64, DeviceError> {
-        Err(DeviceError::Driver("not modelled".into()))
-    }
-    fn release_address(&mut self, _addr: u64, _size: u64) {}
-    fn map(&mut self, _addr: u64, _size: u64) -> Result<(), DeviceError> {
-        Err(DeviceError::Driver("not modelled".into()))
-    }
-    fn unmap(&mut self, _addr: u64, _size: u64) {}
-    fn mem_info(&self) -> MemInfo {
-        MemInfo { free_bytes: self.total - self.used, total_bytes: self.total }
-    }
-    fn calls(&self) -> &DeviceCalls {
-        &self.calls
-    }
-}
+use allocsim_sim::SimDevice;
 
 struct Rig {
     model: Reference,
-    device: Bump,
+    device: SimDevice,
     events: Vec<Event>,
 }
 
@@ -49,7 +11,7 @@ impl Rig {
     fn new(conf: &str, total: u64) -> Rig {
         Rig {
             model: Reference::new(conf).unwrap(),
-            device: Bump { total, ..Bump::default() },
+            device: SimDevice::for_tests(total),
             events: Vec::new(),
         }
     }
