@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 use allocsim_core::{
-    AllocId, Allocator, BlockState, CallKind, ConfigError, Device, DeviceCalls, DeviceError, Env,
-    Event, Granted, MemInfo, MemoryStats, OomInfo, SnapshotSegment, StreamId, MIB,
+    AllocId, Allocator, CallKind, ConfigError, Device, DeviceCalls, DeviceError, Env, Event,
+    Granted, MemInfo, MemoryStats, OomInfo, SnapshotSegment, StreamId, MIB,
 };
 use allocsim_policies::pytorch::PyTorchAllocator;
 use std::collections::BTreeMap;
@@ -226,73 +226,10 @@ pub fn event_size(e: &Event) -> u64 {
 }
 
 /// `_check_memory_stat_consistency` (test_cuda_multigpu.py): the stats derivable from the
-/// snapshot must equal the reported ones. Returns the mismatches as readable lines.
+/// snapshot must equal the reported ones; the oracle every front end shares.
 pub fn stat_consistency_errors(stats: &MemoryStats, snapshot: &[SnapshotSegment]) -> Vec<String> {
-    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
-    for pool in ["all", "small_pool", "large_pool"] {
-        for name in [
-            "segment",
-            "allocated_bytes",
-            "reserved_bytes",
-            "active_bytes",
-            "requested_bytes",
-            "allocation",
-            "active",
-            "inactive_split",
-            "inactive_split_bytes",
-        ] {
-            expected.insert(format!("{name}.{pool}.current"), 0);
-        }
-    }
-    let mut errors = Vec::new();
-    for seg in snapshot {
-        let pool = seg.pool.stats_name();
-        let mut add = |name: &str, v: u64| {
-            for p in ["all", pool] {
-                *expected.get_mut(&format!("{name}.{p}.current")).unwrap() += v as i64;
-            }
-        };
-        if !seg.is_expandable {
-            add("segment", 1);
-        }
-        add("allocated_bytes", seg.allocated_size());
-        add("reserved_bytes", seg.total_size);
-        add("active_bytes", seg.active_size());
-        add("requested_bytes", seg.requested_size());
-        let split = seg.blocks.len() > 1;
-        let mut cursor = seg.address;
-        for b in &seg.blocks {
-            if b.address != cursor {
-                errors.push(format!(
-                    "segment {:#x}: block at {:#x}, expected {:#x}",
-                    seg.address, b.address, cursor
-                ));
-            }
-            cursor = b.address + b.size;
-            if b.state == BlockState::ActiveAllocated {
-                add("allocation", 1);
-            }
-            if b.state.is_active() {
-                add("active", 1);
-            }
-            if b.state == BlockState::Inactive && split && !seg.is_expandable {
-                add("inactive_split", 1);
-                add("inactive_split_bytes", b.size);
-            }
-        }
-        if cursor != seg.address + seg.total_size {
-            errors.push(format!("segment {:#x}: blocks do not tile it", seg.address));
-        }
-    }
-    let flat: BTreeMap<String, i64> = stats.flat().into_iter().collect();
-    for (k, v) in expected {
-        if flat[&k] != v {
-            errors.push(format!("{k}: stats say {}, snapshot says {v}", flat[&k]));
-        }
-    }
-    errors
+    allocsim_testgen::oracles::stat_consistency(snapshot, stats, true)
 }
-
 /// A small deterministic generator (xorshift64*), so tests need no dependency.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
