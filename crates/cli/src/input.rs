@@ -11,7 +11,7 @@ pub static READ_OPTIONS: std::sync::OnceLock<allocsim_trace::ReadOptions> =
     std::sync::OnceLock::new();
 
 /// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
-pub fn read_trace(path: &Path) -> Result<Trace, allocsim_trace::TraceError> {
+fn read_trace(path: &Path) -> Result<Trace, allocsim_trace::TraceError> {
     allocsim_trace::read_trace_with(path, READ_OPTIONS.get_or_init(Default::default))
 }
 

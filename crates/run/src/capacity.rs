@@ -103,6 +103,15 @@ impl Observer for StopAtOom {
     }
 }
 
+/// Whether `trace` completes without an OOM on the modelled device as `run` sets it up; the
+/// run stops at its first OOM. Every bisection's question (here and in the grid).
+pub(crate) fn completes(trace: &Trace, run: RunOptions) -> Result<bool, ConfigError> {
+    let run = RunOptions { device: DeviceChoice::Sim, check: false, fidelity: false, ..run };
+    let mut stop = StopAtOom::default();
+    run_trace(trace, &run, &mut [&mut stop], |_| {})?;
+    Ok(!stop.hit)
+}
+
 /// Whether `trace` completes without an OOM with `free_bytes` free at the start.
 fn fits(
     trace: &Trace,
@@ -110,17 +119,8 @@ fn fits(
     placement: Placement,
     free_bytes: u64,
 ) -> Result<bool, ConfigError> {
-    let run = RunOptions {
-        device: DeviceChoice::Sim,
-        device_free_bytes: Some(free_bytes.saturating_sub(opts.outside_bytes)),
-        placement,
-        check: false,
-        fidelity: false,
-        ..opts.run.clone()
-    };
-    let mut stop = StopAtOom::default();
-    run_trace(trace, &run, &mut [&mut stop], |_| {})?;
-    Ok(!stop.hit)
+    let free = free_bytes.saturating_sub(opts.outside_bytes);
+    completes(trace, RunOptions { device_free_bytes: Some(free), placement, ..opts.run.clone() })
 }
 
 /// The capacity of `trace` under `opts`: one bisection per placement, the jittered ones in

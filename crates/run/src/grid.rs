@@ -18,15 +18,9 @@ pub struct GridCell {
 
 /// Whether `trace` runs without OOM on a device of `capacity` bytes (total = free).
 fn fits(trace: &Trace, opts: &RunOptions, capacity: u64) -> Result<bool, ConfigError> {
-    let opts = RunOptions {
-        device: DeviceChoice::Sim,
-        device_total_bytes: Some(capacity),
-        device_free_bytes: Some(capacity),
-        check: false,
-        fidelity: false,
-        ..opts.clone()
-    };
-    Ok(run_trace(trace, &opts, &mut [], |_| {})?.metrics.ooms.is_empty())
+    let size = Some(capacity);
+    let run = RunOptions { device_total_bytes: size, device_free_bytes: size, ..opts.clone() };
+    crate::capacity::completes(trace, run)
 }
 
 /// The smallest capacity on which `trace` runs without OOM under `opts`, found by bisection
