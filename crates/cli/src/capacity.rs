@@ -251,7 +251,7 @@ pub fn advise(args: AdviseArgs) -> anyhow::Result<ExitCode> {
             Some(p) => format!("{} [{}, {}]", gib(p), opt_gib(c.low_bytes), opt_gib(c.high_bytes)),
             None => "does not fit".to_string(),
         };
-        let conf = if r.conf.is_empty() { "(default)" } else { r.conf };
+        let conf = crate::output::conf_label(r.conf);
         outln!(
             out,
             "{:>4}  {:>9} GiB  {:>22}  {:>5}  {:>5.1}%  {conf}",

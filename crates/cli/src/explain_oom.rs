@@ -143,7 +143,7 @@ fn settings_that_avoid(
         let avoid: Vec<&str> = failing
             .iter()
             .filter(|(_, ooms)| !ooms.contains(&e.op_index))
-            .map(|(conf, _)| if conf.is_empty() { "(default)" } else { *conf })
+            .map(|(conf, _)| crate::output::conf_label(conf))
             .collect();
         let list =
             if avoid.is_empty() { "none of those tried".to_string() } else { avoid.join("  |  ") };
@@ -152,7 +152,7 @@ fn settings_that_avoid(
     let clean: Vec<&str> = failing
         .iter()
         .filter(|(_, ooms)| ooms.is_empty())
-        .map(|(conf, _)| if conf.is_empty() { "(default)" } else { *conf })
+        .map(|(conf, _)| crate::output::conf_label(conf))
         .collect();
     if !clean.is_empty() {
         outln!(out, "  no OOM at all under: {}", clean.join("  |  "));

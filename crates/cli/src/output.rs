@@ -249,6 +249,15 @@ pub fn device_calls_json(calls: &allocsim_core::DeviceCalls) -> serde_json::Valu
     by_kind.into()
 }
 
+/// A `PYTORCH_CUDA_ALLOC_CONF` string as tables show it: the empty one is `(default)`.
+pub fn conf_label(conf: &str) -> &str {
+    if conf.is_empty() {
+        "(default)"
+    } else {
+        conf
+    }
+}
+
 #[cfg(test)]
 mod size_tests {
     use super::parse_size;
