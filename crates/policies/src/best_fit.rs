@@ -6,7 +6,7 @@
 //!
 //! Settings: `min_segment` (bytes, default 20 MiB).
 
-use crate::kit::{bytes_value, round_up, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::kit::{bytes_value, round_up, Room, Rules, Setting, Tiling, PAGE_2MIB};
 use allocsim_core::StreamId;
 
 #[derive(Debug, Clone)]
@@ -32,8 +32,8 @@ impl Rules for BestFit {
         },
     }];
 
-    fn segment_size(&self, block: u64) -> u64 {
-        round_up(block.max(self.min_segment), PAGE_2MIB)
+    fn segment_size(&mut self, block: u64, _: &Room<'_>) -> Option<u64> {
+        Some(round_up(block.max(self.min_segment), PAGE_2MIB))
     }
 
     fn place(&self, tiling: &Tiling<()>, block: u64, stream: StreamId) -> Option<u64> {

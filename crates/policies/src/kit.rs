@@ -19,7 +19,8 @@ pub use crate::zoo::tiling::{Chunk, Seg, Tiling};
 
 use crate::zoo::common::parse_conf;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
+    AllocId, Allocator, ConfigError, Device, Env, FreeSpace, Granted, OomInfo, SnapshotSegment,
+    StreamId,
 };
 
 /// One setting of a policy: its key in `key:value,...` strings, what it means, and how a value
@@ -35,6 +36,31 @@ pub struct Setting<R> {
 /// ...), or `max`.
 pub fn bytes_value(value: &str) -> Result<u64, String> {
     crate::zoo::common::parse_bytes("", "", value).map_err(|_| "not a byte count".to_string())
+}
+
+/// What growth may use, when a policy sizes a segment or decides to give memory back.
+pub struct Room<'a> {
+    /// Bytes reserved now.
+    pub reserved: u64,
+    /// The memory fraction's cap on reserved bytes, if one is set.
+    pub allowed: Option<u64>,
+    device: &'a dyn Device,
+}
+
+impl std::fmt::Debug for Room<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Room")
+            .field("reserved", &self.reserved)
+            .field("allowed", &self.allowed)
+            .finish()
+    }
+}
+
+impl Room<'_> {
+    /// The device's free memory now (`cudaMemGetInfo`: a device call, so only on demand).
+    pub fn device_free(&self) -> u64 {
+        self.device.mem_info().free_bytes
+    }
 }
 
 /// The decisions of a policy built on the kit. Why this shape: across the zoo, what differs
@@ -68,9 +94,10 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
     }
 
     /// The segment to reserve when no free chunk takes a block of `block` bytes (at least
-    /// `block`; the kit makes sure).
-    fn segment_size(&self, block: u64) -> u64 {
-        round_up(block, PAGE_2MIB)
+    /// `block`; the kit makes sure), or `None` to not grow.
+    fn segment_size(&mut self, block: u64, room: &Room<'_>) -> Option<u64> {
+        let _ = room;
+        Some(round_up(block, PAGE_2MIB))
     }
 
     /// A smaller segment to try when the device refused `refused` bytes for a block of `block`
@@ -89,8 +116,9 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         None
     }
 
-    /// Take a free chunk of at least `block` bytes for `stream` and cut it to `block`: its
-    /// address. Default: [`Rules::place`], then the cut.
+    /// Take a free chunk of at least `block` bytes for `stream` and cut it to `block` (or
+    /// leave it whole: the block granted is the chunk): its address. Default:
+    /// [`Rules::place`], then the cut.
     fn take(
         &mut self,
         tiling: &mut Tiling<Self::Tag>,
@@ -140,6 +168,13 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         let _ = (tiling, base);
     }
 
+    /// A reservation was refused and `free` bytes sit in wholly free segments: whether to give
+    /// them back and try once more. Default: yes.
+    fn may_release(&mut self, block: u64, free: u64, room: &Room<'_>) -> bool {
+        let _ = (block, free, room);
+        true
+    }
+
     /// Whether a segment goes back to the device as soon as it is wholly free. Default: no; it
     /// stays cached until `empty_cache`, or until a reservation is refused.
     fn returns_free_segments(&self) -> bool {
@@ -173,7 +208,8 @@ impl<R: Rules> Kit<R> {
     /// Reserve a segment for a block of `block` bytes, trying smaller ones as the rules say,
     /// and take the block from it.
     fn grow(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
-        let mut size = self.rules.segment_size(block).max(block);
+        let room = self.room(env);
+        let mut size = self.rules.segment_size(block, &room)?.max(block);
         loop {
             if let Some(base) = self.books.device_malloc(env, size, stream) {
                 self.tiling.add_segment(base, size, stream, R::Tag::default());
@@ -187,14 +223,20 @@ impl<R: Rules> Kit<R> {
         }
     }
 
-    /// Give every wholly free segment back to the device; whether there was one.
-    fn release_free_segments(&mut self, env: &mut Env<'_>) -> bool {
-        let free: Vec<u64> =
-            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
-        for &base in &free {
+    fn room<'e>(&self, env: &'e Env<'_>) -> Room<'e> {
+        let allowed = self.books.allowed_bytes;
+        Room { reserved: self.books.reserved(), allowed, device: &*env.device }
+    }
+
+    fn wholly_free_segments(&self) -> Vec<u64> {
+        self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect()
+    }
+
+    /// Give these wholly free segments back to the device.
+    fn release(&mut self, env: &mut Env<'_>, free: &[u64]) {
+        for &base in free {
             self.release_segment(env, base);
         }
-        !free.is_empty()
     }
 
     fn release_segment(&mut self, env: &mut Env<'_>, base: u64) {
@@ -213,9 +255,13 @@ impl<R: Rules> Kit<R> {
             return Some(addr);
         }
         // Refused: what is cached and wholly free goes back, and one more try.
-        if !self.release_free_segments(env) {
+        let free = self.wholly_free_segments();
+        let bytes = free.iter().filter_map(|&b| self.tiling.seg(b)).map(|s| s.size).sum();
+        let room = self.room(env);
+        if free.is_empty() || !self.rules.may_release(block, bytes, &room) {
             return None;
         }
+        self.release(env, &free);
         self.books.stats.num_alloc_retries += 1;
         self.grow(env, block, stream)
     }
@@ -256,13 +302,15 @@ impl<R: Rules> Allocator for Kit<R> {
         };
         self.tiling.take(addr, id);
         self.books.sync_inactive_split(self.tiling.inactive_split());
+        let block = self.tiling.get(addr).map_or(block, |c| c.size);
         Ok(self.books.grant(env, id, (addr, block), size, stream))
     }
 
     crate::zoo::common::books_glue!();
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
-        self.release_free_segments(env);
+        let free = self.wholly_free_segments();
+        self.release(env, &free);
         self.books.sync_inactive_split(self.tiling.inactive_split());
     }
 

@@ -33,67 +33,51 @@
 //! - `garbage_collection` (bool, default `true`, as GPU TF),
 //! - `fragmentation_fraction` (float in [0, 1], default 0 = use 128 MiB).
 
-use super::common::{
-    books_glue, parse_bool, parse_bytes, parse_conf, parse_f64, round_up, rounded_request,
-    unknown_key, Books, Live, ALIGN_256,
-};
-use super::tiling::Tiling;
-use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
-    MIB,
-};
+use crate::kit::{bytes_value, round_up, Kit, Room, Rules, Setting, Tiling, ALIGN_256};
+use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
-const NAME: &str = "bfc";
-const KEYS: &[&str] =
-    &["allow_growth", "memory_limit", "garbage_collection", "fragmentation_fraction"];
 /// `kMaxInternalFragmentation` when no fraction is set.
 const DEFAULT_MAX_INTERNAL_FRAGMENTATION_BYTES: u64 = 128 * MIB;
 const BACKPEDAL_FACTOR: f64 = 0.9;
 
-#[derive(Debug, Clone, Copy)]
-struct BfcConf {
+pub type Bfc = Kit<BfcRules>;
+
+#[derive(Debug, Clone)]
+pub struct BfcRules {
     allow_growth: bool,
     memory_limit: Option<u64>,
     garbage_collection: bool,
     fragmentation_fraction: f64,
-}
-
-#[derive(Debug)]
-pub struct Bfc {
-    books: Books,
-    tiling: Tiling<()>,
     /// Free chunks by (size, address): the 21 bins in one ordered set.
     free: BTreeSet<(u64, u64)>,
-    conf: BfcConf,
     /// `memory_limit_`, fixed at the first request.
     limit: Option<u64>,
     /// `curr_region_allocation_bytes_`.
     curr_region_bytes: u64,
+    /// The region being reserved did not need to grow: the next one doubles.
+    double_next: bool,
 }
 
-impl Bfc {
-    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
-        let mut me = Bfc {
-            books: Books::default(),
-            tiling: Tiling::default(),
+impl Default for BfcRules {
+    fn default() -> Self {
+        BfcRules {
+            allow_growth: true,
+            memory_limit: None,
+            garbage_collection: true,
+            fragmentation_fraction: 0.0,
             free: BTreeSet::new(),
-            conf: BfcConf {
-                allow_growth: true,
-                memory_limit: None,
-                garbage_collection: true,
-                fragmentation_fraction: 0.0,
-            },
             limit: None,
             curr_region_bytes: 0,
-        };
-        me.set_settings(conf)?;
-        Ok(me)
+            double_next: false,
+        }
     }
+}
 
+impl BfcRules {
     /// TF's `GetFragmentation()`: `(free - largest free chunk) / free`, 0 when nothing is free.
     pub fn fragmentation(&self) -> f64 {
-        let free = self.books.reserved() - self.books.stats.active_bytes.all.current as u64;
+        let free: u64 = self.free.iter().map(|&(s, _)| s).sum();
         let largest = self.free.last().map_or(0, |&(s, _)| s);
         if free == 0 {
             0.0
@@ -103,208 +87,160 @@ impl Bfc {
     }
 
     /// The limit in force now: the one fixed at the first request, capped by the fraction.
-    fn memory_limit(&mut self, env: &mut Env<'_>) -> u64 {
+    fn memory_limit(&mut self, room: &Room<'_>) -> u64 {
         let limit = *self.limit.get_or_insert_with(|| {
-            let limit = self.conf.memory_limit.unwrap_or_else(|| env.device.mem_info().free_bytes);
-            self.curr_region_bytes = if self.conf.allow_growth {
+            let limit = self.memory_limit.unwrap_or_else(|| room.device_free());
+            self.curr_region_bytes = if self.allow_growth {
                 round_up(limit.min(2 * MIB), ALIGN_256)
             } else {
                 round_up(limit, ALIGN_256)
             };
             limit
         });
-        limit.min(self.books.allowed_bytes.unwrap_or(u64::MAX))
+        limit.min(room.allowed.unwrap_or(u64::MAX))
     }
 
     fn max_internal_fragmentation(&self) -> u64 {
         match self.limit {
-            Some(limit) if self.conf.fragmentation_fraction > 0.0 => {
-                (self.conf.fragmentation_fraction * limit as f64) as u64
+            Some(limit) if self.fragmentation_fraction > 0.0 => {
+                (self.fragmentation_fraction * limit as f64) as u64
             }
             _ => DEFAULT_MAX_INTERNAL_FRAGMENTATION_BYTES,
         }
     }
+}
 
-    /// `FindChunkPtr`: best fit, split per `ShouldSplitChunk`, hand out.
-    fn find_chunk(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        rounded: u64,
-        size: u64,
-        stream: StreamId,
-    ) -> Option<Granted> {
-        let &(chunk, addr) = self.free.range((rounded, 0)..).next()?;
-        self.free.remove(&(chunk, addr));
-        if chunk >= rounded.saturating_mul(2)
-            || chunk - rounded >= self.max_internal_fragmentation()
-        {
-            if let Some(rest) = self.tiling.split(addr, rounded, ()) {
-                self.free.insert((chunk - rounded, rest));
-            }
-        }
-        self.tiling.take(addr, id);
-        let block = self.tiling.get(addr).map_or(rounded, |c| c.size);
-        Some(self.books.grant(env, id, (addr, block), size, stream))
+fn bool_value(value: &str) -> Result<bool, String> {
+    crate::zoo::common::parse_bool("", "", value).map_err(|_| "not true or false".to_string())
+}
+
+impl Rules for BfcRules {
+    const NAME: &'static str = "bfc";
+    const SETTINGS: &'static [Setting<Self>] = &[
+        Setting {
+            key: "allow_growth",
+            help: "start with a 2 MiB region and grow (true), or reserve the whole limit (false)",
+            apply: |rules, value| {
+                rules.allow_growth = bool_value(value)?;
+                Ok(())
+            },
+        },
+        Setting {
+            key: "memory_limit",
+            help: "bytes the allocator may reserve (default: free memory at the first request)",
+            apply: |rules, value| {
+                rules.memory_limit = Some(bytes_value(value)?);
+                Ok(())
+            },
+        },
+        Setting {
+            key: "garbage_collection",
+            help: "give wholly free regions back before an OOM",
+            apply: |rules, value| {
+                rules.garbage_collection = bool_value(value)?;
+                Ok(())
+            },
+        },
+        Setting {
+            key: "fragmentation_fraction",
+            help: "split a chunk when the rest is at least this fraction of the limit (0: 128 MiB)",
+            apply: |rules, value| {
+                let f = value.parse::<f64>().map_err(|_| "not a number".to_string())?;
+                if !(0.0..=1.0).contains(&f) {
+                    return Err("not in [0, 1]".into());
+                }
+                rules.fragmentation_fraction = f;
+                Ok(())
+            },
+        },
+    ];
+    type Tag = ();
+
+    fn block_size(&self, size: u64) -> u64 {
+        crate::kit::rounded_request(size, ALIGN_256)
     }
 
-    /// `Extend`: reserve a new region able to hold `rounded` bytes.
-    fn extend(&mut self, env: &mut Env<'_>, rounded: u64, stream: StreamId) -> bool {
-        let limit = self.memory_limit(env);
-        let available = limit.saturating_sub(self.books.reserved()) / ALIGN_256 * ALIGN_256;
-        if rounded > available {
-            return false;
+    /// `Extend`: a region able to hold the block, or none when the limit leaves no room.
+    fn segment_size(&mut self, block: u64, room: &Room<'_>) -> Option<u64> {
+        let limit = self.memory_limit(room);
+        let available = limit.saturating_sub(room.reserved) / ALIGN_256 * ALIGN_256;
+        if block > available {
+            return None;
         }
-        let mut increased = false;
-        while rounded > self.curr_region_bytes {
+        self.double_next = true;
+        while block > self.curr_region_bytes {
             self.curr_region_bytes = self.curr_region_bytes.saturating_mul(2).max(ALIGN_256);
-            increased = true;
+            self.double_next = false;
         }
-        let mut bytes = self.curr_region_bytes.min(available);
-        let addr = loop {
-            if let Some(addr) = self.books.device_malloc(env, bytes, stream) {
-                break addr;
+        Some(self.curr_region_bytes.min(available))
+    }
+
+    /// Back off by 0.9 (rounded to 256 B, strictly smaller) while the request still fits.
+    fn smaller_segment(&self, block: u64, refused: u64) -> Option<u64> {
+        let smaller = round_up((refused as f64 * BACKPEDAL_FACTOR) as u64, ALIGN_256);
+        let smaller = if smaller < refused { smaller } else { refused - ALIGN_256 };
+        (smaller >= block).then_some(smaller)
+    }
+
+    /// `FindChunkPtr`: best fit; split per `ShouldSplitChunk`, else the whole chunk.
+    fn take(&mut self, tiling: &mut Tiling<()>, block: u64, _: StreamId) -> Option<u64> {
+        let &(chunk, addr) = self.free.range((block, 0)..).next()?;
+        self.free.remove(&(chunk, addr));
+        if chunk >= block.saturating_mul(2) || chunk - block >= self.max_internal_fragmentation() {
+            if let Some(rest) = tiling.split(addr, block, ()) {
+                self.free.insert((chunk - block, rest));
             }
-            let smaller = round_up((bytes as f64 * BACKPEDAL_FACTOR) as u64, ALIGN_256);
-            bytes = if smaller < bytes { smaller } else { bytes - ALIGN_256 };
-            if bytes < rounded {
-                return false;
-            }
-        };
-        if !increased {
+        }
+        Some(addr)
+    }
+
+    fn take_from(
+        &mut self,
+        tiling: &mut Tiling<()>,
+        _: u64,
+        block: u64,
+        s: StreamId,
+    ) -> Option<u64> {
+        self.take(tiling, block, s)
+    }
+
+    fn added(&mut self, tiling: &mut Tiling<()>, base: u64) {
+        if self.double_next {
             self.curr_region_bytes = self.curr_region_bytes.saturating_mul(2);
         }
-        self.tiling.add_segment(addr, bytes, stream, ());
-        self.free.insert((bytes, addr));
-        true
-    }
-
-    /// Return every wholly free region to the device; the bytes returned.
-    fn release_free_regions(&mut self, env: &mut Env<'_>) -> u64 {
-        let free: Vec<u64> =
-            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
-        let mut released = 0;
-        for base in free {
-            if let Some(seg) = self.tiling.remove_segment(base) {
-                self.free.remove(&(seg.size, base));
-                self.books.device_free(env, base, seg.size, seg.stream);
-                released += seg.size;
-            }
+        if let Some(seg) = tiling.seg(base) {
+            self.free.insert((seg.size, base));
         }
-        released
-    }
-
-    /// `DeallocateFreeRegions`: only when on and when it can make room for `rounded`.
-    fn deallocate_free_regions(&mut self, env: &mut Env<'_>, rounded: u64) -> bool {
-        if !self.conf.garbage_collection {
-            return false;
-        }
-        let free_bytes: u64 =
-            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(_, s)| s.size).sum();
-        let limit = self.memory_limit(env);
-        if free_bytes == 0 || rounded > limit.saturating_sub(self.books.reserved()) + free_bytes {
-            return false;
-        }
-        self.books.stats.num_alloc_retries += 1;
-        self.release_free_regions(env) > 0
     }
 
     /// `MarkFree` + `TryToCoalesce` + `InsertFreeChunk`.
-    fn release_chunk(&mut self, addr: u64) {
-        self.tiling.release(addr, ());
+    fn give_back(&mut self, tiling: &mut Tiling<()>, addr: u64) {
+        tiling.release(addr, ());
         let mut at = addr;
-        if let Some((next, c)) = self.tiling.next(at).filter(|(_, c)| c.is_free()) {
+        if let Some((next, c)) = tiling.next(at).filter(|(_, c)| c.is_free()) {
             self.free.remove(&(c.size, next));
-            self.tiling.merge_next(at);
+            tiling.merge_next(at);
         }
-        if let Some((prev, c)) = self.tiling.prev(at).filter(|(_, c)| c.is_free()) {
+        if let Some((prev, c)) = tiling.prev(at).filter(|(_, c)| c.is_free()) {
             self.free.remove(&(c.size, prev));
-            self.tiling.merge_next(prev);
+            tiling.merge_next(prev);
             at = prev;
         }
-        if let Some(c) = self.tiling.get(at) {
+        if let Some(c) = tiling.get(at) {
             self.free.insert((c.size, at));
         }
     }
 
-    fn sync(&mut self) {
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-}
-
-impl Bfc {
-    /// The block of a completed free is the policy's again (see `books_glue!`).
-    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
-        self.release_chunk(b.addr);
-        self.sync();
-    }
-}
-
-impl Allocator for Bfc {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn malloc(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        let rounded = rounded_request(size, ALIGN_256);
-        let found = self.find_chunk(env, id, rounded, size, stream).or_else(|| {
-            if self.extend(env, rounded, stream) {
-                return self.find_chunk(env, id, rounded, size, stream);
-            }
-            if self.deallocate_free_regions(env, rounded) && self.extend(env, rounded, stream) {
-                return self.find_chunk(env, id, rounded, size, stream);
-            }
-            None
-        });
-        self.sync();
-        found.ok_or_else(|| self.books.oom(env, id, rounded, stream, self.tiling.largest_free()))
-    }
-
-    books_glue!();
-
-    fn empty_cache(&mut self, env: &mut Env<'_>) {
-        self.release_free_regions(env);
-        self.sync();
-    }
-
-    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
-        let mut c = self.conf;
-        for (key, value) in parse_conf(NAME, conf)? {
-            match key.as_str() {
-                "allow_growth" => c.allow_growth = parse_bool(NAME, &key, &value)?,
-                "memory_limit" => c.memory_limit = Some(parse_bytes(NAME, &key, &value)?),
-                "garbage_collection" => c.garbage_collection = parse_bool(NAME, &key, &value)?,
-                "fragmentation_fraction" => {
-                    let f = parse_f64(NAME, &key, &value)?;
-                    if !(0.0..=1.0).contains(&f) {
-                        return Err(ConfigError(format!(
-                            "policy {NAME}: fragmentation_fraction {f} not in [0, 1]"
-                        )));
-                    }
-                    c.fragmentation_fraction = f;
-                }
-                _ => return Err(unknown_key(NAME, &key, KEYS)),
-            }
+    fn removing(&mut self, tiling: &Tiling<()>, base: u64) {
+        if let Some(seg) = tiling.seg(base) {
+            self.free.remove(&(seg.size, base));
         }
-        self.conf = c;
-        Ok(())
     }
 
-    fn snapshot(&self) -> Vec<SnapshotSegment> {
-        self.tiling.snapshot(&self.books)
-    }
-
-    fn free_space(&self) -> FreeSpace {
-        FreeSpace {
-            cached_bytes: self.free.iter().map(|&(s, _)| s).sum(),
-            largest_free_block_bytes: self.free.last().map_or(0, |&(s, _)| s),
-        }
+    /// `DeallocateFreeRegions`: only when on, and when it can make room for the block.
+    fn may_release(&mut self, block: u64, free: u64, room: &Room<'_>) -> bool {
+        let limit = self.memory_limit(room);
+        self.garbage_collection && block <= limit.saturating_sub(room.reserved) + free
     }
 }
 
@@ -383,11 +319,11 @@ mod tests {
         for i in 0..4 {
             bfc.malloc(&mut env, AllocId(i), 4 * MIB - 1024, StreamId(0)).unwrap();
         }
-        assert_eq!(bfc.fragmentation(), 0.0);
+        assert_eq!(bfc.rules.fragmentation(), 0.0);
         bfc.free(&mut env, AllocId(0));
         bfc.free(&mut env, AllocId(2));
         // Two free chunks of 4 MiB - 1 KiB: half the free memory is outside the largest.
-        assert!((bfc.fragmentation() - 0.5).abs() < 1e-9, "{}", bfc.fragmentation());
+        assert!((bfc.rules.fragmentation() - 0.5).abs() < 1e-9, "{}", bfc.rules.fragmentation());
         let s = bfc.stats();
         assert_eq!(s.reserved_bytes.all.current as u64, 16 * MIB, "one region of the whole limit");
         assert_eq!(s.inactive_split.all.current, 2);

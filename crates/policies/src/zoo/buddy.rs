@@ -15,7 +15,7 @@
 //! - `min_block` (bytes, power of two >= 256, default 512),
 //! - `segment_size` (bytes, power of two >= `min_block`, default 64 MiB).
 
-use crate::kit::{bytes_value, Kit, Rules, Setting, Tiling};
+use crate::kit::{bytes_value, Kit, Room, Rules, Setting, Tiling};
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
@@ -82,8 +82,8 @@ impl Rules for BuddyRules {
         block > MAX_BLOCK_BYTES
     }
 
-    fn segment_size(&self, block: u64) -> u64 {
-        self.segment_size.max(block)
+    fn segment_size(&mut self, block: u64, _: &Room<'_>) -> Option<u64> {
+        Some(self.segment_size.max(block))
     }
 
     fn smaller_segment(&self, block: u64, _refused: u64) -> Option<u64> {

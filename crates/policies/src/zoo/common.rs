@@ -335,14 +335,6 @@ pub(crate) fn parse_bool(policy: &str, key: &str, value: &str) -> Result<bool, C
     }
 }
 
-pub(crate) fn parse_f64(policy: &str, key: &str, value: &str) -> Result<f64, ConfigError> {
-    value
-        .parse::<f64>()
-        .ok()
-        .filter(|f| f.is_finite())
-        .ok_or_else(|| ConfigError(format!("policy {policy}: {key}:{value} is not a number")))
-}
-
 pub fn unknown_key(policy: &str, key: &str, known: &[&str]) -> ConfigError {
     ConfigError(format!("policy {policy}: unknown setting {key:?}; known: {}", known.join(", ")))
 }
@@ -363,7 +355,6 @@ mod tests {
         assert!(parse_bytes("p", "k", "").is_err());
         assert!(parse_bytes("p", "k", "99999999999999999999").is_err());
         assert!(parse_bool("p", "k", "maybe").is_err());
-        assert!(parse_f64("p", "k", "nan").is_err());
     }
 
     #[test]
