@@ -32,7 +32,7 @@ impl Rules for BestFit {
         },
     }];
 
-    fn segment_size(&mut self, block: u64, _: &Room<'_>) -> Option<u64> {
+    fn segment_size(&mut self, _: &Tiling<()>, block: u64, _: &Room<'_>) -> Option<u64> {
         Some(round_up(block.max(self.min_segment), PAGE_2MIB))
     }
 

@@ -63,6 +63,17 @@ impl Room<'_> {
     }
 }
 
+/// What goes back to the device when a free leaves a segment wholly free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// Nothing: the segment stays cached.
+    Nothing,
+    /// That segment.
+    This,
+    /// Every wholly free segment but the `n` lowest-addressed.
+    KeepingFirst(usize),
+}
+
 /// The decisions of a policy built on the kit. Why this shape: across the zoo, what differs
 /// between allocators is where a request lands, how big a new segment is, what a freed block
 /// merges with and when memory goes back to the device; everything else is shared, and a
@@ -95,14 +106,19 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
 
     /// The segment to reserve when no free chunk takes a block of `block` bytes (at least
     /// `block`; the kit makes sure), or `None` to not grow.
-    fn segment_size(&mut self, block: u64, room: &Room<'_>) -> Option<u64> {
-        let _ = room;
+    fn segment_size(
+        &mut self,
+        tiling: &Tiling<Self::Tag>,
+        block: u64,
+        room: &Room<'_>,
+    ) -> Option<u64> {
+        let _ = (tiling, room);
         Some(round_up(block, PAGE_2MIB))
     }
 
     /// A smaller segment to try when the device refused `refused` bytes for a block of `block`
     /// bytes. Default: none.
-    fn smaller_segment(&self, block: u64, refused: u64) -> Option<u64> {
+    fn smaller_segment(&mut self, block: u64, refused: u64) -> Option<u64> {
         let _ = (block, refused);
         None
     }
@@ -164,7 +180,7 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
 
     /// The wholly free segment at `base` is about to go back to the device. Default: nothing
     /// to unindex.
-    fn removing(&mut self, tiling: &Tiling<Self::Tag>, base: u64) {
+    fn removing(&mut self, tiling: &mut Tiling<Self::Tag>, base: u64) {
         let _ = (tiling, base);
     }
 
@@ -175,10 +191,12 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         true
     }
 
-    /// Whether a segment goes back to the device as soon as it is wholly free. Default: no; it
-    /// stays cached until `empty_cache`, or until a reservation is refused.
-    fn returns_free_segments(&self) -> bool {
-        false
+    /// A free left the segment at `base` wholly free: what goes back to the device now.
+    /// Default: nothing; it stays cached until `empty_cache`, or until a reservation is
+    /// refused.
+    fn on_segment_free(&mut self, tiling: &Tiling<Self::Tag>, base: u64) -> Release {
+        let _ = (tiling, base);
+        Release::Nothing
     }
 
     /// After a settings string applied (`previous` is what was in force, `started` whether any
@@ -209,7 +227,7 @@ impl<R: Rules> Kit<R> {
     /// and take the block from it.
     fn grow(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
         let room = self.room(env);
-        let mut size = self.rules.segment_size(block, &room)?.max(block);
+        let mut size = self.rules.segment_size(&self.tiling, block, &room)?.max(block);
         loop {
             if let Some(base) = self.books.device_malloc(env, size, stream) {
                 self.tiling.add_segment(base, size, stream, R::Tag::default());
@@ -240,7 +258,7 @@ impl<R: Rules> Kit<R> {
     }
 
     fn release_segment(&mut self, env: &mut Env<'_>, base: u64) {
-        self.rules.removing(&self.tiling, base);
+        self.rules.removing(&mut self.tiling, base);
         if let Some(seg) = self.tiling.remove_segment(base) {
             self.books.device_free(env, base, seg.size, seg.stream);
         }
@@ -269,12 +287,15 @@ impl<R: Rules> Kit<R> {
     /// The block of a completed free is free memory again.
     fn take_back(&mut self, env: &mut Env<'_>, block: Live, _deferred: bool) {
         self.rules.give_back(&mut self.tiling, block.addr);
-        if self.rules.returns_free_segments() {
-            let base = self.tiling.seg_of(block.addr);
-            if let Some(base) =
-                base.filter(|&b| self.tiling.seg(b).is_some_and(Seg::is_wholly_free))
-            {
-                self.release_segment(env, base);
+        let base = self.tiling.seg_of(block.addr);
+        if let Some(base) = base.filter(|&b| self.tiling.seg(b).is_some_and(Seg::is_wholly_free)) {
+            match self.rules.on_segment_free(&self.tiling, base) {
+                Release::Nothing => {}
+                Release::This => self.release_segment(env, base),
+                Release::KeepingFirst(n) => {
+                    let free = self.wholly_free_segments();
+                    self.release(env, free.get(n..).unwrap_or_default());
+                }
             }
         }
         self.books.sync_inactive_split(self.tiling.inactive_split());

@@ -3,7 +3,7 @@
 //! bytes rounded to segment granularity, and its device-call count the worst possible: the two
 //! ends every caching policy sits between.
 
-use crate::kit::{rounded_request, Kit, Rules, Setting, PAGE_2MIB};
+use crate::kit::{rounded_request, Kit, Release, Rules, Setting, PAGE_2MIB};
 use allocsim_core::StreamId;
 
 /// No settings: every block is its own segment of whole 2 MiB pages.
@@ -23,8 +23,8 @@ impl Rules for NoCache {
         None
     }
 
-    fn returns_free_segments(&self) -> bool {
-        true
+    fn on_segment_free(&mut self, _: &crate::kit::Tiling<()>, _: u64) -> Release {
+        Release::This
     }
 }
 

@@ -161,7 +161,7 @@ impl Rules for BfcRules {
     }
 
     /// `Extend`: a region able to hold the block, or none when the limit leaves no room.
-    fn segment_size(&mut self, block: u64, room: &Room<'_>) -> Option<u64> {
+    fn segment_size(&mut self, _: &Tiling<()>, block: u64, room: &Room<'_>) -> Option<u64> {
         let limit = self.memory_limit(room);
         let available = limit.saturating_sub(room.reserved) / ALIGN_256 * ALIGN_256;
         if block > available {
@@ -176,7 +176,7 @@ impl Rules for BfcRules {
     }
 
     /// Back off by 0.9 (rounded to 256 B, strictly smaller) while the request still fits.
-    fn smaller_segment(&self, block: u64, refused: u64) -> Option<u64> {
+    fn smaller_segment(&mut self, block: u64, refused: u64) -> Option<u64> {
         let smaller = round_up((refused as f64 * BACKPEDAL_FACTOR) as u64, ALIGN_256);
         let smaller = if smaller < refused { smaller } else { refused - ALIGN_256 };
         (smaller >= block).then_some(smaller)
@@ -231,7 +231,7 @@ impl Rules for BfcRules {
         }
     }
 
-    fn removing(&mut self, tiling: &Tiling<()>, base: u64) {
+    fn removing(&mut self, tiling: &mut Tiling<()>, base: u64) {
         if let Some(seg) = tiling.seg(base) {
             self.free.remove(&(seg.size, base));
         }

@@ -82,11 +82,11 @@ impl Rules for BuddyRules {
         block > MAX_BLOCK_BYTES
     }
 
-    fn segment_size(&mut self, block: u64, _: &Room<'_>) -> Option<u64> {
+    fn segment_size(&mut self, _: &Tiling<()>, block: u64, _: &Room<'_>) -> Option<u64> {
         Some(self.segment_size.max(block))
     }
 
-    fn smaller_segment(&self, block: u64, _refused: u64) -> Option<u64> {
+    fn smaller_segment(&mut self, block: u64, _refused: u64) -> Option<u64> {
         Some(block)
     }
 
@@ -148,7 +148,7 @@ impl Rules for BuddyRules {
         }
     }
 
-    fn removing(&mut self, tiling: &Tiling<()>, base: u64) {
+    fn removing(&mut self, tiling: &mut Tiling<()>, base: u64) {
         if let Some(seg) = tiling.seg(base) {
             let order = self.order(seg.size);
             self.list(order).remove(&base);

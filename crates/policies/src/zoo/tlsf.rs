@@ -25,64 +25,65 @@
 //! - `segment_size` (bytes, at least 2 MiB, default 256 MiB: VMA's preferred large-heap block),
 //! - `sl_bits` (second-level bits, 1..=6, default 5 as in TLSF and VMA).
 
-use super::common::{
-    books_glue, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, Live,
-    ALIGN_256, PAGE_2MIB,
+use crate::kit::{
+    bytes_value, round_up, Kit, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
 };
-use super::tiling::Tiling;
-use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, Granted, OomInfo, SnapshotSegment, StreamId, MIB,
-};
+use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
-const NAME: &str = "tlsf";
-const KEYS: &[&str] = &["segment_size", "sl_bits"];
 const ALIGN_LOG2: u32 = 8;
 const NIL: u64 = u64::MAX;
 /// `NEW_BLOCK_SIZE_SHIFT_MAX` in VMA.
 const NEW_SEGMENT_SHIFT_MAX: u32 = 3;
 const MAX_REQUEST_BYTES: u64 = 1 << 50;
 
-/// Links of a free chunk in its class list.
+/// Links of a free chunk in its class list (`NIL` both: not listed).
 #[derive(Debug, Clone, Copy)]
-struct Links {
+pub struct Links {
     prev: u64,
     next: u64,
 }
 
-const UNLINKED: Links = Links { prev: NIL, next: NIL };
-
-#[derive(Debug)]
-pub struct Tlsf {
-    books: Books,
-    tiling: Tiling<Links>,
-    sl_bits: u32,
-    fl_bitmap: u64,
-    sl_bitmap: [u64; 64],
-    /// Head of each class list, `fl * 2^sl_bits + sl`.
-    heads: Vec<u64>,
-    segment_size: u64,
-    /// Segments dedicated to one allocation.
-    dedicated: BTreeSet<u64>,
+impl Default for Links {
+    fn default() -> Self {
+        Links { prev: NIL, next: NIL }
+    }
 }
 
-impl Tlsf {
-    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
-        let mut me = Tlsf {
-            books: Books::default(),
-            tiling: Tiling::default(),
+pub type Tlsf = Kit<TlsfRules>;
+
+#[derive(Debug, Clone)]
+pub struct TlsfRules {
+    sl_bits: u32,
+    segment_size: u64,
+    fl_bitmap: u64,
+    sl_bitmap: [u64; 64],
+    /// Head of each class list, `fl * 2^sl_bits + sl` (made at the first segment).
+    heads: Vec<u64>,
+    /// Segments dedicated to one allocation.
+    dedicated: BTreeSet<u64>,
+    /// The segment being reserved is dedicated to its block.
+    dedicating: bool,
+    /// The size tried for a regular segment, before rounding, and the halvings so far.
+    trying: (u64, u32),
+}
+
+impl Default for TlsfRules {
+    fn default() -> Self {
+        TlsfRules {
             sl_bits: 5,
+            segment_size: 256 * MIB,
             fl_bitmap: 0,
             sl_bitmap: [0; 64],
             heads: Vec::new(),
-            segment_size: 256 * MIB,
             dedicated: BTreeSet::new(),
-        };
-        me.set_settings(conf)?;
-        me.heads = vec![NIL; 64 << me.sl_bits];
-        Ok(me)
+            dedicating: false,
+            trying: (0, 0),
+        }
     }
+}
 
+impl TlsfRules {
     /// `mapping_insert`: the class of a free block of `size` bytes.
     fn class(&self, size: u64) -> (usize, usize) {
         let small = 1u64 << (self.sl_bits + ALIGN_LOG2);
@@ -128,37 +129,38 @@ impl Tlsf {
         (addr != NIL).then_some(addr)
     }
 
-    fn link(&mut self, addr: u64) {
-        let Some(c) = self.tiling.get(addr) else { return };
+    fn link(&mut self, tiling: &mut Tiling<Links>, addr: u64) {
+        let Some(c) = tiling.get(addr) else { return };
+        if self.heads.is_empty() {
+            self.heads = vec![NIL; 64 << self.sl_bits];
+        }
         let (fl, sl) = self.class(c.size);
         let h = self.head((fl, sl));
         let old = self.heads[h];
-        if old != NIL {
-            if let Some(o) = self.tiling.get(old) {
-                let links = Links { prev: addr, ..o.tag };
-                self.tiling.set_tag(old, links);
-            }
+        if let Some(o) = tiling.get(old).filter(|_| old != NIL) {
+            let links = Links { prev: addr, ..o.tag };
+            tiling.set_tag(old, links);
         }
-        self.tiling.set_tag(addr, Links { prev: NIL, next: old });
+        tiling.set_tag(addr, Links { prev: NIL, next: old });
         self.heads[h] = addr;
         self.fl_bitmap |= 1 << fl;
         self.sl_bitmap[fl] |= 1 << sl;
     }
 
-    fn unlink(&mut self, addr: u64) {
-        let Some(&c) = self.tiling.get(addr) else { return };
+    fn unlink(&mut self, tiling: &mut Tiling<Links>, addr: u64) {
+        let Some(&c) = tiling.get(addr) else { return };
         let (fl, sl) = self.class(c.size);
         let Links { prev, next } = c.tag;
-        if let Some(&p) = self.tiling.get(prev).filter(|_| prev != NIL) {
-            self.tiling.set_tag(prev, Links { next, ..p.tag });
+        if let Some(&p) = tiling.get(prev).filter(|_| prev != NIL) {
+            tiling.set_tag(prev, Links { next, ..p.tag });
         } else {
             let h = self.head((fl, sl));
             self.heads[h] = next;
         }
-        if let Some(&n) = self.tiling.get(next).filter(|_| next != NIL) {
-            self.tiling.set_tag(next, Links { prev, ..n.tag });
+        if let Some(&n) = tiling.get(next).filter(|_| next != NIL) {
+            tiling.set_tag(next, Links { prev, ..n.tag });
         }
-        self.tiling.set_tag(addr, UNLINKED);
+        tiling.set_tag(addr, Links::default());
         if self.heads[self.head((fl, sl))] == NIL {
             self.sl_bitmap[fl] &= !(1 << sl);
             if self.sl_bitmap[fl] == 0 {
@@ -167,198 +169,151 @@ impl Tlsf {
         }
     }
 
-    /// Take the block at `addr` (listed, free) for `rounded` bytes, listing the remainder.
-    fn carve(&mut self, addr: u64, rounded: u64) {
-        self.unlink(addr);
-        if let Some(rest) = self.tiling.split(addr, rounded, UNLINKED) {
-            self.link(rest);
-        }
+    /// Whether a block goes to a segment of its own (VMA: over half the preferred size).
+    fn is_dedicated(&self, block: u64) -> bool {
+        block > self.segment_size / 2
+    }
+}
+
+impl Rules for TlsfRules {
+    const NAME: &'static str = "tlsf";
+    const SETTINGS: &'static [Setting<Self>] = &[
+        Setting {
+            key: "segment_size",
+            help: "the preferred segment, 2 MiB to 1 PiB (VMA's preferred block size)",
+            apply: |rules, value| {
+                rules.segment_size = bytes_value(value)?;
+                Ok(())
+            },
+        },
+        Setting {
+            key: "sl_bits",
+            help: "second-level bits, 1 to 6 (only before the first request)",
+            apply: |rules, value| {
+                rules.sl_bits = value.parse().map_err(|_| "not a number".to_string())?;
+                Ok(())
+            },
+        },
+    ];
+    type Tag = Links;
+
+    fn block_size(&self, size: u64) -> u64 {
+        crate::kit::rounded_request(size, ALIGN_256)
     }
 
-    /// A regular segment able to hold `rounded`, sized by VMA's rules.
-    fn grow(&mut self, env: &mut Env<'_>, rounded: u64, stream: StreamId) -> bool {
-        let largest = self
-            .tiling
-            .segments()
-            .filter(|(b, _)| !self.dedicated.contains(b))
-            .map(|(_, s)| s.size)
-            .max();
-        let mut size = self.segment_size;
-        let mut shift = 0;
-        while shift < NEW_SEGMENT_SHIFT_MAX
-            && size / 2 > largest.unwrap_or(0)
-            && size / 2 >= rounded * 2
-        {
+    fn refuses(&self, block: u64) -> bool {
+        block > MAX_REQUEST_BYTES
+    }
+
+    /// A dedicated segment (rounded to 2 MiB), or VMA's regular one: the preferred size,
+    /// halved up to 3 times while the half is larger than every regular segment and at least
+    /// twice the block.
+    fn segment_size(&mut self, tiling: &Tiling<Links>, block: u64, _: &Room<'_>) -> Option<u64> {
+        self.dedicating = self.is_dedicated(block);
+        if self.dedicating {
+            return Some(round_up(block, PAGE_2MIB));
+        }
+        let regular = tiling.segments().filter(|(b, _)| !self.dedicated.contains(b));
+        let largest = regular.map(|(_, s)| s.size).max().unwrap_or(0);
+        let (mut size, mut shift) = (self.segment_size, 0);
+        while shift < NEW_SEGMENT_SHIFT_MAX && size / 2 > largest && size / 2 >= block * 2 {
             size /= 2;
             shift += 1;
         }
-        loop {
-            let seg = round_up(size, ALIGN_256);
-            if let Some(addr) = self.books.device_malloc(env, seg, stream) {
-                self.tiling.add_segment(addr, seg, stream, UNLINKED);
-                self.link(addr);
-                return true;
-            }
-            if shift >= NEW_SEGMENT_SHIFT_MAX || size / 2 < rounded {
-                return false;
-            }
-            size /= 2;
-            shift += 1;
-        }
+        self.trying = (size, shift);
+        Some(round_up(size, ALIGN_256))
     }
 
-    fn dedicated_segment(
-        &mut self,
-        env: &mut Env<'_>,
-        rounded: u64,
-        stream: StreamId,
-    ) -> Option<(u64, u64)> {
-        let size = round_up(rounded, PAGE_2MIB);
-        let addr = self.books.device_malloc(env, size, stream)?;
-        self.tiling.add_segment(addr, size, stream, UNLINKED);
-        self.dedicated.insert(addr);
-        Some((addr, size))
-    }
-
-    /// Return wholly free segments, keeping `keep` of them; whether any went.
-    fn release_free_segments(&mut self, env: &mut Env<'_>, keep: usize) -> bool {
-        let free: Vec<u64> =
-            self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect();
-        let mut released = false;
-        for &base in free.iter().skip(keep) {
-            self.unlink(base);
-            if let Some(seg) = self.tiling.remove_segment(base) {
-                self.books.device_free(env, base, seg.size, seg.stream);
-                released = true;
-            }
-        }
-        released
-    }
-
-    fn find(&mut self, env: &mut Env<'_>, rounded: u64, stream: StreamId) -> Option<(u64, u64)> {
-        if rounded > self.segment_size / 2 {
-            if let Some(found) = self.dedicated_segment(env, rounded, stream) {
-                return Some(found);
-            }
-        } else {
-            let class = self.search_class(rounded);
-            if let Some(addr) = self.find_suitable(class) {
-                self.carve(addr, rounded);
-                return Some((addr, rounded));
-            }
-            if self.grow(env, rounded, stream) {
-                let addr = self.find_suitable(class)?;
-                self.carve(addr, rounded);
-                return Some((addr, rounded));
-            }
-        }
-        self.books.stats.num_alloc_retries += 1;
-        if !self.release_free_segments(env, 0) {
+    /// Halve again (3 halvings in all), never below the block; a dedicated one is not cut.
+    fn smaller_segment(&mut self, block: u64, _: u64) -> Option<u64> {
+        let (size, shift) = self.trying;
+        if self.dedicating || shift >= NEW_SEGMENT_SHIFT_MAX || size / 2 < block {
             return None;
         }
-        if rounded > self.segment_size / 2 {
-            return self.dedicated_segment(env, rounded, stream);
-        }
-        let class = self.search_class(rounded);
-        let addr = self.find_suitable(class).or_else(|| {
-            self.grow(env, rounded, stream).then(|| self.find_suitable(class)).flatten()
-        })?;
-        self.carve(addr, rounded);
-        Some((addr, rounded))
+        self.trying = (size / 2, shift + 1);
+        Some(round_up(size / 2, ALIGN_256))
     }
 
-    fn release_block(&mut self, env: &mut Env<'_>, addr: u64) {
-        self.tiling.release(addr, UNLINKED);
-        let seg = self.tiling.seg_of(addr).unwrap_or(addr);
-        if self.dedicated.remove(&seg) {
-            if let Some(s) = self.tiling.remove_segment(seg) {
-                self.books.device_free(env, seg, s.size, s.stream);
-            }
+    /// The head of the first class that surely fits; the rest is listed again.
+    fn take(&mut self, tiling: &mut Tiling<Links>, block: u64, _: StreamId) -> Option<u64> {
+        if self.is_dedicated(block) {
+            return None;
+        }
+        let addr = self.find_suitable(self.search_class(block))?;
+        self.unlink(tiling, addr);
+        if let Some(rest) = tiling.split(addr, block, Links::default()) {
+            self.link(tiling, rest);
+        }
+        Some(addr)
+    }
+
+    /// A dedicated segment is the block, whole.
+    fn take_from(
+        &mut self,
+        tiling: &mut Tiling<Links>,
+        base: u64,
+        block: u64,
+        s: StreamId,
+    ) -> Option<u64> {
+        if self.dedicating {
+            return Some(base);
+        }
+        self.take(tiling, block, s)
+    }
+
+    fn added(&mut self, tiling: &mut Tiling<Links>, base: u64) {
+        if self.dedicating {
+            self.dedicated.insert(base);
+        } else {
+            self.link(tiling, base);
+        }
+    }
+
+    /// Coalesce with free physical neighbours at once, and list the result first (LIFO).
+    fn give_back(&mut self, tiling: &mut Tiling<Links>, addr: u64) {
+        tiling.release(addr, Links::default());
+        if tiling.seg_of(addr).is_some_and(|base| self.dedicated.contains(&base)) {
             return;
         }
         let mut at = addr;
-        if let Some((next, _)) = self.tiling.next(at).filter(|(_, c)| c.is_free()) {
-            self.unlink(next);
-            self.tiling.merge_next(at);
+        if let Some((next, _)) = tiling.next(at).filter(|(_, c)| c.is_free()) {
+            self.unlink(tiling, next);
+            tiling.merge_next(at);
         }
-        if let Some((prev, _)) = self.tiling.prev(at).filter(|(_, c)| c.is_free()) {
-            self.unlink(prev);
-            self.tiling.merge_next(prev);
+        if let Some((prev, _)) = tiling.prev(at).filter(|(_, c)| c.is_free()) {
+            self.unlink(tiling, prev);
+            tiling.merge_next(prev);
             at = prev;
         }
-        self.link(at);
-        if self.tiling.seg(seg).is_some_and(|s| s.is_wholly_free()) {
-            // VMA keeps one empty block: if another was empty already, this one goes.
-            self.release_free_segments(env, 1);
+        self.link(tiling, at);
+    }
+
+    fn removing(&mut self, tiling: &mut Tiling<Links>, base: u64) {
+        if !self.dedicated.remove(&base) {
+            self.unlink(tiling, base);
         }
     }
-}
 
-impl Tlsf {
-    /// The block of a completed free is the policy's again (see `books_glue!`).
-    fn take_back(&mut self, env: &mut Env<'_>, b: Live, _deferred: bool) {
-        self.release_block(env, b.addr);
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-}
-
-impl Allocator for Tlsf {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn malloc(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        let rounded = rounded_request(size, ALIGN_256);
-        let found =
-            if rounded <= MAX_REQUEST_BYTES { self.find(env, rounded, stream) } else { None };
-        let result = match found {
-            Some((addr, block)) => {
-                self.tiling.take(addr, id);
-                Ok(self.books.grant(env, id, (addr, block), size, stream))
-            }
-            None => Err(self.books.oom(env, id, rounded, stream, self.tiling.largest_free())),
-        };
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-        result
-    }
-
-    books_glue!();
-
-    fn empty_cache(&mut self, env: &mut Env<'_>) {
-        self.release_free_segments(env, 0);
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-
-    /// `sl_bits` takes effect only at construction.
-    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
-        let (mut segment_size, mut sl_bits) = (self.segment_size, self.sl_bits as u64);
-        for (key, value) in parse_conf(NAME, conf)? {
-            match key.as_str() {
-                "segment_size" => segment_size = parse_bytes(NAME, &key, &value)?,
-                "sl_bits" => sl_bits = parse_bytes(NAME, &key, &value)?,
-                _ => return Err(unknown_key(NAME, &key, KEYS)),
-            }
+    /// A dedicated segment goes at once; VMA keeps one empty regular segment.
+    fn on_segment_free(&mut self, _: &Tiling<Links>, base: u64) -> Release {
+        if self.dedicated.contains(&base) {
+            Release::This
+        } else {
+            Release::KeepingFirst(1)
         }
-        if !(PAGE_2MIB..=MAX_REQUEST_BYTES).contains(&segment_size) || !(1..=6).contains(&sl_bits) {
-            return Err(ConfigError(format!(
-                "policy {NAME}: need 2 MiB <= segment_size <= 1 PiB and 1 <= sl_bits <= 6"
-            )));
+    }
+
+    /// `sl_bits` takes effect only before the first request.
+    fn check(&mut self, previous: &Self, started: bool) -> Result<(), String> {
+        if !(PAGE_2MIB..=MAX_REQUEST_BYTES).contains(&self.segment_size)
+            || !(1..=6).contains(&self.sl_bits)
+        {
+            return Err("need 2 MiB <= segment_size <= 1 PiB and 1 <= sl_bits <= 6".into());
         }
-        self.segment_size = segment_size;
-        if self.heads.is_empty() {
-            self.sl_bits = sl_bits as u32;
+        if started {
+            self.sl_bits = previous.sl_bits;
         }
         Ok(())
-    }
-
-    fn snapshot(&self) -> Vec<SnapshotSegment> {
-        self.tiling.snapshot(&self.books)
     }
 }
 
@@ -369,7 +324,7 @@ mod tests {
 
     #[test]
     fn classes_are_monotone_and_search_rounds_up() {
-        let t = super::Tlsf::from_conf("").unwrap();
+        let t = super::TlsfRules::default();
         let mut last = (0, 0);
         for size in (256..(64 << 20)).step_by(4099 * 256) {
             let c = t.class(size);
