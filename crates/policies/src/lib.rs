@@ -18,8 +18,26 @@ pub struct Policy {
     pub name: &'static str,
     /// Builds it from a settings string in its own syntax (`""`: its defaults).
     pub build: fn(&str) -> Result<Box<dyn Allocator>, ConfigError>,
-    /// Settings the random-program tests run it under besides its defaults.
+    /// Settings the property suites and `allocsim fuzz` also run it under.
     pub test_settings: &'static [&'static str],
+}
+
+impl Policy {
+    /// `NAME` for its defaults, then `NAME[SETTINGS]` for each of its test settings: what the
+    /// property suites run.
+    pub fn test_specs(&self) -> Vec<String> {
+        let with = self.test_settings.iter().map(|s| format!("{}[{s}]", self.name));
+        std::iter::once(self.name.to_string()).chain(with).collect()
+    }
+}
+
+/// A policy and its settings in one string, `NAME[SETTINGS]` (or a bare `NAME`): the name, and
+/// the settings if the brackets are there.
+pub fn parse_spec(spec: &str) -> (&str, Option<&str>) {
+    match spec.strip_suffix(']').and_then(|s| s.split_once('[')) {
+        Some((name, conf)) => (name, Some(conf)),
+        None => (spec, None),
+    }
 }
 
 fn boxed<A: Allocator + 'static>(
@@ -101,4 +119,15 @@ pub fn by_name(name: &str, conf: Option<&str>) -> Result<Box<dyn Allocator>, Con
         return Err(unknown_policy(name));
     };
     (policy.build)(conf.unwrap_or(""))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn specs() {
+        assert_eq!(super::parse_spec("bfc"), ("bfc", None));
+        assert_eq!(super::parse_spec("bfc[a:1,b:2]"), ("bfc", Some("a:1,b:2")));
+        assert_eq!(super::parse_spec("pytorch[]"), ("pytorch", Some("")));
+        assert_eq!(super::parse_spec("bfc[a:1"), ("bfc[a:1", None));
+    }
 }

@@ -183,8 +183,7 @@ fn memory_fraction_oom() {
 #[test]
 fn out_of_memory_retry() {
     let total = 8 << 30;
-    let mut h = Harness::new("", total);
-    h.dev.capacity = total / 4 * 3;
+    let mut h = Harness::with_free("", total, total / 4 * 3);
     let half = total / 2;
     let a = h.alloc(half);
     let _ = h.malloc(half).unwrap_err();
@@ -394,7 +393,7 @@ fn expandable_growth_and_release() {
     h.empty_cache();
     assert_eq!(h.stats().reserved_bytes.all.current, 0);
     assert!(h.snapshot().is_empty());
-    assert_eq!(h.dev.used, 0);
+    assert_eq!(h.dev.reserved_bytes(), 0);
 }
 
 /// "Tried to allocate more than 1EB memory": refused before rounding, no stat touched but

@@ -145,7 +145,7 @@ impl Program {
             "seed {seed} op {op}: total_allocated_memory vs reserved"
         );
         assert_eq!(
-            self.h.dev.used,
+            self.h.dev.reserved_bytes(),
             self.h.alloc.total_allocated_memory(),
             "seed {seed} op {op}: device"
         );
@@ -155,7 +155,10 @@ impl Program {
         if let (Some(allowed), false) =
             (self.h.alloc.allowed_memory_maximum(), self.expandable_seen)
         {
-            assert!(self.h.dev.used <= allowed, "seed {seed} op {op}: fraction exceeded");
+            assert!(
+                self.h.dev.reserved_bytes() <= allowed,
+                "seed {seed} op {op}: fraction exceeded"
+            );
         }
         let space = self.h.alloc.free_space();
         let inactive: u64 = self
@@ -186,7 +189,7 @@ impl Program {
             "seed {}: reserved after drain",
             self.seed
         );
-        assert_eq!(self.h.dev.used, 0);
+        assert_eq!(self.h.dev.reserved_bytes(), 0);
     }
 }
 

@@ -2,8 +2,9 @@
 //! oracle, with a fixed seed per (suite, policy) so CI sees the same cases every run. A
 //! failure is shrunk by proptest and then by [`crate::shrink`], printed as an op listing, written as a trace file, and
 //! reported with the command that reproduces it:
-//! `allocsim replay FILE --policy P --check` for what the checker sees, otherwise
-//! `allocsim fuzz --trace FILE --policy P`, which runs every oracle on one trace.
+//! `allocsim replay FILE --policy P [--alloc-conf S] --check` for what the checker sees,
+//! otherwise `allocsim fuzz --trace FILE --policy 'P[S]'`, which runs every oracle on one
+//! trace.
 
 use crate::oracles::Failure;
 use crate::program::Program;
@@ -26,10 +27,12 @@ pub struct Suite {
 
 /// The command that shows `failure` on the trace at `path`.
 pub fn reproduce_command(failure: &Failure, path: &Path) -> String {
+    let (name, conf) = allocsim_policies::parse_spec(&failure.policy);
     if failure.oracle.replay_shows_it() {
-        format!("allocsim replay {} --policy {} --check", path.display(), failure.policy)
+        let conf = conf.map_or(String::new(), |c| format!(" --alloc-conf '{c}'"));
+        format!("allocsim replay {} --policy {name}{conf} --check", path.display())
     } else {
-        format!("allocsim fuzz --trace {} --policy {}", path.display(), failure.policy)
+        format!("allocsim fuzz --trace {} --policy '{}'", path.display(), failure.policy)
     }
 }
 
@@ -93,7 +96,9 @@ impl Suite {
                 // Proptest shrinks value by value; delta debugging then drops what it kept.
                 let fails = |p: &Program| oracle(policy, &p.trace()).err();
                 let (program, failure) = crate::shrink::shrink(&program, &failure, fails);
-                let stem = format!("{}-{policy}", self.name);
+                let plain = |c: char| if c.is_ascii_alphanumeric() { c } else { '_' };
+                let stem =
+                    format!("{}-{}", self.name, policy.chars().map(plain).collect::<String>());
                 panic!(
                     "{} suite: {}",
                     self.name,

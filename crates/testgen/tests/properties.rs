@@ -23,13 +23,13 @@ fn suite(name: &'static str, cases: u32, limits: Limits) -> Suite {
 }
 
 /// The checker, the op/event contract and `_check_memory_stat_consistency` after every op,
-/// and a second run with a byte-identical event log; for `pytorch`, also the reference model
-/// wherever it applies.
+/// and a second run with a byte-identical event log, for every policy under its defaults and
+/// its test settings; for `pytorch`, also the reference model wherever it applies.
 #[test]
 fn every_policy_passes_every_oracle() {
     let s = suite("oracles", CASES, Limits { max_steps: STEPS, ..Limits::default() });
-    for policy in allocsim_policies::names() {
-        s.run(policy, check_trace);
+    for spec in allocsim_policies::POLICIES.iter().flat_map(|p| p.test_specs()) {
+        s.run(&spec, check_trace);
     }
 }
 

@@ -310,10 +310,9 @@ mod tests {
 
     #[test]
     fn fragmentation_metric() {
-        use super::super::testing::BumpDevice;
         use allocsim_core::{AllocId, Allocator, Env, StreamId};
         let mut bfc = super::Bfc::from_conf("allow_growth:false,memory_limit:16MiB").unwrap();
-        let mut device = BumpDevice::new(GIB);
+        let mut device = allocsim_sim::SimDevice::for_tests(GIB);
         let mut events = Vec::new();
         let mut env = Env::new(&mut device, &mut events);
         for i in 0..4 {

@@ -1,143 +1,48 @@
-//! Test-only helpers for the PyTorch clone: a tiny device with a byte budget, a harness that
-//! owns device, allocator and event log, and PyTorch's `_check_memory_stat_consistency`.
+//! Test-only helpers for the PyTorch clone: a harness that owns the test device
+//! ([`SimDevice::for_tests`]), allocator and event log, and PyTorch's
+//! `_check_memory_stat_consistency`.
 #![allow(dead_code)]
 
 use allocsim_core::{
-    AllocId, Allocator, CallKind, ConfigError, Device, DeviceCalls, DeviceError, Env, Event,
-    Granted, MemInfo, MemoryStats, OomInfo, SnapshotSegment, StreamId, MIB,
+    AllocId, Allocator, ConfigError, Env, Event, Granted, MemoryStats, OomInfo, SnapshotSegment,
+    StreamId,
 };
 use allocsim_policies::pytorch::PyTorchAllocator;
-use std::collections::BTreeMap;
-
-/// A device with `capacity` bytes: segments and mapped pages come out of it; addresses are
-/// handed out upwards with a gap so that segments never touch.
-#[derive(Debug)]
-pub struct TestDevice {
-    pub total: u64,
-    pub capacity: u64,
-    pub used: u64,
-    next_addr: u64,
-    next_va: u64,
-    pub segments: BTreeMap<u64, u64>,
-    pub mapped: BTreeMap<u64, u64>,
-    calls: DeviceCalls,
-}
-
-impl TestDevice {
-    pub fn new(total: u64) -> Self {
-        TestDevice {
-            total,
-            capacity: total,
-            used: 0,
-            next_addr: 0x7f00_0000_0000,
-            next_va: 0x1000_0000_0000,
-            segments: BTreeMap::new(),
-            mapped: BTreeMap::new(),
-            calls: DeviceCalls::default(),
-        }
-    }
-
-    fn take(&mut self, size: u64) -> Result<(), DeviceError> {
-        if self.used + size > self.capacity {
-            return Err(DeviceError::OutOfMemory {
-                requested: size,
-                free: self.capacity - self.used,
-            });
-        }
-        self.used += size;
-        Ok(())
-    }
-}
-
-impl Device for TestDevice {
-    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
-        let ok = self.take(size);
-        self.calls.record(CallKind::Malloc, ok.is_ok(), 0);
-        ok?;
-        let addr = self.next_addr;
-        self.next_addr += size.div_ceil(2 * MIB) * 2 * MIB + 2 * MIB;
-        self.segments.insert(addr, size);
-        Ok(addr)
-    }
-
-    fn free(&mut self, addr: u64, size: u64) {
-        assert_eq!(self.segments.remove(&addr), Some(size), "cudaFree of an unknown segment");
-        self.used -= size;
-        self.calls.record(CallKind::Free, true, 0);
-    }
-
-    fn reserve_address(&mut self, size: u64, alignment: u64) -> Result<u64, DeviceError> {
-        let align = alignment.max(2 * MIB);
-        let addr = self.next_va.div_ceil(align) * align;
-        self.next_va = addr + size + align;
-        self.calls.record(CallKind::ReserveAddress, true, 0);
-        Ok(addr)
-    }
-
-    fn release_address(&mut self, addr: u64, size: u64) {
-        assert!(self.mapped.range(addr..addr + size).next().is_none(), "released a mapped range");
-        self.calls.record(CallKind::ReleaseAddress, true, 0);
-    }
-
-    fn map(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
-        let ok = self.take(size);
-        self.calls.record(CallKind::Map, ok.is_ok(), 0);
-        ok?;
-        assert!(self.mapped.range(addr..addr + size).next().is_none(), "double map");
-        self.mapped.insert(addr, size);
-        Ok(())
-    }
-
-    fn unmap(&mut self, addr: u64, size: u64) {
-        // A range may cover several earlier maps, or part of one.
-        let mut cut = Vec::new();
-        for (&a, &s) in self.mapped.range(..addr + size) {
-            if a + s > addr {
-                cut.push((a, s));
-            }
-        }
-        for (a, s) in cut {
-            self.mapped.remove(&a);
-            if a < addr {
-                self.mapped.insert(a, addr - a);
-            }
-            if a + s > addr + size {
-                self.mapped.insert(addr + size, a + s - addr - size);
-            }
-        }
-        self.used -= size;
-        self.calls.record(CallKind::Unmap, true, 0);
-    }
-
-    fn mem_info(&self) -> MemInfo {
-        MemInfo { free_bytes: self.capacity - self.used, total_bytes: self.total }
-    }
-
-    fn calls(&self) -> &DeviceCalls {
-        &self.calls
-    }
-}
+use allocsim_sim::{CostModel, SimConfig, SimDevice};
 
 /// Allocator + device + event log, with PyTorch-flavoured helpers.
 #[derive(Debug)]
 pub struct Harness {
     pub alloc: PyTorchAllocator,
-    pub dev: TestDevice,
+    pub dev: SimDevice,
     pub events: Vec<Event>,
     next_id: u64,
 }
 
 impl Harness {
     pub fn new(conf: &str, total: u64) -> Self {
+        Harness::with_free(conf, total, total)
+    }
+
+    /// A device of `total` bytes of which only `free` are free at the start (others hold the
+    /// rest).
+    pub fn with_free(conf: &str, total: u64, free: u64) -> Self {
+        let config = SimConfig {
+            cost: CostModel::zero(),
+            free_bytes: free,
+            ..SimConfig::with_total_bytes(total)
+        };
         Harness {
             alloc: PyTorchAllocator::from_conf(conf).expect("valid conf"),
-            dev: TestDevice::new(total),
+            dev: SimDevice::new(config),
             events: Vec::new(),
             next_id: 0,
         }
     }
 
     fn env(&mut self) -> (Env<'_>, &mut PyTorchAllocator) {
+        // The previous call kept the device's contract (no unknown frees, no double maps).
+        assert_eq!(self.dev.errors(), &[] as &[String], "device contract");
         (Env::new(&mut self.dev, &mut self.events), &mut self.alloc)
     }
 

@@ -11,10 +11,13 @@ use allocsim_run::{run_trace, DeviceChoice, RunOptions, H100_TOTAL_BYTES};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The options every oracle run uses: the modelled device (generated traces have no
-/// recording), the checker on, seed 0. The same as `allocsim replay FILE --policy P --check`.
+/// recording), the checker on, seed 0; `policy` is `NAME` or `NAME[SETTINGS]`. The same as
+/// `allocsim replay FILE --policy NAME [--alloc-conf SETTINGS] --check`.
 pub fn run_options(policy: &str) -> RunOptions {
+    let (name, conf) = allocsim_policies::parse_spec(policy);
     RunOptions {
-        policy: policy.to_string(),
+        policy: name.to_string(),
+        alloc_conf: conf.map(str::to_string),
         device: DeviceChoice::Sim,
         check: true,
         ..RunOptions::default()
@@ -24,8 +27,9 @@ pub fn run_options(policy: &str) -> RunOptions {
 /// The checker as `run_trace` configures it for `--check`: the trace's device, the policy's
 /// own alignment.
 fn checker_for(policy: &str, trace: &Trace) -> Checker {
-    let conf = if policy == "pytorch" { trace.meta.alloc_conf.clone() } else { None };
-    let alignment_bytes = allocsim_policies::by_name(policy, Some(conf.as_deref().unwrap_or("")))
+    let (name, conf) = allocsim_policies::parse_spec(policy);
+    let recorded = (name == "pytorch").then_some(trace.meta.alloc_conf.as_deref()).flatten();
+    let alignment_bytes = allocsim_policies::by_name(name, Some(conf.or(recorded).unwrap_or("")))
         .map_or(CheckConfig::default().alignment_bytes, |a| a.block_alignment());
     let device_total_bytes = trace.meta.device_total_bytes.unwrap_or(H100_TOTAL_BYTES);
     Checker::new(CheckConfig { device_total_bytes, alignment_bytes, ..CheckConfig::default() })
