@@ -1,7 +1,7 @@
 //! `allocsim explain-oom TRACE [--policy P]`.
 
 use crate::input::progress_bar;
-use crate::output::{bytes, outln};
+use crate::output::{bytes, counted, outln};
 use allocsim_core::Trace;
 use allocsim_replay::OomExplainer;
 use allocsim_run::{run_trace, DeviceChoice, RunOptions};
@@ -54,9 +54,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut out = String::new();
     outln!(
         out,
-        "{}: {} OOMs under {} on the {} device",
+        "{}: {} under {} on the {} device",
         args.trace.display(),
-        explainer.explanations.len(),
+        counted(explainer.explanations.len() as u64, "OOM", "OOMs"),
         args.policy,
         report.device
     );

@@ -5,11 +5,12 @@
 //! writes it as a trace file and prints the commands that reproduce the run and the minimal
 //! case. `--trace FILE` runs every oracle on one trace file: what those commands run.
 
+use crate::output::counted;
 use allocsim_testgen::oracles::{check_trace_catching, formats, Failure, Oracle};
 use allocsim_testgen::shrink::shrink;
 use allocsim_testgen::suite::{reproduce_command, save_case};
 use allocsim_testgen::{from_seed, Limits, Program};
-use anyhow::{bail, Context};
+use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Mutex;
@@ -22,7 +23,8 @@ pub struct Args {
     /// How many programs to run.
     #[arg(long, default_value_t = 1000)]
     pub iters: u64,
-    /// Only this policy. Default: every policy.
+    /// Only this policy, `NAME` or `NAME[SETTINGS]`. Default: every policy, under its defaults
+    /// and under each of its test settings.
     #[arg(long)]
     pub policy: Option<String>,
     /// At most this many steps per program.
@@ -73,13 +75,14 @@ fn oracles(policy: &str, program_trace: &allocsim_core::Trace) -> Result<(), Fai
     })
 }
 
+/// The policies to run: every one under its defaults and its test settings, or the one named.
 fn policies(only: &Option<String>) -> anyhow::Result<Vec<String>> {
-    let all: Vec<String> = allocsim_policies::names().iter().map(|s| s.to_string()).collect();
-    match only {
-        None => Ok(all),
-        Some(p) if all.contains(p) => Ok(vec![p.clone()]),
-        Some(p) => bail!("unknown policy {p:?}; known policies: {}", all.join(", ")),
-    }
+    let Some(spec) = only else {
+        return Ok(allocsim_policies::POLICIES.iter().flat_map(|p| p.test_specs()).collect());
+    };
+    let (name, conf) = allocsim_policies::parse_spec(spec);
+    allocsim_policies::by_name(name, conf)?;
+    Ok(vec![spec.clone()])
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -106,10 +109,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..Limits::default()
     };
     println!(
-        "allocsim fuzz: seeds {base}..{} ({} programs) x {} policies",
+        "allocsim fuzz: seeds {base}..{} ({}) x {}",
         base.wrapping_add(args.iters),
-        args.iters,
-        policies.len()
+        counted(args.iters, "program", "programs"),
+        counted(policies.len() as u64, "policy", "policies")
     );
     let mut ops = 0u64;
     for i in 0..args.iters {
@@ -139,7 +142,8 @@ fn report(args: &Args, seed: u64, program: &Program, failure: Failure) -> anyhow
     println!("FAIL seed {seed}, policy {policy}: {failure}");
     println!("shrinking...");
     let (small, small_failure) = shrink(program, &failure, |p| oracles(&policy, &p.trace()).err());
-    let stem = format!("allocsim-fuzz-{seed}-{policy}");
+    let plain = |c: char| if c.is_ascii_alphanumeric() { c } else { '_' };
+    let stem = format!("allocsim-fuzz-{seed}-{}", policy.chars().map(plain).collect::<String>());
     let path = save_case(&args.out, &stem, &small)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("writing the minimal case to {}", args.out.display()))?;

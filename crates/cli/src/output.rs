@@ -4,7 +4,6 @@
 use allocsim_core::{MemoryStats, Stat, StatArray};
 use allocsim_run::{RunReport, StartedFrom};
 
-/// PyTorch's `format_size`-like rendering, with the exact count alongside for big values.
 /// A size as flags take it: bytes (`42949672960`, `4e10`), or a number with a unit, decimal
 /// (`kB`, `MB`, `GB`, `TB`) or binary (`KiB`, `MiB`, `GiB`, `TiB`), as in `40GiB`, `40 GB` or
 /// `1.5GiB`; units in any case. Written by hand: two lines of arithmetic on a float, where a
@@ -40,6 +39,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// A size for people: `7.19 GiB (7719616512 B)`; bytes alone below 1 KiB.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = n as f64;
@@ -55,83 +55,87 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
-fn short_bytes(n: i64) -> String {
-    const UNITS: [&str; 5] = ["B  ", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value.abs() >= 2048.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
+/// PyTorch's `_format_size(sz, pref_sz)`: the unit is chosen by `pref` (the `all` row's
+/// value), so the pool rows line up with it; whole units, rounded down.
+fn format_size(n: i64, pref: i64) -> String {
+    const UNITS: [&str; 6] = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let (mut n, mut pref, mut unit) = (n, pref as f64, 0);
+    while unit + 1 < UNITS.len() && pref >= 768.0 * 1024.0 {
+        n = n.div_euclid(1024);
+        pref /= 1024.0;
         unit += 1;
     }
-    format!("{:>6} {}", value.round() as i64, UNITS[unit])
+    format!("{n:>6} {}", UNITS[unit])
 }
 
-fn short_count(n: i64) -> String {
-    format!("{n:>10}")
-}
-
-/// `torch.cuda.memory_summary()`'s table, from our statistics.
-pub fn memory_summary(stats: &MemoryStats) -> String {
-    const RULE: &str =
-        "|===========================================================================|";
-    const THIN: &str =
-        "|---------------------------------------------------------------------------|";
-    let mut out = vec![
-        RULE.to_string(),
-        format!("|{:^75}|", "allocsim memory summary (PyTorch layout)"),
-        THIN.to_string(),
-        format!(
-            "|{:^37}|{:^37}|",
-            format!("CUDA OOMs: {}", stats.num_ooms),
-            format!("cudaMalloc retries: {}", stats.num_alloc_retries)
-        ),
-        RULE.to_string(),
-        format!(
-            "|{:^23}|{:^12}|{:^12}|{:^12}|{:^12}|",
-            "Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"
-        ),
-        THIN.to_string(),
-    ];
-    type Row<'a> = (&'a str, &'a StatArray, fn(i64) -> String);
-    let rows: [Row; 9] = [
-        ("Allocated memory", &stats.allocated_bytes, short_bytes),
-        ("Active memory", &stats.active_bytes, short_bytes),
-        ("Requested memory", &stats.requested_bytes, short_bytes),
-        ("GPU reserved memory", &stats.reserved_bytes, short_bytes),
-        ("Non-releasable memory", &stats.inactive_split_bytes, short_bytes),
-        ("Allocations", &stats.allocation, short_count),
-        ("Active allocs", &stats.active, short_count),
-        ("GPU reserved segments", &stats.segment, short_count),
-        ("Non-releasable allocs", &stats.inactive_split, short_count),
-    ];
-    for (name, array, fmt) in rows {
-        let line = |label: &str, s: &Stat| {
-            format!(
-                "| {label:<22}| {} | {} | {} | {} |",
-                fmt(s.current),
-                fmt(s.peak),
-                fmt(s.allocated),
-                fmt(s.freed)
-            )
-        };
-        out.push(line(name, &array.all));
-        out.push(line("      from large pool", &array.large_pool));
-        out.push(line("      from small pool", &array.small_pool));
-        out.push(THIN.to_string());
+/// PyTorch's `_format_count(cnt, pref_cnt)`.
+fn format_count(n: i64, pref: i64) -> String {
+    const UNITS: [&str; 3] = [" ", "K", "M"];
+    let (mut n, mut pref, mut unit) = (n, pref as f64, 0);
+    while unit + 1 < UNITS.len() && pref >= 750.0 * 1000.0 {
+        n = n.div_euclid(1000);
+        pref /= 1000.0;
+        unit += 1;
     }
-    let oversize = |label: &str, s: &Stat| {
+    format!("{n:>7} {} ", UNITS[unit])
+}
+
+/// `n` and the noun, singular for one: `1 OOM`, `2 OOMs`.
+pub fn counted(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// `torch.cuda.memory_summary(device)`'s table, character for character, from our statistics.
+pub fn memory_summary(stats: &MemoryStats, device: u32) -> String {
+    let rule = |c: &str| c.repeat(75);
+    let mut lines = vec![
+        rule("="),
+        format!(" {:16} PyTorch CUDA memory summary, device ID {device:<17} ", ""),
+        rule("-"),
         format!(
-            "| {label:<22}| {} | {} | {} | {} |",
-            short_count(s.current),
-            short_count(s.peak),
-            short_count(s.allocated),
-            short_count(s.freed)
+            "  {:9} CUDA OOMs: {:<12} | {:6} cudaMalloc retries: {:<8}  ",
+            "", stats.num_ooms, "", stats.num_alloc_retries
+        ),
+        rule("="),
+        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string(),
+    ];
+    type Row<'a> = (&'a str, &'a StatArray, fn(i64, i64) -> String);
+    let rows: [Row; 9] = [
+        ("Allocated memory", &stats.allocated_bytes, format_size),
+        ("Active memory", &stats.active_bytes, format_size),
+        ("Requested memory", &stats.requested_bytes, format_size),
+        ("GPU reserved memory", &stats.reserved_bytes, format_size),
+        ("Non-releasable memory", &stats.inactive_split_bytes, format_size),
+        ("Allocations", &stats.allocation, format_count),
+        ("Active allocs", &stats.active, format_count),
+        ("GPU reserved segments", &stats.segment, format_count),
+        ("Non-releasable allocs", &stats.inactive_split, format_count),
+    ];
+    let line = |label: &str, s: &Stat, pref: &Stat, fmt: fn(i64, i64) -> String| {
+        format!(
+            " {label:<21} | {} | {} | {} | {} ",
+            fmt(s.current, pref.current),
+            fmt(s.peak, pref.peak),
+            fmt(s.allocated, pref.allocated),
+            fmt(s.freed, pref.freed)
         )
     };
-    out.push(oversize("Oversize allocations", &stats.oversize_allocations));
-    out.push(oversize("Oversize GPU segments", &stats.oversize_segments));
-    out.push(RULE.to_string());
-    out.join("\n")
+    for (name, array, fmt) in rows {
+        lines.push(rule("-"));
+        lines.push(line(name, &array.all, &array.all, fmt));
+        lines.push(line("      from large pool", &array.large_pool, &array.all, fmt));
+        lines.push(line("      from small pool", &array.small_pool, &array.all, fmt));
+    }
+    for (name, stat) in [
+        ("Oversize allocations", &stats.oversize_allocations),
+        ("Oversize GPU segments", &stats.oversize_segments),
+    ] {
+        lines.push(rule("-"));
+        lines.push(line(name, stat, stat, format_count));
+    }
+    lines.push(rule("="));
+    format!("|{}|", lines.join("|\n|"))
 }
 
 /// Keys whose simulated value differs from the recorded one: `(key, recorded, simulated)`.
@@ -281,5 +285,39 @@ mod size_tests {
             let e = parse_size(bad).unwrap_err();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::{counted, format_count, format_size, memory_summary};
+
+    /// PyTorch's rule: the `all` row picks the unit once it reaches 768 of the next one;
+    /// counts switch at 750 thousand; values round down.
+    #[test]
+    fn sizes_and_counts_as_pytorch_formats_them() {
+        let mib = 1 << 20;
+        assert_eq!(format_size(7364 * mib + 5, 7364 * mib), "  7364 MiB");
+        assert_eq!(format_size(767 * 1024, 767 * 1024), "785408 B  ");
+        assert_eq!(format_size(768 * 1024, 768 * 1024), "   768 KiB");
+        // A pool row takes the unit of its `all` row.
+        assert_eq!(format_size(1024, 7364 * mib), "     0 MiB");
+        assert_eq!(format_count(749_999, 749_999), " 749999   ");
+        assert_eq!(format_count(1_500_000, 1_500_000), "   1500 K ");
+        assert_eq!(
+            (counted(1u64, "OOM", "OOMs"), counted(2u64, "OOM", "OOMs")),
+            ("1 OOM".into(), "2 OOMs".into())
+        );
+    }
+
+    #[test]
+    fn the_table_has_pytorchs_title_and_width() {
+        let table = memory_summary(&Default::default(), 3);
+        assert!(table
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains("PyTorch CUDA memory summary, device ID 3 "));
+        assert!(table.lines().all(|l| l.chars().count() == 77), "{table}");
     }
 }

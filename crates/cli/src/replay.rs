@@ -432,6 +432,9 @@ fn print_report(
     for w in warnings {
         outln!(out, "  trace warning: {w}");
     }
-    outln!(out, "{}", memory_summary(&r.stats));
+    // The GPU the snapshot was read for (`--cuda-device`; else the one with entries, which a
+    // single-GPU recording names as 0).
+    let device = crate::input::READ_OPTIONS.get().and_then(|o| o.cuda_device).unwrap_or(0);
+    outln!(out, "{}", memory_summary(&r.stats, device as u32));
     out
 }
