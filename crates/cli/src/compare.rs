@@ -57,6 +57,9 @@ fn trace_name(path: &std::path::Path) -> String {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &args.html {
+        crate::output::check_output(path)?;
+    }
     let policies = policies(&args.policy)?;
     let mut traces = Vec::new();
     for path in &args.traces {

@@ -40,7 +40,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         trace.meta.stats_at_start = Some(read_stats_json(path)?);
     }
     if trace.recorded.is_empty() {
-        bail!("{}: the trace records no allocator events to compare with", args.trace.display());
+        bail!(
+            "{}: fidelity needs a PyTorch memory snapshot (or a trace converted from one), whose \
+             recorded allocator events a replay is compared with; this trace has none. Record \
+             one as the README's \"Recording a snapshot\" shows, or run `allocsim replay` on \
+             this one",
+            args.trace.display()
+        );
     }
     let opts = RunOptions {
         policy: args.policy.clone(),

@@ -71,8 +71,11 @@ enum Command {
 pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use anyhow::Context;
     let tmp = path.with_extension("allocsim-tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
+    let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("writing {}", path.display()))
 }
 
 fn main() -> ExitCode {

@@ -39,6 +39,39 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// Fail now, before any work, if `path` cannot be written: its folder must exist and take a new
+/// file, and `path` must not be a folder. The error names `path` as the user gave it.
+pub fn check_output(path: &std::path::Path) -> anyhow::Result<()> {
+    let shown = path.display();
+    if path.is_dir() {
+        anyhow::bail!("cannot write {shown}: it is a directory");
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if !parent.is_dir() {
+        anyhow::bail!("cannot write {shown}: there is no directory {}", parent.display());
+    }
+    // Create and remove a file beside it, where the atomic writers put their temporary file.
+    let probe = parent.join(format!(".allocsim-probe-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(|e| anyhow::anyhow!("cannot write {shown}: {e}"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// [`check_output`] for a trace file, whose extension picks the format.
+pub fn check_trace_output(path: &std::path::Path) -> anyhow::Result<()> {
+    if allocsim_trace::Format::from_path(path).is_none() {
+        anyhow::bail!(
+            "cannot write {}: the extension picks the format (.pickle, .pickle.gz, .csv, \
+             .allocsim, .allocsim.json)",
+            path.display()
+        );
+    }
+    check_output(path)
+}
+
 /// A size for people: `7.19 GiB (7719616512 B)`; bytes alone below 1 KiB.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -136,6 +136,9 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    for path in args.event_log.iter().chain(&args.export_snapshot) {
+        crate::output::check_output(path)?;
+    }
     // A native binary trace streams its ops, so memory stays bounded however long it is;
     // exporting a snapshot and replaying on a GPU want the whole trace.
     let streams = args.export_snapshot.is_none()

@@ -1,0 +1,75 @@
+"""Record a PyTorch memory snapshot and the sidecar allocsim reads beside it.
+
+As a context manager around your own code:
+
+    from capture_snapshot import capture
+    with capture("run.pickle.gz", max_entries=100_000):
+        train()
+
+or around a whole script:
+
+    python capture_snapshot.py run.pickle.gz -- train.py --epochs 1
+
+writes `run.pickle.gz` (`torch.cuda.memory._snapshot()`, gzip-compressed) and `run.json`
+(`memory_stats()` at the end, the settings in force, `mem_get_info()` at the start and the
+memory the run took outside the allocator, the GPU and the versions). Then
+`allocsim replay run.pickle.gz`, `allocsim capacity run.pickle.gz`, `allocsim advise ...`.
+"""
+
+import contextlib
+import gzip
+import json
+import os
+import pickle
+import runpy
+import sys
+
+
+@contextlib.contextmanager
+def capture(path, max_entries=100_000, stacks="python", device=None):
+    """Record the allocator's history on `device` while the block runs; dump it at the end,
+    also when the block raises (an OOM is what one most wants to see)."""
+    import torch
+
+    torch.cuda.init()
+    free_at_start, total = torch.cuda.mem_get_info(device)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks, device=device)
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize(device)
+        free_at_end, _ = torch.cuda.mem_get_info(device)
+        reserved = torch.cuda.memory_reserved(device)
+        snapshot = torch.cuda.memory._snapshot(device)
+        torch.cuda.memory._record_memory_history(enabled=None, device=device)
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "wb") as f:
+            pickle.dump(snapshot, f)
+        meta = {
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "total_memory": total,
+            "free_at_start": free_at_start,
+            "outside_allocator_bytes": max(free_at_start - free_at_end - reserved, 0),
+            "gpu": torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "max_entries": max_entries,
+        }
+        sidecar = {"meta": meta, "memory_stats": dict(torch.cuda.memory_stats(device))}
+        stem = str(path).removesuffix(".gz").removesuffix(".pickle")
+        with open(stem + ".json", "w") as f:
+            json.dump(sidecar, f, indent=1)
+        print(f"capture_snapshot: wrote {path} and {stem}.json", file=sys.stderr)
+
+
+def main(argv):
+    if len(argv) < 3 or argv[1] != "--":
+        sys.exit("usage: capture_snapshot.py OUT.pickle.gz -- SCRIPT.py [ARGS...]")
+    out, script = argv[0], argv[2]
+    sys.argv = argv[2:]
+    with capture(out):
+        runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
