@@ -17,6 +17,7 @@ memory the run took outside the allocator, the GPU and the versions). Then
 """
 
 import contextlib
+import gc
 import gzip
 import json
 import os
@@ -38,10 +39,17 @@ def capture(path, max_entries=100_000, stacks="python", device=None):
         yield
     finally:
         torch.cuda.synchronize(device)
-        free_at_end, _ = torch.cuda.mem_get_info(device)
-        reserved = torch.cuda.memory_reserved(device)
-        snapshot = torch.cuda.memory._snapshot(device)
-        torch.cuda.memory._record_memory_history(enabled=None, device=device)
+        # Snapshot and statistics describe one moment: no garbage collection between them
+        # (a collection frees tensors, which the statistics would see and the trace would not).
+        gc.disable()
+        try:
+            snapshot = torch.cuda.memory._snapshot(device)
+            stats = dict(torch.cuda.memory_stats(device))
+            free_at_end, _ = torch.cuda.mem_get_info(device)
+            reserved = torch.cuda.memory_reserved(device)
+            torch.cuda.memory._record_memory_history(enabled=None, device=device)
+        finally:
+            gc.enable()
         opener = gzip.open if str(path).endswith(".gz") else open
         with opener(path, "wb") as f:
             pickle.dump(snapshot, f)
@@ -55,7 +63,7 @@ def capture(path, max_entries=100_000, stacks="python", device=None):
             "cuda": torch.version.cuda,
             "max_entries": max_entries,
         }
-        sidecar = {"meta": meta, "memory_stats": dict(torch.cuda.memory_stats(device))}
+        sidecar = {"meta": meta, "memory_stats": stats}
         stem = str(path).removesuffix(".gz").removesuffix(".pickle")
         with open(stem + ".json", "w") as f:
             json.dump(sidecar, f, indent=1)

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 /// The bundled real traces (PyTorch snapshots with their recorded statistics): the ten shared
-/// lab recordings, four held out from the PyTorch policy's development, and nineteen recorded
-/// the way users record them.
+/// lab recordings, four held out from the PyTorch policy's development, and twenty-three
+/// recorded the way users record them.
 pub fn bundled_traces() -> Vec<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../traces");
     let mut traces = Vec::new();
