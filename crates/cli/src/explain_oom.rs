@@ -3,7 +3,7 @@
 use crate::input::progress_bar;
 use crate::output::{bytes, counted, outln};
 use allocsim_core::Trace;
-use allocsim_replay::OomExplainer;
+use allocsim_replay::{OomExplainer, OomExplanation};
 use allocsim_run::{run_trace, DeviceChoice, RunOptions};
 use anyhow::Context;
 use std::path::PathBuf;
@@ -26,6 +26,9 @@ pub struct Args {
     /// Explain at most this many OOMs.
     #[arg(long, default_value_t = 20)]
     limit: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 /// The stack of the op that allocated a fence, as "name (file:line)" lines, innermost first.
@@ -51,81 +54,155 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report =
         run_trace(&trace, &opts, &mut [&mut explainer], progress_bar(trace.ops.len() as u64))
             .with_context(|| format!("setting up the {} policy", args.policy))?;
-    let mut out = String::new();
-    outln!(
-        out,
-        "{}: {} under {} on the {} device",
-        args.trace.display(),
-        counted(explainer.explanations.len() as u64, "OOM", "OOMs"),
-        args.policy,
-        report.device
-    );
-    for e in explainer.explanations.iter().take(args.limit) {
-        let i = &e.info;
-        outln!(out, "\nOOM at op {}: {} requested (rounded)", e.op_index, bytes(i.rounded_bytes));
+    let shown = &explainer.explanations[..explainer.explanations.len().min(args.limit)];
+    let avoiding = if args.policy == "pytorch" && !shown.is_empty() {
+        Some(settings_that_avoid(&trace, &opts)?)
+    } else {
+        None
+    };
+    let out = if args.json {
+        let json = serde_json::json!({
+            "trace": args.trace.display().to_string(),
+            "policy": args.policy,
+            "device": report.device,
+            "ooms": explainer.explanations.len(),
+            "explained": shown.iter().map(|e| explanation_json(&trace, e, avoiding.as_ref())).collect::<Vec<_>>(),
+            "no_oom_under": avoiding.as_ref().map(|a| a.clean.clone()),
+        });
+        serde_json::to_string_pretty(&json)? + "\n"
+    } else {
+        let mut out = String::new();
         outln!(
             out,
-            "  device free: {} of {}",
-            bytes(i.device_free_bytes),
-            bytes(i.device_total_bytes)
+            "{}: {} under {} on the {} device",
+            args.trace.display(),
+            counted(explainer.explanations.len() as u64, "OOM", "OOMs"),
+            args.policy,
+            report.device
         );
-        if let Some(allowed) = i.allowed_bytes {
-            outln!(out, "  allowed by the memory fraction: {}", bytes(allowed));
+        for e in shown {
+            explanation_text(&mut out, &trace, e);
         }
-        outln!(
-            out,
-            "  allocated: {}; reserved: {}",
-            bytes(i.allocated_bytes),
-            bytes(i.reserved_bytes)
-        );
-        outln!(out, "  reserved but unallocated: {}", bytes(i.cached_bytes()));
-        for r in &e.largest_free {
-            outln!(
-                out,
-                "  largest free block in the {}: {} at {:#x}",
-                r.pool.stats_name().replace('_', " "),
-                bytes(r.size),
-                r.addr
-            );
-            for f in &r.fences {
-                let origin = match (f.id, f.alloc_op) {
-                    (Some(id), Some(op)) => format!("allocation {} from op {op}", id.0),
-                    _ => "allocated before the trace began".to_string(),
-                };
-                outln!(
-                    out,
-                    "    fenced by a live block of {} at {:#x}: {origin}",
-                    bytes(f.size),
-                    f.addr
-                );
-                for frame in f.alloc_op.map(|op| stack_of(&trace, op)).unwrap_or_default() {
-                    outln!(out, "      {frame}");
-                }
+        if explainer.explanations.len() > args.limit {
+            outln!(out, "\n... and {} more (--limit)", explainer.explanations.len() - args.limit);
+        }
+        if let Some(avoiding) = &avoiding {
+            outln!(out, "\nSettings that avoid each OOM (PYTORCH_CUDA_ALLOC_CONF, same device):");
+            for e in shown {
+                let list = avoiding.of(e.op_index).join("  |  ");
+                let list = if list.is_empty() { "none of those tried".to_string() } else { list };
+                outln!(out, "  op {}: {list}", e.op_index);
+            }
+            if !avoiding.clean.is_empty() {
+                outln!(out, "  no OOM at all under: {}", avoiding.clean.join("  |  "));
             }
         }
-    }
-    if explainer.explanations.len() > args.limit {
-        outln!(out, "\n... and {} more (--limit)", explainer.explanations.len() - args.limit);
-    }
-    if args.policy == "pytorch" && !explainer.explanations.is_empty() {
-        settings_that_avoid(&mut out, &trace, &opts, &explainer, args.limit)?;
-    }
+        out
+    };
     crate::output::emit(&out)?;
     Ok(ExitCode::SUCCESS)
 }
 
+fn explanation_text(out: &mut String, trace: &Trace, e: &OomExplanation) {
+    let i = &e.info;
+    outln!(out, "\nOOM at op {}: {} requested (rounded)", e.op_index, bytes(i.rounded_bytes));
+    for frame in stack_of(trace, e.op_index) {
+        outln!(out, "    {frame}");
+    }
+    outln!(out, "  device free: {} of {}", bytes(i.device_free_bytes), bytes(i.device_total_bytes));
+    if let Some(allowed) = i.allowed_bytes {
+        outln!(out, "  allowed by the memory fraction: {}", bytes(allowed));
+    }
+    outln!(out, "  allocated: {}; reserved: {}", bytes(i.allocated_bytes), bytes(i.reserved_bytes));
+    outln!(out, "  reserved but unallocated: {}", bytes(i.cached_bytes()));
+    for r in &e.largest_free {
+        let pool = r.pool.stats_name().replace('_', " ");
+        outln!(out, "  largest free block in the {pool}: {} at {:#x}", bytes(r.size), r.addr);
+        for f in &r.fences {
+            let origin = match (f.id, f.alloc_op) {
+                (Some(id), Some(op)) => format!("allocation {} from op {op}", id.0),
+                _ => "allocated before the trace began".to_string(),
+            };
+            outln!(
+                out,
+                "    fenced by a live block of {} at {:#x}: {origin}",
+                bytes(f.size),
+                f.addr
+            );
+            for frame in f.alloc_op.map(|op| stack_of(trace, op)).unwrap_or_default() {
+                outln!(out, "      {frame}");
+            }
+        }
+    }
+}
+
+fn explanation_json(
+    trace: &Trace,
+    e: &OomExplanation,
+    avoiding: Option<&Avoiding>,
+) -> serde_json::Value {
+    let i = &e.info;
+    let regions: Vec<_> = e
+        .largest_free
+        .iter()
+        .map(|r| {
+            let fences: Vec<_> = r
+                .fences
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "address": f.addr,
+                        "size": f.size,
+                        "allocation_id": f.id.map(|id| id.0),
+                        "alloc_op": f.alloc_op,
+                        "frames": f.alloc_op.map(|op| stack_of(trace, op)).unwrap_or_default(),
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "pool": r.pool.stats_name(),
+                "address": r.addr,
+                "size": r.size,
+                "fences": fences,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "op": e.op_index,
+        "rounded_bytes": i.rounded_bytes,
+        "frames": stack_of(trace, e.op_index),
+        "device_free_bytes": i.device_free_bytes,
+        "device_total_bytes": i.device_total_bytes,
+        "allowed_bytes": i.allowed_bytes,
+        "allocated_bytes": i.allocated_bytes,
+        "reserved_bytes": i.reserved_bytes,
+        "reserved_but_unallocated_bytes": i.cached_bytes(),
+        "largest_free": regions,
+        "avoided_by": avoiding.map(|a| a.of(e.op_index)),
+    })
+}
+
+/// The `allocsim advise` settings, each with the ops at which it still OOMs on the same device.
+struct Avoiding {
+    failing: Vec<(&'static str, Vec<u64>)>,
+    /// The settings under which nothing OOMs.
+    clean: Vec<&'static str>,
+}
+
+impl Avoiding {
+    /// The settings under which the op does not fail.
+    fn of(&self, op: u64) -> Vec<&'static str> {
+        let avoid = self.failing.iter().filter(|(_, ooms)| !ooms.contains(&op));
+        avoid.map(|(conf, _)| crate::output::conf_label(conf)).collect()
+    }
+}
+
 /// For each OOM explained, the settings `allocsim advise` tries under which that op does not
 /// fail on the same device (the ops replayed as recorded).
-fn settings_that_avoid(
-    out: &mut String,
-    trace: &Trace,
-    opts: &RunOptions,
-    explainer: &OomExplainer,
-    limit: usize,
-) -> anyhow::Result<()> {
+fn settings_that_avoid(trace: &Trace, opts: &RunOptions) -> anyhow::Result<Avoiding> {
     use rayon::prelude::*;
     let own = opts.alloc_conf.clone().or(trace.meta.alloc_conf.clone()).unwrap_or_default();
-    let failing: Vec<(&str, Vec<u64>)> = crate::capacity::ADVISE_SETTINGS
+    let failing: Vec<(&'static str, Vec<u64>)> = crate::capacity::ADVISE_SETTINGS
         .par_iter()
         .filter(|conf| **conf != own)
         .map(|conf| {
@@ -138,24 +215,10 @@ fn settings_that_avoid(
             Ok((*conf, report.metrics.ooms.iter().map(|o| o.op_index).collect()))
         })
         .collect::<anyhow::Result<_>>()?;
-    outln!(out, "\nSettings that avoid each OOM (PYTORCH_CUDA_ALLOC_CONF, same device):");
-    for e in explainer.explanations.iter().take(limit) {
-        let avoid: Vec<&str> = failing
-            .iter()
-            .filter(|(_, ooms)| !ooms.contains(&e.op_index))
-            .map(|(conf, _)| crate::output::conf_label(conf))
-            .collect();
-        let list =
-            if avoid.is_empty() { "none of those tried".to_string() } else { avoid.join("  |  ") };
-        outln!(out, "  op {}: {list}", e.op_index);
-    }
-    let clean: Vec<&str> = failing
+    let clean = failing
         .iter()
         .filter(|(_, ooms)| ooms.is_empty())
         .map(|(conf, _)| crate::output::conf_label(conf))
         .collect();
-    if !clean.is_empty() {
-        outln!(out, "  no OOM at all under: {}", clean.join("  |  "));
-    }
-    Ok(())
+    Ok(Avoiding { failing, clean })
 }

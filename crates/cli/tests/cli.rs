@@ -216,6 +216,59 @@ fn explain_oom_names_the_fencing_blocks_and_their_stacks() {
     assert!(stdout.contains("modeling_gpt2.py"), "no allocation stack in:\n{stdout}");
 }
 
+/// The same in JSON, and the failing request's own stack: the capture script's recording
+/// ends in one OOM, whose request the script made at line 8.
+#[test]
+fn explain_oom_in_json_with_the_requests_own_stack() {
+    let trace = user_trace("c_train_oom.pickle.gz");
+    let out = allocsim(&["explain-oom", trace.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(": 1 OOM under pytorch"), "{stdout}");
+    let out = allocsim(&["explain-oom", trace.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["ooms"], 1);
+    let oom = &json["explained"][0];
+    assert_eq!(oom["rounded_bytes"], 2_000_000_000_000u64);
+    assert!(oom["frames"][0].as_str().unwrap().contains("tiny.py:8"), "{oom}");
+    assert!(oom["largest_free"][0]["fences"][0]["frames"].as_array().is_some(), "{oom}");
+    assert!(oom["avoided_by"].is_array(), "{oom}");
+}
+
+/// Output paths are checked before the work: the error names the path given.
+#[test]
+fn output_paths_are_checked_first() {
+    let trace = bundled("synthetic_oom.pickle.gz");
+    for (args, says) in [
+        (
+            vec!["replay", &trace, "--event-log", "/no/such/dir/e.log"],
+            "there is no directory /no/such/dir",
+        ),
+        (vec!["replay", &trace, "--export-snapshot", "/no/x.pickle"], "cannot write /no/x.pickle"),
+        (vec!["convert", &trace, "/tmp/x.txt"], "the extension picks the format"),
+        (vec!["convert", &trace, "/tmp"], "cannot write /tmp"),
+        (vec!["compare", &trace, "--html", "/no/r.html"], "cannot write /no/r.html"),
+        (
+            vec!["workload", "transformer-train", "--out", "/no/w.allocsim"],
+            "cannot write /no/w.allocsim",
+        ),
+    ] {
+        let out = allocsim(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    // fidelity on a trace without recorded events says it needs a PyTorch snapshot.
+    let native = std::env::temp_dir().join(format!("allocsim-fid-{}.allocsim", std::process::id()));
+    let out =
+        allocsim(&["workload", "transformer-train?steps=1", "--out", native.to_str().unwrap()]);
+    assert!(out.status.success());
+    let out = allocsim(&["fidelity", native.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("fidelity needs a PyTorch memory snapshot"), "{stderr}");
+    let _ = std::fs::remove_file(native);
+}
+
 #[test]
 fn info_reads_every_bundled_trace_and_every_command_has_help() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces");
@@ -233,7 +286,7 @@ fn info_reads_every_bundled_trace_and_every_command_has_help() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 33);
+    assert_eq!(seen, 37);
     let help = allocsim(&["--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
     let commands: Vec<&str> = text
