@@ -11,9 +11,15 @@ pub struct Args {
     /// Traces to compare on (any format `replay` reads).
     #[arg(required = true)]
     traces: Vec<PathBuf>,
-    /// `all`, or a comma-separated list of policies.
+    /// `all`, or a comma-separated list of columns, each a policy under its defaults (`bfc`) or
+    /// under settings in its own syntax (`pytorch[expandable_segments:True]`,
+    /// `pytorch[max_split_size_mb:128,roundup_power2_divisions:4]`). `pytorch` alone replays a
+    /// recording under the settings it was recorded with.
     #[arg(long, default_value = "all")]
     policy: String,
+    /// Cap reserved memory at this fraction of the device total, in every column.
+    #[arg(long)]
+    memory_fraction: Option<f64>,
     /// Device memory, total and free at start (bytes, or `40GiB`, `40GB`, `4e10`). Default:
     /// each trace's own device.
     #[arg(long, value_parser = crate::output::parse_size)]
@@ -32,18 +38,33 @@ pub struct Args {
     jobs: Option<usize>,
 }
 
+/// The columns `--policy` names: policies, each with settings in brackets or not.
 fn policies(spec: &str) -> anyhow::Result<Vec<String>> {
-    let known = allocsim_policies::names();
     if spec == "all" {
-        return Ok(known.iter().map(|s| s.to_string()).collect());
+        return Ok(allocsim_policies::names().iter().map(|s| s.to_string()).collect());
     }
-    let chosen: Vec<String> = spec.split(',').map(|s| s.trim().to_string()).collect();
-    for p in &chosen {
-        if !known.contains(&p.as_str()) {
-            bail!("unknown policy {p:?}; known policies: {}", known.join(", "));
+    // Split at the commas outside brackets: settings have commas of their own.
+    let (mut columns, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in spec.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                columns.push(spec[start..i].trim().to_string());
+                start = i + 1;
+            }
+            _ => {}
         }
     }
-    Ok(chosen)
+    columns.push(spec[start..].trim().to_string());
+    for column in &columns {
+        let (name, conf) = allocsim_policies::parse_spec(column);
+        if name.contains(['[', ']']) || depth != 0 {
+            bail!("--policy {spec:?}: {column:?} is not NAME or NAME[SETTINGS]");
+        }
+        allocsim_policies::by_name(name, conf).with_context(|| format!("--policy {column}"))?;
+    }
+    Ok(columns)
 }
 
 fn trace_name(path: &std::path::Path) -> String {
@@ -71,6 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let base = RunOptions {
         device_total_bytes: args.device_total,
         device_free_bytes: args.device_total,
+        memory_fraction: args.memory_fraction,
         check: true,
         ..RunOptions::default()
     };
@@ -99,6 +121,8 @@ fn row(c: &GridCell) -> serde_json::Value {
     serde_json::json!({
         "trace": c.trace,
         "policy": c.policy,
+        "alloc_conf": c.report.alloc_conf,
+        "device": c.report.device,
         "peak_allocated_bytes": m.peak_allocated_bytes,
         "peak_reserved_bytes": m.peak_reserved_bytes,
         "fragmentation_at_peak": m.fragmentation_at_peak,
@@ -115,6 +139,7 @@ fn gib(n: u64) -> String {
 }
 
 fn tables(cells: &[GridCell]) -> String {
+    let w = cells.iter().map(|c| c.policy.len()).max().unwrap_or(0).max(14);
     let mut out = String::new();
     let mut current = "";
     for c in cells {
@@ -123,8 +148,9 @@ fn tables(cells: &[GridCell]) -> String {
             outln!(out, "\n{current}");
             outln!(
                 out,
-                "  {:<14} {:>12} {:>12} {:>8} {:>6} {:>8} {:>11} {:>14} {:>6}",
+                "  {:<w$} {:>8} {:>12} {:>12} {:>8} {:>6} {:>8} {:>11} {:>14} {:>6}",
                 "policy",
+                "device",
                 "peak alloc",
                 "peak rsrvd",
                 "frag",
@@ -138,8 +164,9 @@ fn tables(cells: &[GridCell]) -> String {
         let m = &c.report.metrics;
         outln!(
             out,
-            "  {:<14} {:>10}Gi {:>10}Gi {:>7.2}% {:>6} {:>8} {:>9.1}ms {:>14} {:>6}",
+            "  {:<w$} {:>8} {:>10}Gi {:>10}Gi {:>7.2}% {:>6} {:>8} {:>9.1}ms {:>14} {:>6}",
             c.policy,
+            c.report.device,
             gib(m.peak_allocated_bytes),
             gib(m.peak_reserved_bytes),
             100.0 * m.fragmentation_at_peak,
@@ -150,5 +177,11 @@ fn tables(cells: &[GridCell]) -> String {
             c.report.check.as_ref().map_or(0, |r| r.total_violations()),
         );
     }
+    outln!(
+        out,
+        "\ndevice: `recorded` follows the recording's device calls and addresses (the PyTorch \
+         policy under the recording's own settings), `sim` is the modelled device; min capacity \
+         is always bisected on the model"
+    );
     out
 }

@@ -235,6 +235,44 @@ fn explain_oom_in_json_with_the_requests_own_stack() {
     assert!(oom["avoided_by"].is_array(), "{oom}");
 }
 
+/// `compare` columns name settings as well as policies; the PyTorch column under the
+/// recording's own settings follows the recording, the others say they ran on the model.
+#[test]
+fn compare_takes_settings_as_columns() {
+    let trace = bundled("varlen_train.pickle.gz");
+    let columns = "pytorch,pytorch[expandable_segments:True],pytorch[max_split_size_mb:128,roundup_power2_divisions:4]";
+    let out = allocsim(&["compare", &trace, "--policy", columns, "--no-capacity", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON rows");
+    let got: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap();
+            (s("policy"), s("alloc_conf"), s("device"))
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("pytorch", "", "recorded"),
+            ("pytorch[expandable_segments:True]", "expandable_segments:True", "sim"),
+            (
+                "pytorch[max_split_size_mb:128,roundup_power2_divisions:4]",
+                "max_split_size_mb:128,roundup_power2_divisions:4",
+                "sim"
+            ),
+        ]
+    );
+    // The expandable column's peak is the one `replay --alloc-conf` predicts.
+    assert_eq!(rows[1]["peak_reserved_bytes"], 9128902656u64);
+    let out = allocsim(&["compare", &trace, "--policy", "pytorch[nope:1]"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Unrecognized key 'nope'") && stderr.contains("e.g. max_split_size_mb:128"),
+        "{stderr}"
+    );
+}
+
 /// Output paths are checked before the work: the error names the path given.
 #[test]
 fn output_paths_are_checked_first() {

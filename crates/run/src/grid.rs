@@ -39,7 +39,10 @@ pub fn min_feasible_capacity(
     crate::capacity::bisect(lower.min(upper), upper, |x| fits(trace, opts, x)).map(Some)
 }
 
-/// Run every policy on every trace in parallel. `progress` is called once per finished cell.
+/// Run every policy on every trace in parallel; a policy is `NAME` or `NAME[SETTINGS]`. Each
+/// cell runs on the device `auto` picks (the PyTorch policy under a recording's own settings
+/// follows the recording; anything else runs on the model), and its capacity bisection on
+/// the model. `progress` is called once per finished cell.
 pub fn compare(
     traces: &[(String, Trace)],
     policies: &[String],
@@ -59,9 +62,15 @@ pub fn compare(
         .map(|&i| {
             let (t, policy) = cells[i];
             let (name, trace) = &traces[t];
-            let opts =
-                RunOptions { policy: policy.clone(), device: DeviceChoice::Sim, ..base.clone() };
+            let (policy_name, conf) = allocsim_policies::parse_spec(policy);
+            let opts = RunOptions {
+                policy: policy_name.to_string(),
+                alloc_conf: conf.map(str::to_string).or(base.alloc_conf.clone()),
+                device: DeviceChoice::Auto,
+                ..base.clone()
+            };
             let report = run_trace(trace, &opts, &mut [], |_| {})?;
+            let opts = RunOptions { device: DeviceChoice::Sim, ..opts };
             let min_feasible_capacity_bytes = if with_capacity {
                 let upper = report.device_free_bytes;
                 let lower = report.metrics.peak_requested_bytes.saturating_sub(1);

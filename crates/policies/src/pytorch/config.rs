@@ -106,8 +106,16 @@ impl Config {
         self.garbage_collection_threshold = 0.0;
         self.last_allocator_settings = conf.to_string();
         let tokens = Tokenizer::new(conf);
-        self.parse_accelerator_keys(&tokens)?;
-        self.parse_cuda_keys(&tokens)
+        let parsed =
+            self.parse_accelerator_keys(&tokens).and_then(|()| self.parse_cuda_keys(&tokens));
+        // PyTorch's own message, with what a valid string looks like beside it.
+        parsed.map_err(|e| {
+            ConfigError(format!(
+                "PYTORCH_CUDA_ALLOC_CONF {conf:?}: {} (PyTorch's message); expected key:value \
+                 pairs separated by commas, e.g. max_split_size_mb:128,expandable_segments:True",
+                e.0.trim_end()
+            ))
+        })
     }
 
     /// The division count for a request of `size` bytes
@@ -545,7 +553,14 @@ mod tests {
             assert!(Config::parse(bad).is_err(), "{bad} should be refused");
         }
         let e = Config::parse("foo:1,bar:2").unwrap_err();
-        assert_eq!(e.0, "Unrecognized key 'foo' in CUDA allocator config");
+        assert!(
+            e.0.starts_with(
+                "PYTORCH_CUDA_ALLOC_CONF \"foo:1,bar:2\": Unrecognized key 'foo' in CUDA \
+                 allocator config (PyTorch's message); expected key:value pairs"
+            ),
+            "{}",
+            e.0
+        );
     }
 
     #[test]
