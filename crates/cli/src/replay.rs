@@ -203,12 +203,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )?;
         eprintln!("wrote {}", path.display());
     }
-    let differences = trace.meta.expected_stats.as_ref().map(|e| recorded_differences(&report, e));
+    // A what-if is not the recorded run: it is held against it on what matters, not key by key.
+    let what_if = opts.policy != "pytorch" || allocsim_run::changes_the_run(&opts, &trace.meta);
+    let expected = trace.meta.expected_stats.as_ref();
+    let differences = expected.filter(|_| !what_if).map(|e| recorded_differences(&report, e));
+    let what_if = expected.filter(|_| what_if).map(|e| WhatIf::new(e, &report));
     let violations = report.check.as_ref().map_or(0, |c| c.total_violations());
     let mut out = if args.json {
-        serde_json::to_string_pretty(&json_report(&args, &report, &differences))? + "\n"
+        serde_json::to_string_pretty(&json_report(&args, &report, &differences, &what_if))? + "\n"
     } else {
-        print_report(&args, &trace.warnings, &report, &differences)
+        print_report(&args, &trace.warnings, &report, &differences, &what_if)
     };
     for line in cuda_lines {
         if args.json {
@@ -222,6 +226,65 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 type Differences = Option<Vec<(String, Option<i64>, Option<i64>)>>;
+
+/// A what-if held against the recorded run on what a user asks: the peaks and the OOMs.
+struct WhatIf {
+    /// (what, recorded, simulated); the recorded value when the recording has it.
+    rows: Vec<(&'static str, Option<i64>, i64)>,
+}
+
+impl WhatIf {
+    fn new(recorded: &[(String, i64)], r: &RunReport) -> WhatIf {
+        let get = |key: &str| recorded.iter().find(|(k, _)| k == key).map(|&(_, v)| v);
+        let m = &r.metrics;
+        WhatIf {
+            rows: vec![
+                ("peak reserved", get("reserved_bytes.all.peak"), m.peak_reserved_bytes as i64),
+                ("peak allocated", get("allocated_bytes.all.peak"), m.peak_allocated_bytes as i64),
+                ("OOMs", get("num_ooms"), m.ooms.len() as i64),
+            ],
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let rows = self.rows.iter().map(|(what, recorded, simulated)| {
+            serde_json::json!({"what": what, "recorded": recorded, "simulated": simulated})
+        });
+        serde_json::Value::Array(rows.collect())
+    }
+
+    fn text(&self, out: &mut String) {
+        outln!(out, "  what-if against the recorded run:");
+        for &(what, recorded, simulated) in &self.rows {
+            let show = |v: i64| if what == "OOMs" { v.to_string() } else { bytes(v as u64) };
+            let Some(recorded) = recorded else {
+                outln!(out, "    {what}: {} (the recording does not say)", show(simulated));
+                continue;
+            };
+            let change = match simulated - recorded {
+                0 => "the same".to_string(),
+                d if what == "OOMs" => format!("{d:+}"),
+                d => format!(
+                    "{}{} ({:+.1} %)",
+                    if d < 0 { "-" } else { "+" },
+                    bytes(d.unsigned_abs()),
+                    100.0 * d as f64 / recorded.max(1) as f64
+                ),
+            };
+            outln!(
+                out,
+                "    {what}: {} recorded, {} here: {change}",
+                show(recorded),
+                show(simulated)
+            );
+        }
+    }
+}
+
+/// A statistic's value, or that one side does not have it.
+fn stat_value(v: Option<i64>) -> String {
+    v.map_or("absent".to_string(), |v| v.to_string())
+}
 
 /// One pool's share of the memory at the end of a run.
 #[derive(Debug, Default)]
@@ -243,7 +306,12 @@ fn pools_at_end(r: &RunReport) -> BTreeMap<MemPoolId, PoolFigures> {
     pools
 }
 
-pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> serde_json::Value {
+fn json_report(
+    args: &Args,
+    r: &RunReport,
+    differences: &Differences,
+    what_if: &Option<WhatIf>,
+) -> serde_json::Value {
     let stats: serde_json::Map<String, serde_json::Value> =
         r.stats.flat().into_iter().map(|(k, v)| (k, v.into())).collect();
     let calls = crate::output::device_calls_json(&r.device_calls);
@@ -266,6 +334,7 @@ pub fn json_report(args: &Args, r: &RunReport, differences: &Differences) -> ser
         },
         "start_note": r.start.note(),
         "memory_stats": stats,
+        "what_if_against_recording": what_if.as_ref().map(WhatIf::json),
         "recorded_stats_match": differences.as_ref().map(|d| d.is_empty()),
         "recorded_stats_differences": differences.as_ref().map(|d| d.iter().map(|(k, a, b)| serde_json::json!({"key": k, "recorded": a, "simulated": b})).collect::<Vec<_>>()),
         "peak_allocated_bytes": m.peak_allocated_bytes,
@@ -310,6 +379,7 @@ fn print_report(
     warnings: &[String],
     r: &RunReport,
     differences: &Differences,
+    what_if: &Option<WhatIf>,
 ) -> String {
     let mut out = String::new();
     let m = &r.metrics;
@@ -421,10 +491,14 @@ fn print_report(
         Some(d) => {
             outln!(out, "  memory_stats: {} keys differ from the recorded run's:", d.len());
             for (k, a, b) in d.iter().take(12) {
-                outln!(out, "    {k}: recorded {a:?}, simulated {b:?}");
+                let (a, b) = (stat_value(*a), stat_value(*b));
+                outln!(out, "    {k}: recorded {a}, simulated {b}");
             }
         }
         None => {}
+    }
+    if let Some(w) = what_if {
+        w.text(&mut out);
     }
     if let Some(c) = &r.check {
         outln!(out, "  checker: {} violations", c.total_violations());

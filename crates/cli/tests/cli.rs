@@ -273,6 +273,24 @@ fn compare_takes_settings_as_columns() {
     );
 }
 
+/// A what-if replay is held against the recorded run on peaks and OOMs, not key by key.
+#[test]
+fn a_what_if_says_what_changed() {
+    let trace = bundled("varlen_train.pickle.gz");
+    let out = allocsim(&["replay", &trace, "--alloc-conf", "expandable_segments:True"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("what-if against the recorded run:"), "{stdout}");
+    assert!(
+        stdout.contains("peak reserved: 10.91 GiB (11718885376 B) recorded, 8.50 GiB (9128902656 B) here: -2.41 GiB"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("keys differ") && !stdout.contains("Some("), "{stdout}");
+    let out = allocsim(&["replay", &trace, "--alloc-conf", "expandable_segments:True", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["what_if_against_recording"][0]["simulated"], 9128902656u64);
+    assert!(json["recorded_stats_differences"].is_null());
+}
+
 /// Output paths are checked before the work: the error names the path given.
 #[test]
 fn output_paths_are_checked_first() {

@@ -189,6 +189,16 @@ pub fn run_trace_streamed<O: Borrow<Op>>(
     run_head(head, ops, opts, extra, progress)
 }
 
+/// Whether `opts` replay a recording as anything but itself: other settings, memory fraction,
+/// device sizes, or injected faults (the policy aside: a recording is the PyTorch policy's).
+pub fn changes_the_run(opts: &RunOptions, meta: &TraceMeta) -> bool {
+    opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != meta.alloc_conf.as_ref())
+        || !opts.faults.is_empty()
+        || opts.memory_fraction.is_some_and(|f| Some(f) != meta.memory_fraction)
+        || opts.device_total_bytes.is_some_and(|t| Some(t) != meta.device_total_bytes)
+        || opts.device_free_bytes.is_some_and(|f| Some(f) != meta.device_free_bytes)
+}
+
 fn run_head<O: Borrow<Op>>(
     mut trace: Head<'_>,
     ops: impl IntoIterator<Item = O>,
@@ -208,11 +218,7 @@ fn run_head<O: Borrow<Op>>(
         placement: opts.placement,
         ..SimConfig::default()
     });
-    let what_if = opts.alloc_conf.as_ref().is_some_and(|c| Some(c) != meta.alloc_conf.as_ref())
-        || !opts.faults.is_empty()
-        || opts.memory_fraction.is_some_and(|f| Some(f) != meta.memory_fraction)
-        || opts.device_total_bytes.is_some_and(|t| Some(t) != meta.device_total_bytes)
-        || opts.device_free_bytes.is_some_and(|f| Some(f) != meta.device_free_bytes);
+    let what_if = changes_the_run(opts, meta);
     trace.seedable = !what_if;
     let follow = match opts.device {
         DeviceChoice::Recorded => true,
