@@ -96,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         check: true,
         ..RunOptions::default()
     };
-    let bar = indicatif::ProgressBar::new((traces.len() * policies.len()) as u64);
+    let bar = crate::input::bar("compare", (traces.len() * policies.len()) as u64, "cells");
     let cells = compare(&traces, &policies, &base, !args.no_capacity, || bar.inc(1))
         .context("running the comparison grid")?;
     bar.finish_and_clear();

@@ -51,9 +51,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..RunOptions::default()
     };
     let mut explainer = OomExplainer::default();
-    let report =
-        run_trace(&trace, &opts, &mut [&mut explainer], progress_bar(trace.ops.len() as u64))
-            .with_context(|| format!("setting up the {} policy", args.policy))?;
+    let report = run_trace(
+        &trace,
+        &opts,
+        &mut [&mut explainer],
+        progress_bar("explain", trace.ops.len() as u64),
+    )
+    .with_context(|| format!("setting up the {} policy", args.policy))?;
     let shown = &explainer.explanations[..explainer.explanations.len().min(args.limit)];
     let avoiding = if args.policy == "pytorch" && !shown.is_empty() {
         Some(settings_that_avoid(&trace, &opts)?)

@@ -29,15 +29,8 @@ pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
 }
 
 /// A progress bar on stderr for runs long enough to want one (hidden when not a terminal).
-pub fn progress_bar(ops: u64) -> impl FnMut(u64) {
-    let bar = (ops >= 500_000).then(|| {
-        let bar = indicatif::ProgressBar::new(ops);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} ops {per_sec} {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
+pub fn progress_bar(label: &str, ops: u64) -> impl FnMut(u64) {
+    let bar = (ops >= 500_000).then(|| bar(label, ops, "ops"));
     move |done| {
         if let Some(bar) = &bar {
             bar.set_position(done);
@@ -45,5 +38,33 @@ pub fn progress_bar(ops: u64) -> impl FnMut(u64) {
                 bar.finish_and_clear();
             }
         }
+    }
+}
+
+/// A progress bar on stderr: `label`, the bar, `done/total unit`, the rate and the time left,
+/// as in `replay  [=====>    ] 3.1M/10.0M ops  24.6M ops/s  ETA 0s`.
+pub fn bar(label: &str, total: u64, unit: &'static str) -> indicatif::ProgressBar {
+    let style = indicatif::ProgressStyle::with_template(
+        "{prefix:>9} [{bar:30}] {human_pos}/{human_len} {unit}  {rate}  ETA {eta}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ")
+    .with_key("unit", move |_: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+        let _ = w.write_str(unit);
+    })
+    .with_key("rate", move |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+        let _ = w.write_str(&format!("{}/s", readable(s.per_sec(), unit)));
+    });
+    let bar = indicatif::ProgressBar::new(total).with_style(style);
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+/// `24.6M ops`, `3.2k cells`, `0.5 cells`.
+fn readable(n: f64, unit: &str) -> String {
+    match n {
+        n if n >= 1e6 => format!("{:.1}M {unit}", n / 1e6),
+        n if n >= 1e3 => format!("{:.1}k {unit}", n / 1e3),
+        n => format!("{n:.1} {unit}"),
     }
 }

@@ -169,7 +169,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         extra.push(r);
     }
     let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
-    let progress = crate::input::progress_bar(ops_len);
+    let progress = crate::input::progress_bar("replay", ops_len);
     let mut cuda_lines = Vec::new();
     let report = if let Some(mut s) = stream {
         let ops = s.ops.plain();

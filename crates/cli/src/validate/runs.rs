@@ -44,7 +44,7 @@ pub(super) fn options(args: &Args) -> RunOptions {
 pub(super) fn run_hardware(args: &Args, trace: &Trace) -> anyhow::Result<HardwareRun> {
     let opts = options(args);
     let mut recorder = Recorder::default();
-    let progress = crate::input::progress_bar(trace.ops.len() as u64);
+    let progress = crate::input::progress_bar("validate", trace.ops.len() as u64);
     let setup = || format!("setting up the {} policy", args.policy);
     let (description, report, patterns, calls, wall) = match args.device {
         HardwareArg::Cuda => {
