@@ -32,11 +32,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The outside memory, and where the figure came from.
     fn outside(&self, trace: &Trace) -> (u64, &'static str) {
-        match (self.outside, trace.meta.outside_allocator_bytes) {
-            (Some(b), _) => (b, "--outside"),
-            (None, Some(b)) => (b, "measured in the recording (sidecar)"),
-            (None, None) => (OUTSIDE_ALLOCATOR_BYTES, "the H100 / PyTorch 2.11 model"),
-        }
+        outside_bytes(self.outside, trace)
     }
 }
 
@@ -153,12 +149,33 @@ pub struct AdviseArgs {
 }
 
 /// One setting's row.
-struct Row {
-    conf: &'static str,
-    capacity: Capacity,
-    peak_reserved: u64,
-    fragmentation: f64,
-    ooms: usize,
+pub struct Row {
+    pub conf: &'static str,
+    pub capacity: Capacity,
+    pub peak_reserved: u64,
+    pub fragmentation: f64,
+    pub ooms: usize,
+}
+
+/// Every setting of [`ADVISE_SETTINGS`], ranked: least memory needed first, a setting that
+/// does not fit at all last. OOMs are counted on `device_free` (default: the recording's).
+pub fn advice(trace: &Trace, outside: u64, device_free: Option<u64>) -> anyhow::Result<Vec<Row>> {
+    let mut rows = ADVISE_SETTINGS
+        .par_iter()
+        .map(|conf| advise_row(trace, conf, outside, device_free))
+        .collect::<anyhow::Result<Vec<Row>>>()?;
+    rows.sort_by_key(|r| (r.capacity.capacity_bytes.unwrap_or(u64::MAX), r.peak_reserved));
+    Ok(rows)
+}
+
+/// The memory the run takes outside the allocator, and where the figure comes from: the flag,
+/// the recording's sidecar, or the model.
+pub fn outside_bytes(flag: Option<u64>, trace: &Trace) -> (u64, &'static str) {
+    match (flag, trace.meta.outside_allocator_bytes) {
+        (Some(b), _) => (b, "--outside"),
+        (None, Some(b)) => (b, "measured in the recording (sidecar)"),
+        (None, None) => (OUTSIDE_ALLOCATOR_BYTES, "the H100 / PyTorch 2.11 model"),
+    }
 }
 
 fn advise_row(
@@ -194,12 +211,7 @@ fn advise_row(
 pub fn advise(args: AdviseArgs) -> anyhow::Result<ExitCode> {
     let trace = crate::input::load_trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
-    let mut rows = ADVISE_SETTINGS
-        .par_iter()
-        .map(|conf| advise_row(&trace, conf, outside, args.device_free))
-        .collect::<anyhow::Result<Vec<Row>>>()?;
-    // Least memory needed first; a setting that does not fit at all goes last.
-    rows.sort_by_key(|r| (r.capacity.capacity_bytes.unwrap_or(u64::MAX), r.peak_reserved));
+    let rows = advice(&trace, outside, args.device_free)?;
     let device_free = args.device_free.or(trace.meta.device_free_bytes);
     let mut out = String::new();
     if args.model.json {

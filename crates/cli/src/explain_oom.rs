@@ -107,7 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn explanation_text(out: &mut String, trace: &Trace, e: &OomExplanation) {
+pub(crate) fn explanation_text(out: &mut String, trace: &Trace, e: &OomExplanation) {
     let i = &e.info;
     outln!(out, "\nOOM at op {}: {} requested (rounded)", e.op_index, bytes(i.rounded_bytes));
     for frame in stack_of(trace, e.op_index) {

@@ -14,6 +14,7 @@ mod info;
 mod input;
 mod output;
 mod replay;
+mod report;
 mod validate;
 mod workload;
 
@@ -52,6 +53,10 @@ enum Command {
     /// Explain each OOM: free memory, largest free block per pool, reserved but unallocated,
     /// and the live blocks fencing the largest free region, with their allocation stacks.
     ExplainOom(explain_oom::Args),
+    /// One trace as one self-contained HTML page: the memory timeline stacked per allocation,
+    /// OOM and empty_cache marks, the segment map over time, memory_summary and the settings
+    /// table.
+    Report(report::Args),
     /// Convert a trace between formats, chosen by extension (.pickle[.gz], .csv, .allocsim,
     /// .allocsim.json).
     Convert(convert::Args),
@@ -91,6 +96,7 @@ fn main() -> ExitCode {
         Command::Capacity(args) => capacity::run(args),
         Command::Advise(args) => capacity::advise(args),
         Command::ExplainOom(args) => explain_oom::run(args),
+        Command::Report(args) => report::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Workload(args) => workload::workload(args),
         Command::Fuzz(args) => fuzz::run(args),

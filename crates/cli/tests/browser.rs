@@ -1,0 +1,166 @@
+//! `allocsim report` in a real browser: headless Chromium loads the page of every bundled
+//! trace without a JavaScript error, and screenshots of a lab trace, a mid-run history and an
+//! OOM trace show the timeline (counted in pixels, not read from the DOM).
+//!
+//! Needs `chromium` on the PATH (Debian's package; `.ci/run` installs it). Without it the test
+//! says it was skipped, unless `ALLOCSIM_BROWSER_TESTS=require` (as in CI), where it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn chromium() -> Option<&'static str> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()));
+    if found.is_none() {
+        let required = std::env::var("ALLOCSIM_BROWSER_TESTS").is_ok_and(|v| v == "require");
+        assert!(!required, "ALLOCSIM_BROWSER_TESTS=require but no chromium on the PATH");
+        eprintln!(
+            "SKIPPED: the browser test needs chromium on the PATH (apt-get install chromium)"
+        );
+    }
+    found
+}
+
+fn report(trace: &Path, out: &Path, extra: &[&str]) {
+    let status = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .arg("report")
+        .arg(trace)
+        .arg("-o")
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("running allocsim");
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+}
+
+fn headless(browser: &str, args: &[String]) -> std::process::Output {
+    // A profile of its own per call: two browsers on one profile do not both start.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let profile = scratch().join(format!("profile-{n}"));
+    Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+        .arg("--virtual-time-budget=10000")
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .expect("running chromium")
+}
+
+/// The page's `<body>` after its scripts ran.
+fn body_after_load(browser: &str, page: &Path) -> String {
+    let out = headless(browser, &["--dump-dom".into(), format!("file://{}", page.display())]);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let start = dom.find("<body").unwrap_or_else(|| panic!("no <body> for {}", page.display()));
+    dom[start..dom[start..].find('>').map_or(dom.len(), |e| start + e + 1)].to_string()
+}
+
+fn bundled() -> Vec<PathBuf> {
+    let mut traces = Vec::new();
+    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra", "pytorch-2.11-h100-user"] {
+        for entry in std::fs::read_dir(root().join("traces").join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.to_string_lossy().ends_with(".pickle.gz") {
+                traces.push(path);
+            }
+        }
+    }
+    traces.sort();
+    traces
+}
+
+fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("allocsim-browser-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn every_bundled_trace_report_loads_without_errors() {
+    let Some(browser) = chromium() else { return };
+    let dir = scratch();
+    let traces = bundled();
+    assert_eq!(traces.len(), 37);
+    let mut failures = Vec::new();
+    for trace in &traces {
+        let page = dir.join(format!("{}.html", trace.file_stem().unwrap().to_string_lossy()));
+        report(trace, &page, &["--no-advice"]);
+        let body = body_after_load(browser, &page);
+        if !body.contains(r#"data-status="ready""#) || body.contains("data-errors") {
+            failures.push(format!("{}: {body}", trace.display()));
+        }
+    }
+    assert!(failures.is_empty(), "pages with errors:\n{}", failures.join("\n"));
+}
+
+/// Pixels of each colour in a screenshot.
+fn colours(png_path: &Path) -> std::collections::HashMap<[u8; 3], u64> {
+    let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let step = info.color_type.samples();
+    let mut counts = std::collections::HashMap::new();
+    for px in buf[..info.buffer_size()].chunks(step) {
+        *counts.entry([px[0], px[1], px[2]]).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn hex(c: &str) -> [u8; 3] {
+    let v = u32::from_str_radix(c.trim_start_matches('#'), 16).unwrap();
+    [(v >> 16) as u8, (v >> 8) as u8, v as u8]
+}
+
+#[test]
+fn screenshots_show_the_timeline() {
+    let Some(browser) = chromium() else { return };
+    let dir = scratch();
+    let traces = root().join("traces");
+    let cases = [
+        ("lab", traces.join("pytorch-2.11-h100/gpt2_train.pickle.gz"), false),
+        ("mid-run", traces.join("pytorch-2.11-h100-user/d_gpt2_blog.pickle.gz"), false),
+        ("OOM", traces.join("pytorch-2.11-h100-user/c_train_oom.pickle.gz"), true),
+    ];
+    // The first band colours, the reserved line, the grey of the other allocations, the OOM
+    // mark (report.js).
+    let bands: Vec<[u8; 3]> = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b"].map(hex).to_vec();
+    let (reserved, grey, oom) = (hex("#d62728"), hex("#cfcfcf"), hex("#c800c8"));
+    for (what, trace, has_oom) in cases {
+        let page = dir.join(format!("{what}.html"));
+        report(&trace, &page, &["--no-advice"]);
+        // Hovering the middle of the chart, near the bottom, names an allocation or the grey
+        // band (report.js does it for `#selftest`).
+        let page_url = format!("file://{}", page.display());
+        let dom = headless(browser, &["--dump-dom".into(), format!("{page_url}#selftest")]);
+        let dom = String::from_utf8_lossy(&dom.stdout);
+        let hover = dom.split("data-hover=\"").nth(1).and_then(|h| h.split('"').next());
+        let hover = hover.unwrap_or_else(|| panic!("{what}: no hover text"));
+        assert!(hover.starts_with("op ") && hover.contains("allocated"), "{what}: {hover}");
+        assert!(hover.contains(" at 0x") || hover.contains("grey:"), "{what}: {hover}");
+        let shot = dir.join(format!("{what}.png"));
+        let out = headless(
+            browser,
+            &[
+                "--window-size=1400,900".into(),
+                format!("--screenshot={}", shot.display()),
+                page_url,
+            ],
+        );
+        assert!(shot.exists(), "{what}: no screenshot: {}", String::from_utf8_lossy(&out.stderr));
+        let counts = colours(&shot);
+        let n = |c: &[u8; 3]| counts.get(c).copied().unwrap_or(0);
+        let band_pixels: u64 = bands.iter().map(n).sum();
+        // The chart is 420 px high and about 1300 wide; four of the fourteen band colours alone
+        // cover 18,679 to 47,885 pixels of the three (about 3 to 9 % of the chart).
+        assert!(band_pixels > 10_000, "{what}: {band_pixels} pixels of band colours");
+        assert!(n(&reserved) > 300, "{what}: {} pixels of the reserved line", n(&reserved));
+        assert!(n(&grey) + band_pixels > 30_000, "{what}: the stack is too thin");
+        assert_eq!(n(&oom) > 100, has_oom, "{what}: {} pixels of OOM marks", n(&oom));
+    }
+}
