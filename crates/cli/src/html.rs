@@ -1,16 +1,14 @@
-//! The self-contained HTML report of `compare --html`: inline SVG, no scripts, no network.
+//! The self-contained HTML report of `compare --html`: per trace, one timeline panel per column
+//! (each on its own scale, so that no flat line squashes the others), drawn by the embedded
+//! uPlot (`assets/compare.js`); the segment map at each column's reserved peak (inline SVG); the
+//! table. Nothing is fetched.
 
 use allocsim_core::{Allocator, BlockState, Device, Op, SnapshotSegment, Trace};
 use allocsim_replay::{Observer, OpOutcome};
 use allocsim_run::{run_trace, DeviceChoice, GridCell, RunOptions};
 use std::fmt::Write;
 
-const COLORS: [&str; 10] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf",
-];
 const WIDTH: f64 = 960.0;
-const HEIGHT: f64 = 260.0;
 
 /// Takes the allocator's snapshot after op `at` and stops the run.
 struct SnapshotAt {
@@ -34,61 +32,6 @@ fn escape(s: &str) -> String {
 
 fn gib(n: u64) -> String {
     format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64)
-}
-
-/// Reserved bytes of every policy, and allocated bytes of the first, over the ops.
-fn timeline(cells: &[&GridCell]) -> String {
-    let max_op = cells.iter().map(|c| c.report.ops_run).max().unwrap_or(1).max(1) as f64;
-    let max_bytes = cells
-        .iter()
-        .flat_map(|c| {
-            c.report.metrics.timeline.iter().map(|p| p.reserved_bytes.max(p.allocated_bytes))
-        })
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let x = |op: u64| 50.0 + (WIDTH - 60.0) * op as f64 / max_op;
-    let y = |b: u64| HEIGHT - 25.0 - (HEIGHT - 40.0) * b as f64 / max_bytes;
-    let mut svg = format!(
-        r#"<svg width="{WIDTH}" height="{HEIGHT}" xmlns="http://www.w3.org/2000/svg" font-size="11">"#
-    );
-    let _ = write!(
-        svg,
-        r#"<line x1="50" y1="{0}" x2="{1}" y2="{0}" stroke="black"/><line x1="50" y1="15" x2="50" y2="{0}" stroke="black"/><text x="52" y="12">{2}</text><text x="{3}" y="{4}">op {5}</text>"#,
-        HEIGHT - 25.0,
-        WIDTH - 10.0,
-        gib(max_bytes as u64),
-        WIDTH - 90.0,
-        HEIGHT - 8.0,
-        max_op as u64
-    );
-    let line = |points: &mut dyn Iterator<Item = (u64, u64)>, color: &str, dash: &str| {
-        let pts: Vec<String> = points.map(|(op, b)| format!("{:.1},{:.1}", x(op), y(b))).collect();
-        format!(
-            r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" stroke-dasharray="{dash}" points="{}"/>"#,
-            pts.join(" ")
-        )
-    };
-    if let Some(first) = cells.first() {
-        let mut pts = first.report.metrics.timeline.iter().map(|p| (p.op_index, p.allocated_bytes));
-        svg += &line(&mut pts, "black", "4 2");
-    }
-    for (i, c) in cells.iter().enumerate() {
-        let mut pts = c.report.metrics.timeline.iter().map(|p| (p.op_index, p.reserved_bytes));
-        svg += &line(&mut pts, COLORS[i % COLORS.len()], "");
-    }
-    svg += "</svg>";
-    let mut legend =
-        String::from(r#"<p class="legend"><span style="color:black">- - allocated</span>"#);
-    for (i, c) in cells.iter().enumerate() {
-        let _ = write!(
-            legend,
-            r#" <span style="color:{}">&#9644; {} reserved</span>"#,
-            COLORS[i % COLORS.len()],
-            escape(&c.policy)
-        );
-    }
-    legend + "</p>" + &svg
 }
 
 /// The segments at the peak of reserved memory, laid end to end in address order.
@@ -138,11 +81,60 @@ fn table(cells: &[&GridCell]) -> String {
             m.ooms.len(),
             c.report.device_calls.total_calls(),
             c.report.device_calls.total_time_ns() as f64 / 1e6,
-            c.min_feasible_capacity_bytes.map_or("-".into(), gib),
+            c.min_feasible_capacity_bytes.map_or_else(|| no_capacity(c), gib),
             c.report.check.as_ref().map_or(0, |r| r.total_violations()),
         );
     }
     t + "</table>"
+}
+
+/// What the table says of a cell without a feasible capacity.
+fn no_capacity(c: &GridCell) -> String {
+    format!("none: OOMs even on {}", gib(c.report.device_free_bytes))
+}
+
+/// One panel's data: the column's timeline, its OOMs, and what its header says.
+fn panel(c: &GridCell) -> serde_json::Value {
+    let m = &c.report.metrics;
+    let capacity = match c.min_feasible_capacity_bytes {
+        Some(b) => format!("needs {}", gib(b)),
+        None if m.ooms.is_empty() => "capacity not bisected".to_string(),
+        None => format!(
+            "no feasible capacity: it runs out of memory even with all {} free",
+            gib(c.report.device_free_bytes)
+        ),
+    };
+    serde_json::json!({
+        "policy": c.policy,
+        "device": c.report.device,
+        "op": m.timeline.iter().map(|p| p.op_index).collect::<Vec<_>>(),
+        "allocated": m.timeline.iter().map(|p| p.allocated_bytes).collect::<Vec<_>>(),
+        "reserved": m.timeline.iter().map(|p| p.reserved_bytes).collect::<Vec<_>>(),
+        "ooms": m.ooms.iter().map(|o| o.op_index).collect::<Vec<_>>(),
+        "about": format!(
+            "peak reserved {}, {}, {}",
+            gib(m.peak_reserved_bytes),
+            crate::output::counted(m.ooms.len() as u64, "OOM", "OOMs"),
+            capacity
+        ),
+    })
+}
+
+/// The policy at `c`'s column, run as the grid ran it, up to its reserved peak: the segments.
+fn segments_at_peak(trace: &Trace, c: &GridCell, base: &RunOptions) -> anyhow::Result<String> {
+    let (policy, conf) = allocsim_policies::parse_spec(&c.policy);
+    let device =
+        if c.report.device == "recorded" { DeviceChoice::Recorded } else { DeviceChoice::Sim };
+    let opts = RunOptions {
+        policy: policy.to_string(),
+        alloc_conf: conf.map(str::to_string).or(base.alloc_conf.clone()),
+        device,
+        check: false,
+        ..base.clone()
+    };
+    let mut at = SnapshotAt { at: c.report.metrics.peak_reserved_op, snapshot: Vec::new() };
+    run_trace(trace, &opts, &mut [&mut at], |_| {})?;
+    Ok(segment_map(&at.snapshot))
 }
 
 /// The whole report. Re-runs each cell up to its reserved peak to draw the segment map there.
@@ -151,37 +143,57 @@ pub fn report(
     cells: &[GridCell],
     base: &RunOptions,
 ) -> anyhow::Result<String> {
-    let mut html = String::from(
-        r#"<!DOCTYPE html><html><head><meta charset="utf-8"><title>allocsim comparison</title><style>
-body{font-family:sans-serif;margin:2em;max-width:1000px} table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:right} td:first-child{text-align:left}
-.legend span{margin-right:1em;font-size:13px} h3{margin-bottom:0.2em}</style></head><body>
-<h1>allocsim: policy comparison</h1>
-<p>Reserved memory per policy over the trace's ops (solid), allocated memory (dashed), the segment map at each policy's reserved peak (blue allocated, orange pending free, grey cached free; black marks segment ends), and the summary table.</p>"#,
-    );
-    for (name, trace) in traces {
+    let mut body = String::new();
+    let mut data = Vec::new();
+    for (t, (name, trace)) in traces.iter().enumerate() {
         let row: Vec<&GridCell> = cells.iter().filter(|c| &c.trace == name).collect();
-        let _ = write!(html, "<h2>{}</h2>{}", escape(name), timeline(&row));
+        let _ =
+            write!(body, r#"<h2>{}</h2><div class="panels" id="trace-{t}"></div>"#, escape(name));
         for c in &row {
-            let opts = RunOptions {
-                policy: c.policy.clone(),
-                device: DeviceChoice::Sim,
-                check: false,
-                ..base.clone()
-            };
-            let mut at = SnapshotAt { at: c.report.metrics.peak_reserved_op, snapshot: Vec::new() };
-            run_trace(trace, &opts, &mut [&mut at], |_| {})?;
             let _ = write!(
-                html,
+                body,
                 "<h3>{} at its reserved peak ({}, op {})</h3>{}",
                 escape(&c.policy),
                 gib(c.report.metrics.peak_reserved_bytes),
                 c.report.metrics.peak_reserved_op,
-                segment_map(&at.snapshot)
+                segments_at_peak(trace, c, base)?
             );
         }
-        html += &table(&row);
+        body += &table(&row);
+        if row
+            .iter()
+            .any(|c| c.min_feasible_capacity_bytes.is_none() && !c.report.metrics.ooms.is_empty())
+        {
+            body +=
+                "<p class=\"note\">A column without a feasible capacity runs out of memory even \
+                     with all of the trace's device free: no card of that size runs it under that \
+                     column.</p>";
+        }
+        data.push(
+            serde_json::json!({ "panels": row.iter().map(|c| panel(c)).collect::<Vec<_>>() }),
+        );
     }
-    html += "</body></html>\n";
-    Ok(html)
+    let data = serde_json::Value::Array(data).to_string().replace("</", "<\\/");
+    Ok(format!(
+        r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>allocsim comparison</title>
+<style>{uplot_css}
+body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} td:first-child{{text-align:left}}
+h3{{margin-bottom:0.2em;font-size:1em}} .panel-title{{font-size:13px;margin:10px 0 2px}} .note{{color:#555}}</style></head>
+<body data-status="loading">
+<h1>allocsim: comparison</h1>
+<p>Per trace, one panel per column, each on its own scale: reserved memory (solid), allocated
+memory (dashed), OOMs (magenta). Drag to zoom a panel, double-click to zoom out. Then the segment
+map at each column's reserved peak (blue allocated, orange pending free, grey cached free; black
+marks segment ends), and the table.</p>
+{body}
+<script type="application/json" id="data">{data}</script>
+<script>{uplot_js}</script>
+<script>{compare_js}</script>
+</body></html>
+"#,
+        uplot_css = include_str!("../assets/uplot/uPlot.min.css"),
+        uplot_js = include_str!("../assets/uplot/uPlot.iife.min.js"),
+        compare_js = include_str!("../assets/compare.js"),
+    ))
 }

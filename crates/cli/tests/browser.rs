@@ -98,6 +98,35 @@ fn every_bundled_trace_report_loads_without_errors() {
     assert!(failures.is_empty(), "pages with errors:\n{}", failures.join("\n"));
 }
 
+/// `compare --html` loads without errors, and its panels draw each column's reserved line and
+/// the OOM marks (counted in pixels).
+#[test]
+fn the_comparison_page_draws_its_panels() {
+    let Some(browser) = chromium() else { return };
+    let dir = scratch();
+    let page = dir.join("compare.html");
+    let trace = root().join("traces/pytorch-2.11-h100/synthetic_oom.pickle.gz");
+    let out = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(["compare", trace.to_str().unwrap(), "--policy", "pytorch,bfc", "--no-capacity"])
+        .args(["--device-total", "3GiB", "--html", page.to_str().unwrap()])
+        .output()
+        .expect("running allocsim");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let body = body_after_load(browser, &page);
+    assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-errors"), "{body}");
+    let shot = dir.join("compare.png");
+    let url = format!("file://{}", page.display());
+    headless(
+        browser,
+        &["--window-size=1200,900".into(), format!("--screenshot={}", shot.display()), url],
+    );
+    let counts = colours(&shot);
+    let n = |c: &str| counts.get(&hex(c)).copied().unwrap_or(0);
+    // pytorch's panel is red, bfc's green (compare.js); both OOM on 3 GiB.
+    assert!(n("#d62728") > 200 && n("#2ca02c") > 200, "{} {}", n("#d62728"), n("#2ca02c"));
+    assert!(n("#c800c8") > 200, "OOM marks: {}", n("#c800c8"));
+}
+
 /// Pixels of each colour in a screenshot.
 fn colours(png_path: &Path) -> std::collections::HashMap<[u8; 3], u64> {
     let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
