@@ -97,7 +97,8 @@
     const k = u.cursor.idx;
     if (k === null || k === undefined || u.cursor.left < 0) { tip.style.display = "none"; return; }
     const bytes = u.posToVal(u.cursor.top, "y");
-    let text = `op ${T.op[k]}: allocated ${size(T.allocated[k])}, reserved ${size(T.reserved[k])}`;
+    const t = T.time_us[k] === null ? "" : ` (${(T.time_us[k] / 1e6).toFixed(3)} s in)`;
+    let text = `op ${T.op[k]}${t}: allocated ${size(T.allocated[k])}, reserved ${size(T.reserved[k])}`;
     if (bytes >= 0 && bytes < T.other[k]) {
       text += `<br>grey: ${size(T.other[k])} in allocations not drawn one by one`;
     }

@@ -91,6 +91,7 @@ pub fn write_snapshot(
         recorded,
         stacks: source.stacks.clone(),
         op_stacks: source.op_stacks.clone(),
+        op_times: source.op_times.clone(),
         ..Trace::default()
     };
     let dict = allocsim_trace::pytorch::trace_to_snapshot(&run).map_err(|e| anyhow!(e))?;

@@ -337,8 +337,15 @@ fn timeline(c: &Collect, trace: &Trace) -> Value {
                 .collect()
         })
         .collect();
+    // When each column's op was recorded, in µs since the first recorded op (snapshots only).
+    let first = trace.op_times.first().map(|&(_, t)| t);
+    let time = |op: u64| {
+        let i = trace.op_times.partition_point(|&(o, _)| o < op);
+        trace.op_times.get(i).filter(|&&(o, _)| o == op).and_then(|&(_, t)| Some(t - first?))
+    };
     json!({
         "ops_per_column": c.ops_per_column,
+        "time_us": columns.iter().map(|c| time(c.op)).collect::<Vec<_>>(),
         "op": columns.iter().map(|c| c.op).collect::<Vec<_>>(),
         "allocated": columns.iter().map(|c| c.allocated).collect::<Vec<_>>(),
         "reserved": columns.iter().map(|c| c.reserved).collect::<Vec<_>>(),

@@ -291,6 +291,21 @@ fn a_what_if_says_what_changed() {
     assert!(json["recorded_stats_differences"].is_null());
 }
 
+/// `replay --export-snapshot` keeps each op's recorded `time_us`.
+#[test]
+fn an_exported_snapshot_keeps_the_recorded_times() {
+    let trace = user_trace("c_train.pickle.gz");
+    let out = std::env::temp_dir().join(format!("allocsim-times-{}.pickle.gz", std::process::id()));
+    let run =
+        allocsim(&["replay", trace.to_str().unwrap(), "--export-snapshot", out.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let (source, exported) =
+        (allocsim_trace::read_trace(&trace).unwrap(), allocsim_trace::read_trace(&out).unwrap());
+    std::fs::remove_file(&out).ok();
+    assert_eq!(source.op_times.len(), source.ops.len(), "every op has its time");
+    assert_eq!(exported.op_times, source.op_times);
+}
+
 /// Output paths are checked before the work: the error names the path given.
 #[test]
 fn output_paths_are_checked_first() {

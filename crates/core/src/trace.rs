@@ -16,6 +16,9 @@ pub struct Trace {
     pub stacks: Vec<Stack>,
     /// Sparse `(op index, stack index)` pairs, sorted by op index: where each op came from.
     pub op_stacks: Vec<(u64, u32)>,
+    /// Sparse `(op index, time_us)` pairs, sorted by op index: when the entry the op came from
+    /// was recorded (a snapshot's `time_us`; only PyTorch snapshots carry it).
+    pub op_times: Vec<(u64, i64)>,
     /// Things the reader tolerated but the user should know (history enabled late, ...).
     pub warnings: Vec<String>,
 }
@@ -34,6 +37,9 @@ impl Trace {
             r.op += shift;
         }
         for (op, _) in &mut self.op_stacks {
+            *op += shift;
+        }
+        for (op, _) in &mut self.op_times {
             *op += shift;
         }
         self.warnings.push(format!(

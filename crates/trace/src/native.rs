@@ -202,6 +202,7 @@ impl NativeFile {
                 .map(|frames| Stack { frames: frames.into_iter().map(frame_in).collect() })
                 .collect(),
             op_stacks: self.op_stacks,
+            op_times: Vec::new(),
             warnings: self.warnings,
         })
     }

@@ -60,6 +60,7 @@ pub struct Converted {
     pub recorded: Vec<RecordedEvent>,
     pub stacks: Vec<allocsim_core::Stack>,
     pub op_stacks: Vec<(u64, u32)>,
+    pub op_times: Vec<(u64, i64)>,
     pub warnings: Vec<String>,
 }
 
@@ -192,6 +193,9 @@ struct Builder<'a> {
     ops: Vec<Op>,
     recorded: Vec<RecordedEvent>,
     op_stacks: Vec<(u64, u32)>,
+    op_times: Vec<(u64, i64)>,
+    /// Each entry's `time_us` by entry index, for the op it becomes.
+    entry_times: Vec<i64>,
     stacks: Option<Stacks>,
     next_id: u64,
     /// Addresses of live and pending-free blocks.
@@ -492,6 +496,8 @@ impl<'a> Builder<'a> {
             ops: Vec::with_capacity(entries / 2),
             recorded: Vec::with_capacity(entries),
             op_stacks: Vec::new(),
+            op_times: Vec::with_capacity(entries / 2),
+            entry_times: Vec::with_capacity(entries),
             stacks: with_stacks.then(Stacks::default),
             next_id: 0,
             ids: AddrMap::default(),
@@ -569,6 +575,7 @@ impl<'a> Builder<'a> {
             recorded: self.recorded,
             stacks: self.stacks.map(|s| s.stacks).unwrap_or_default(),
             op_stacks: self.op_stacks,
+            op_times: self.op_times,
             warnings,
         })
     }
@@ -592,6 +599,9 @@ impl<'a> Builder<'a> {
     ) -> Result<u64, TraceError> {
         let index = self.ops.len() as u64;
         self.ops.push(op);
+        if let Some(&t) = self.entry_times.get(i).filter(|&&t| t != super::entries::NO_TIME) {
+            self.op_times.push((index, t));
+        }
         if let (Some(stacks), Some(frames)) = (self.stacks.as_mut(), frames) {
             let place = || format!("{}.frames", self.ctx.entry_place(i));
             if let Some(s) = stacks.intern(self.ctx, frames, &place)? {
@@ -649,6 +659,10 @@ impl<'a> Builder<'a> {
         frees_complete_at_once: bool,
     ) -> Result<(), TraceError> {
         let expecting = self.direct.take();
+        if self.entry_times.len() <= i {
+            self.entry_times.resize(i + 1, super::entries::NO_TIME);
+        }
+        self.entry_times[i] = e.time_us;
         match e.action {
             Action::Snapshot => {}
             Action::SegmentAlloc

@@ -54,5 +54,8 @@ impl Edits {
         for (op, _) in &mut trace.op_stacks {
             *op = new_index[*op as usize];
         }
+        for (op, _) in &mut trace.op_times {
+            *op = new_index[*op as usize];
+        }
     }
 }

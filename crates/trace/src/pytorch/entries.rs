@@ -44,13 +44,15 @@ impl Action {
     }
 }
 
-/// One `device_traces[0]` entry. For `oom`, `addr` holds `device_free`. 32 bytes: a
+/// One `device_traces[0]` entry. For `oom`, `addr` holds `device_free`. 40 bytes: a
 /// snapshot has hundreds of thousands, so its stack lives in [`Entries::frames`].
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
     pub addr: u64,
     pub size: u64,
     pub stream: StreamId,
+    /// `time_us`, or [`NO_TIME`] when the entry has none.
+    pub time_us: i64,
     /// Index of its `frames` list in [`Entries::frames`], or [`NO_FRAMES`].
     pub frames: u32,
     pub action: Action,
@@ -58,6 +60,8 @@ pub struct Entry {
 
 /// [`Entry::frames`] of an entry without a stack.
 pub const NO_FRAMES: u32 = u32::MAX;
+/// [`Entry::time_us`] of an entry without one.
+pub const NO_TIME: i64 = i64::MIN;
 
 /// The entries of `device_traces[0]`, and the `frames` lists of those that have one (each
 /// shared with the pickle's value: its `Rc` names the stack).
@@ -80,10 +84,11 @@ impl Entries {
 }
 
 /// The keys of an entry that the conversion reads, in the order of [`Fields`].
-pub const ENTRY_FIELDS: [&str; 6] = ["action", "addr", "device_free", "size", "stream", "frames"];
+pub const ENTRY_FIELDS: [&str; 7] =
+    ["action", "addr", "device_free", "size", "stream", "frames", "time_us"];
 
 /// An entry's values for [`ENTRY_FIELDS`], `None` where the key is absent.
-pub type Fields<'v> = [Option<&'v Value>; 6];
+pub type Fields<'v> = [Option<&'v Value>; 7];
 
 /// Builds errors that name the file.
 #[derive(Clone, Copy)]
@@ -218,7 +223,7 @@ fn entry<'v>(
     e: &'v Value,
 ) -> Result<(Entry, Option<&'v Value>), TraceError> {
     let pairs = e.as_dict().ok_or_else(|| ctx.expected(ctx.entry_place(i), "a dict", e))?;
-    let mut fields: Fields<'_> = [None; 6];
+    let mut fields: Fields<'_> = [None; 7];
     // One pass over the keys: a snapshot entry has about eight. The last of repeated keys
     // wins, as in the dict Python builds.
     for (k, v) in pairs {
@@ -235,10 +240,14 @@ fn entry<'v>(
 /// entry: it is the same checks, without building an error on the way.
 #[inline]
 pub fn entry_plain(fields: &Fields<'_>) -> Option<Entry> {
-    let [action, addr, device_free, size, stream, frames] = *fields;
+    let [action, addr, device_free, size, stream, frames, time_us] = *fields;
     if frames.is_some() {
         return None;
     }
+    let time_us = match time_us {
+        Some(v) => v.as_int()?,
+        None => NO_TIME,
+    };
     let action = Action::parse(action?.as_str()?)?;
     if action == Action::Snapshot {
         return None;
@@ -253,7 +262,7 @@ pub fn entry_plain(fields: &Fields<'_>) -> Option<Entry> {
         Some(v) => StreamId(v.as_int()? as u64),
         None => StreamId(0),
     };
-    Some(Entry { action, addr, size, stream, frames: NO_FRAMES })
+    Some(Entry { action, addr, size, stream, frames: NO_FRAMES, time_us })
 }
 
 /// Entry `i` from its fields, checked, and its `frames` list. Shared by the tree reader and
@@ -264,13 +273,18 @@ pub fn entry_from_fields<'v>(
     fields: &Fields<'v>,
 ) -> Result<(Entry, Option<&'v Value>), TraceError> {
     let place = |field: &str| format!("{}.{field}", ctx.entry_place(i));
-    let [action, addr, device_free, size, stream, frames] = *fields;
+    let [action, addr, device_free, size, stream, frames, time_us] = *fields;
+    let time_us = match time_us {
+        Some(v) => ctx.int(v, || place("time_us"))?,
+        None => NO_TIME,
+    };
     let action_v = action.ok_or_else(|| ctx.err(place("action"), "missing"))?;
     let name = action_v.as_str().ok_or_else(|| ctx.expected(place("action"), "a str", action_v))?;
     let action = Action::parse(name)
         .ok_or_else(|| ctx.err(place("action"), format!("unknown action {name:?}")))?;
     if action == Action::Snapshot {
-        let entry = Entry { action, addr: 0, size: 0, stream: StreamId(0), frames: NO_FRAMES };
+        let entry =
+            Entry { action, addr: 0, size: 0, stream: StreamId(0), frames: NO_FRAMES, time_us };
         return Ok((entry, None));
     }
     let addr = if action == Action::Oom {
@@ -289,7 +303,7 @@ pub fn entry_from_fields<'v>(
     if let Some(f) = frames {
         ctx.seq(f, || place("frames"))?;
     }
-    Ok((Entry { action, addr, size, stream, frames: NO_FRAMES }, frames))
+    Ok((Entry { action, addr, size, stream, frames: NO_FRAMES, time_us }, frames))
 }
 
 /// The final `segments` list of the device read, each with its blocks, sorted by address.

@@ -221,8 +221,9 @@ fn streamed_entry<'v>(
     i: usize,
     fields: &'v [Option<Value>],
 ) -> Option<(entries::Entry, Option<&'v Value>)> {
-    let [a, b, c, d, e, f] = fields else { return None };
-    let fields = [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref()];
+    let [a, b, c, d, e, f, g] = fields else { return None };
+    let fields =
+        [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref(), g.as_ref()];
     match entries::entry_plain(&fields) {
         Some(entry) => Some((entry, None)),
         None => entries::entry_from_fields(ctx, i, &fields).ok(),
@@ -342,6 +343,7 @@ fn trace_of(head: Head, converted: convert::Converted) -> Trace {
         recorded: converted.recorded,
         stacks: converted.stacks,
         op_stacks: converted.op_stacks,
+        op_times: converted.op_times,
         warnings,
     };
     let notes = pools::infer_pools(&mut trace, &head.last);

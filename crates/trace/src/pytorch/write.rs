@@ -6,6 +6,9 @@
 //! with `addr` 0 for every block: fine for looking at sizes over time, but such a file cannot
 //! be read back as a trace (every block would sit at address 0).
 //!
+//! Each entry's `time_us` is the recorded time of the op it belongs to, when the trace came
+//! from a snapshot (`Trace::op_times`).
+//!
 //! `segments` is written empty: the memory map at the end is a simulation's business, not
 //! the trace's.
 
@@ -61,6 +64,9 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
     let frames = stack_values(trace);
     let op_stack: AddrMap<u64, usize> =
         trace.op_stacks.iter().map(|&(op, s)| (op, s as usize)).collect();
+    // The recorded time of the entry each op came from; an entry of an op without one (a
+    // trace from another format) counts entries, as a clock that only goes forward.
+    let op_time: AddrMap<u64, i64> = trace.op_times.iter().copied().collect();
     let empty_frames = Value::list(Vec::new());
     let mut entries = Vec::new();
     let mut entry = |keys: &mut Keys,
@@ -70,6 +76,7 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
                      stream: StreamId,
                      op: Option<u64>| {
         let addr_key = if action == "oom" { keys.device_free.clone() } else { keys.addr.clone() };
+        let time = op.and_then(|o| op_time.get(&o).copied()).unwrap_or(entries.len() as i64);
         let f =
             op.and_then(|o| op_stack.get(&o)).and_then(|&s| frames.get(s)).unwrap_or(&empty_frames);
         // Addresses and stream handles are pointers that PyTorch writes as int64.
@@ -78,7 +85,7 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
             (addr_key, Value::Int(addr as i64)),
             (keys.size.clone(), size_value(size)?),
             (keys.stream.clone(), Value::Int(stream.0 as i64)),
-            (keys.time_us.clone(), Value::Int(entries.len() as i64)),
+            (keys.time_us.clone(), Value::Int(time)),
             (keys.frames.clone(), f.clone()),
         ]);
         entries.push(v);
