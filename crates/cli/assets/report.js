@@ -137,6 +137,28 @@
     hooks: { drawClear: [drawBands], setCursor: [hover] },
   }, [T.op, T.allocated, T.reserved], $("timeline"));
 
+  // The wheel zooms around the cursor; with Shift it pans. (Dragging selects a range to zoom
+  // to, double-click shows everything: uPlot's own.)
+  plot.over.addEventListener("wheel", (e) => {
+    e.preventDefault();
+    const { min, max } = plot.scales.x;
+    const [lo, hi] = [T.op[0], T.op[n - 1] + T.ops_per_column];
+    const span = max - min;
+    let [a, b] = [min, max];
+    if (e.shiftKey) {
+      const shift = span * 0.1 * Math.sign(e.deltaY || e.deltaX);
+      [a, b] = [min + shift, max + shift];
+    } else {
+      const at = plot.posToVal(e.offsetX, "x");
+      const f = e.deltaY < 0 ? 0.8 : 1.25;
+      [a, b] = [at - (at - min) * f, at + (max - at) * f];
+    }
+    if (b - a > hi - lo) [a, b] = [lo, hi];
+    if (a < lo) [a, b] = [lo, lo + (b - a)];
+    if (b > hi) [a, b] = [hi - (b - a), hi];
+    plot.setScale("x", { min: a, max: b });
+  }, { passive: false });
+
   const drawnBytes = bands.length;
   $("timeline-note").textContent =
     `${T.allocations} allocations; the ${drawnBytes} that matter most (size times lifetime) are ` +
@@ -203,6 +225,8 @@
         `${size(hit.seg[1])} segment at 0x${hit.seg[0].toString(16)} (stream ${hit.seg[2]}, ${hit.seg[3].replace("_", " ")})`
       : "";
   });
+  $("at-note").textContent = `The map is kept at ${D.snapshots.length} points of the run: ` +
+    `evenly spaced, at the reserved peak and at the first OOMs.`;
   if (D.snapshots.length) {
     slider.max = D.snapshots.length - 1;
     const peak = D.snapshots.findIndex((s) => s[1] === "reserved peak");

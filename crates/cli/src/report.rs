@@ -423,8 +423,8 @@ fn page(title: &str, data: &Value) -> String {
 <p id="about"></p>
 <h2>Active memory timeline</h2>
 <p class="hint">Each band is one allocation, stacked in allocation order as PyTorch's memory_viz
-stacks them; the line above is reserved memory. Drag to zoom, double-click to zoom out, hover
-for an allocation.</p>
+stacks them; the line above is reserved memory. Drag or scroll to zoom, Shift+scroll to pan,
+double-click to zoom out, hover for an allocation.</p>
 <div id="timeline"></div><div id="tip"></div>
 <p id="timeline-note" class="hint"></p>
 <div id="marks"></div>
@@ -432,6 +432,7 @@ for an allocation.</p>
 <p class="hint">Each bar is a segment, drawn to scale: <span class="k a">allocated</span>
 <span class="k p">freed, waiting for its stream</span> <span class="k f">cached free</span>.</p>
 <div><input type="range" id="at" min="0" value="0"> <span id="at-label"></span></div>
+<p class="hint" id="at-note"></p>
 <canvas id="segments" width="1200" height="200"></canvas><div id="seg-tip" class="hint"></div>
 <div id="advice"></div>
 <h2>memory_summary</h2>
