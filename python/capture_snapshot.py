@@ -27,14 +27,17 @@ import sys
 
 
 @contextlib.contextmanager
-def capture(path, max_entries=100_000, stacks="python", device=None):
+def capture(path, max_entries=100_000, stacks="python", device=None, **history):
     """Record the allocator's history on `device` while the block runs; dump it at the end,
-    also when the block raises (an OOM is what one most wants to see)."""
+    also when the block raises (an OOM is what one most wants to see). Other keyword
+    arguments go to `torch.cuda.memory._record_memory_history` (`compile_context=True`, ...)."""
     import torch
 
     torch.cuda.init()
     free_at_start, total = torch.cuda.mem_get_info(device)
-    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks, device=device)
+    torch.cuda.memory._record_memory_history(
+        max_entries=max_entries, stacks=stacks, device=device, **history
+    )
     try:
         yield
     finally:

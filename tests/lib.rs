@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 /// The bundled real traces (PyTorch snapshots with their recorded statistics): the ten shared
-/// lab recordings, four held out from the PyTorch policy's development, and twenty-three
+/// lab recordings, four held out from the PyTorch policy's development, and twenty-four
 /// recorded the way users record them.
 pub fn bundled_traces() -> Vec<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../traces");

@@ -17,7 +17,7 @@ fn name(path: &std::path::Path) -> String {
 #[test]
 fn every_policy_replays_every_trace_with_zero_checker_violations() {
     let traces = bundled_traces();
-    assert_eq!(traces.len(), 37, "the bundled traces are missing");
+    assert_eq!(traces.len(), 38, "the bundled traces are missing");
     let mut failures = Vec::new();
     for path in &traces {
         let trace = read(path);

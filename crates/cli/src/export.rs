@@ -92,6 +92,8 @@ pub fn write_snapshot(
         stacks: source.stacks.clone(),
         op_stacks: source.op_stacks.clone(),
         op_times: source.op_times.clone(),
+        annotations: source.annotations.clone(),
+        op_annotations: source.op_annotations.clone(),
         ..Trace::default()
     };
     let dict = allocsim_trace::pytorch::trace_to_snapshot(&run).map_err(|e| anyhow!(e))?;

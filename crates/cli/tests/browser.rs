@@ -85,7 +85,7 @@ fn every_bundled_trace_report_loads_without_errors() {
     let Some(browser) = chromium() else { return };
     let dir = scratch();
     let traces = bundled();
-    assert_eq!(traces.len(), 37);
+    assert_eq!(traces.len(), 38);
     let mut failures = Vec::new();
     for trace in &traces {
         let page = dir.join(format!("{}.html", trace.file_stem().unwrap().to_string_lossy()));

@@ -291,10 +291,11 @@ fn a_what_if_says_what_changed() {
     assert!(json["recorded_stats_differences"].is_null());
 }
 
-/// `replay --export-snapshot` keeps each op's recorded `time_us`.
+/// `replay --export-snapshot` keeps each op's recorded `time_us`, `compile_context` and
+/// `user_metadata` (a `torch.compile` recording with metadata per step).
 #[test]
-fn an_exported_snapshot_keeps_the_recorded_times() {
-    let trace = user_trace("c_train.pickle.gz");
+fn an_exported_snapshot_keeps_the_recorded_times_and_annotations() {
+    let trace = user_trace("c_annotated.pickle.gz");
     let out = std::env::temp_dir().join(format!("allocsim-times-{}.pickle.gz", std::process::id()));
     let run =
         allocsim(&["replay", trace.to_str().unwrap(), "--export-snapshot", out.to_str().unwrap()]);
@@ -304,6 +305,15 @@ fn an_exported_snapshot_keeps_the_recorded_times() {
     std::fs::remove_file(&out).ok();
     assert_eq!(source.op_times.len(), source.ops.len(), "every op has its time");
     assert_eq!(exported.op_times, source.op_times);
+    let contexts: std::collections::BTreeSet<&str> =
+        source.annotations.iter().map(|a| a.compile_context.as_str()).collect();
+    assert!(contexts.contains("Torch-Compiled Region: 0/0"), "{contexts:?}");
+    assert!(source.annotations.iter().any(|a| a.user_metadata == "step 1"));
+    let annotated = |t: &allocsim_core::Trace| -> Vec<(u64, allocsim_core::Annotation)> {
+        t.op_annotations.iter().map(|&(op, a)| (op, t.annotations[a as usize].clone())).collect()
+    };
+    assert!(!source.op_annotations.is_empty());
+    assert_eq!(annotated(&exported), annotated(&source));
 }
 
 /// Output paths are checked before the work: the error names the path given.
@@ -357,7 +367,7 @@ fn info_reads_every_bundled_trace_and_every_command_has_help() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 37);
+    assert_eq!(seen, 38);
     let help = allocsim(&["--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
     let commands: Vec<&str> = text

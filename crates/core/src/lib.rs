@@ -27,4 +27,4 @@ pub use op::{Op, PoolAction};
 pub use snapshot::{BlockState, SnapshotBlock, SnapshotSegment};
 pub use start::{StartState, UNKNOWN_STREAM};
 pub use stats::{MemoryStats, Stat, StatArray};
-pub use trace::{RecordedEvent, RecordedKind, Stack, StackFrame, Trace, TraceMeta};
+pub use trace::{Annotation, RecordedEvent, RecordedKind, Stack, StackFrame, Trace, TraceMeta};

@@ -19,6 +19,12 @@ pub struct Trace {
     /// Sparse `(op index, time_us)` pairs, sorted by op index: when the entry the op came from
     /// was recorded (a snapshot's `time_us`; only PyTorch snapshots carry it).
     pub op_times: Vec<(u64, i64)>,
+    /// Distinct annotations of entries (`torch.compile` context, user metadata), referred to
+    /// by index from `op_annotations`.
+    pub annotations: Vec<Annotation>,
+    /// Sparse `(op index, annotation index)` pairs, sorted by op index, for the ops whose
+    /// entry had other than PyTorch's defaults.
+    pub op_annotations: Vec<(u64, u32)>,
     /// Things the reader tolerated but the user should know (history enabled late, ...).
     pub warnings: Vec<String>,
 }
@@ -40,6 +46,9 @@ impl Trace {
             *op += shift;
         }
         for (op, _) in &mut self.op_times {
+            *op += shift;
+        }
+        for (op, _) in &mut self.op_annotations {
             *op += shift;
         }
         self.warnings.push(format!(
@@ -116,6 +125,20 @@ pub struct RecordedEvent {
     pub addr: u64,
     pub size: u64,
     pub stream: StreamId,
+}
+
+/// What a snapshot entry says besides the allocator's action: `compile_context` (the
+/// `torch.compile` frame, `"N/A"` outside one) and `user_metadata` (set with
+/// `torch._C._cuda_setMemoryMetadata`, empty by default).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Annotation {
+    pub compile_context: String,
+    pub user_metadata: String,
+}
+
+impl Annotation {
+    /// PyTorch's values when there is nothing to say.
+    pub const DEFAULT_COMPILE_CONTEXT: &'static str = "N/A";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -203,6 +203,8 @@ impl NativeFile {
                 .collect(),
             op_stacks: self.op_stacks,
             op_times: Vec::new(),
+            annotations: Vec::new(),
+            op_annotations: Vec::new(),
             warnings: self.warnings,
         })
     }

@@ -52,6 +52,8 @@ fn everything() -> Trace {
         op_stacks: vec![(0, 0)],
         // Times are a snapshot's alone: the native formats do not carry them.
         op_times: Vec::new(),
+        annotations: Vec::new(),
+        op_annotations: Vec::new(),
         warnings: vec!["a warning".into()],
         start: None,
     }

@@ -140,6 +140,10 @@ fn ints_wider_than_64_bits_are_refused() {
     let (offset, k) = kind(b"\x80\x04\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.");
     assert_eq!(offset, 2);
     assert!(matches!(k, PickleErrorKind::IntTooWide(9)));
+    // 2^64 - 1, C++'s `size_t(-1)` as PyTorch writes a generated frame's line, keeps its 64
+    // bits (a torch.compile snapshot has it).
+    let v = pickle::from_slice(b"\x80\x04\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00.");
+    assert!(matches!(v, Ok(Value::Int(-1))), "{v:?}");
 }
 
 #[test]

@@ -50,6 +50,15 @@ impl<R: Read> Vm<'_, R> {
     }
 
     fn long(&mut self, n: u64) -> Result<Value, Failure> {
+        if n == 9 {
+            // A non-negative int below 2^64 (C++'s `size_t(-1)`, PyTorch's line of a frame
+            // without one) keeps its 64 bits: 2^64 - 1 reads as -1.
+            let low = self.input.array::<8>()?;
+            if self.input.byte()? != 0 {
+                return Err(self.err(K::IntTooWide(n)).into());
+            }
+            return Ok(Value::Int(i64::from_le_bytes(low)));
+        }
         if n > 8 {
             return Err(self.err(K::IntTooWide(n)).into());
         }

@@ -61,6 +61,8 @@ pub struct Converted {
     pub stacks: Vec<allocsim_core::Stack>,
     pub op_stacks: Vec<(u64, u32)>,
     pub op_times: Vec<(u64, i64)>,
+    pub annotations: Vec<allocsim_core::Annotation>,
+    pub op_annotations: Vec<(u64, u32)>,
     pub warnings: Vec<String>,
 }
 
@@ -196,6 +198,11 @@ struct Builder<'a> {
     op_times: Vec<(u64, i64)>,
     /// Each entry's `time_us` by entry index, for the op it becomes.
     entry_times: Vec<i64>,
+    /// The annotations entries refer to ([`Entry::annotation`]).
+    annotations: Vec<allocsim_core::Annotation>,
+    /// The annotated entries' annotations, by entry index, for the op each becomes.
+    entry_annotations: AddrMap<usize, u32>,
+    op_annotations: Vec<(u64, u32)>,
     stacks: Option<Stacks>,
     next_id: u64,
     /// Addresses of live and pending-free blocks.
@@ -239,6 +246,7 @@ pub fn convert(
     }
     let synthetic = finder.finish(last);
     let mut b = Builder::new(ctx, entries.len(), with_stacks);
+    b.annotations = all.annotations.clone();
     let start = (!synthetic.is_empty()).then(|| {
         let ids: Vec<AllocId> = synthetic
             .iter()
@@ -452,7 +460,12 @@ impl<'a> StreamConvert<'a> {
     }
 
     /// Entry `i`; false when the trace needs [`convert`].
-    pub fn push(&mut self, i: usize, e: Entry, frames: Option<&crate::pickle::Value>) -> bool {
+    pub fn push(&mut self, i: usize, mut e: Entry, extras: super::entries::Extras<'_>) -> bool {
+        let frames = extras.frames;
+        if let Some(a) = extras.annotation() {
+            e.annotation = self.builder.annotations.len() as u32;
+            self.builder.annotations.push(a);
+        }
         self.seen_free_requested |= e.action == Action::FreeRequested;
         self.seen_free_completed |= e.action == Action::FreeCompleted;
         let synthetic = self.finder.out.len();
@@ -498,6 +511,9 @@ impl<'a> Builder<'a> {
             op_stacks: Vec::new(),
             op_times: Vec::with_capacity(entries / 2),
             entry_times: Vec::with_capacity(entries),
+            annotations: Vec::new(),
+            entry_annotations: AddrMap::default(),
+            op_annotations: Vec::new(),
             stacks: with_stacks.then(Stacks::default),
             next_id: 0,
             ids: AddrMap::default(),
@@ -576,6 +592,8 @@ impl<'a> Builder<'a> {
             stacks: self.stacks.map(|s| s.stacks).unwrap_or_default(),
             op_stacks: self.op_stacks,
             op_times: self.op_times,
+            annotations: self.annotations,
+            op_annotations: self.op_annotations,
             warnings,
         })
     }
@@ -601,6 +619,9 @@ impl<'a> Builder<'a> {
         self.ops.push(op);
         if let Some(&t) = self.entry_times.get(i).filter(|&&t| t != super::entries::NO_TIME) {
             self.op_times.push((index, t));
+        }
+        if let Some(&a) = self.entry_annotations.get(&i) {
+            self.op_annotations.push((index, a));
         }
         if let (Some(stacks), Some(frames)) = (self.stacks.as_mut(), frames) {
             let place = || format!("{}.frames", self.ctx.entry_place(i));
@@ -663,6 +684,9 @@ impl<'a> Builder<'a> {
             self.entry_times.resize(i + 1, super::entries::NO_TIME);
         }
         self.entry_times[i] = e.time_us;
+        if e.annotation != super::entries::NO_ANNOTATION {
+            self.entry_annotations.insert(i, e.annotation);
+        }
         match e.action {
             Action::Snapshot => {}
             Action::SegmentAlloc

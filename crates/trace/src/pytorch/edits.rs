@@ -57,5 +57,8 @@ impl Edits {
         for (op, _) in &mut trace.op_times {
             *op = new_index[*op as usize];
         }
+        for (op, _) in &mut trace.op_annotations {
+            *op = new_index[*op as usize];
+        }
     }
 }

@@ -53,6 +53,9 @@ pub struct Entry {
     pub stream: StreamId,
     /// `time_us`, or [`NO_TIME`] when the entry has none.
     pub time_us: i64,
+    /// Index of its annotation in [`Entries::annotations`] (or the converter's), or
+    /// [`NO_ANNOTATION`] for PyTorch's defaults.
+    pub annotation: u32,
     /// Index of its `frames` list in [`Entries::frames`], or [`NO_FRAMES`].
     pub frames: u32,
     pub action: Action,
@@ -62,6 +65,30 @@ pub struct Entry {
 pub const NO_FRAMES: u32 = u32::MAX;
 /// [`Entry::time_us`] of an entry without one.
 pub const NO_TIME: i64 = i64::MIN;
+/// [`Entry::annotation`] of an entry with PyTorch's defaults.
+pub const NO_ANNOTATION: u32 = u32::MAX;
+
+/// What an entry carries besides its plain fields, as the pickle holds it: its stack, and its
+/// annotation when it is not PyTorch's default (`compile_context`, `user_metadata`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extras<'v> {
+    pub frames: Option<&'v Value>,
+    pub annotation: Option<(&'v str, &'v str)>,
+}
+
+impl Extras<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_none() && self.annotation.is_none()
+    }
+
+    /// The annotation, owned.
+    pub fn annotation(&self) -> Option<allocsim_core::Annotation> {
+        self.annotation.map(|(c, u)| allocsim_core::Annotation {
+            compile_context: c.to_string(),
+            user_metadata: u.to_string(),
+        })
+    }
+}
 
 /// The entries of `device_traces[0]`, and the `frames` lists of those that have one (each
 /// shared with the pickle's value: its `Rc` names the stack).
@@ -69,26 +96,48 @@ pub const NO_TIME: i64 = i64::MIN;
 pub struct Entries {
     pub list: Vec<Entry>,
     pub frames: Vec<Value>,
+    pub annotations: Vec<allocsim_core::Annotation>,
 }
 
 impl Entries {
-    /// Append `entry` with its `frames` list, if any.
+    /// Append `entry` with its `frames` list and annotation, if any.
     #[inline]
-    pub fn push(&mut self, mut entry: Entry, frames: Option<&Value>) {
-        if let Some(f) = frames {
+    pub fn push(&mut self, mut entry: Entry, extras: Extras<'_>) {
+        if let Some(f) = extras.frames {
             entry.frames = self.frames.len() as u32;
             self.frames.push(f.clone());
+        }
+        if let Some(a) = extras.annotation() {
+            entry.annotation = self.annotations.len() as u32;
+            self.annotations.push(a);
         }
         self.list.push(entry);
     }
 }
 
 /// The keys of an entry that the conversion reads, in the order of [`Fields`].
-pub const ENTRY_FIELDS: [&str; 7] =
-    ["action", "addr", "device_free", "size", "stream", "frames", "time_us"];
+pub const ENTRY_FIELDS: [&str; 9] = [
+    "action",
+    "addr",
+    "device_free",
+    "size",
+    "stream",
+    "frames",
+    "time_us",
+    "compile_context",
+    "user_metadata",
+];
 
 /// An entry's values for [`ENTRY_FIELDS`], `None` where the key is absent.
-pub type Fields<'v> = [Option<&'v Value>; 7];
+pub type Fields<'v> = [Option<&'v Value>; 9];
+
+/// Whether `compile_context` and `user_metadata` say nothing (absent, or PyTorch's defaults).
+#[inline]
+fn default_annotation(compile_context: Option<&Value>, user_metadata: Option<&Value>) -> bool {
+    compile_context
+        .is_none_or(|v| v.as_str() == Some(allocsim_core::Annotation::DEFAULT_COMPILE_CONTEXT))
+        && user_metadata.is_none_or(|v| v.as_str() == Some(""))
+}
 
 /// Builds errors that name the file.
 #[derive(Clone, Copy)]
@@ -206,10 +255,10 @@ pub fn device_trace(
         return Ok((device, Entries::default()));
     };
     let list = ctx.seq(list, || format!("device_traces[{device}]"))?;
-    let mut entries = Entries { list: Vec::with_capacity(list.len()), frames: Vec::new() };
+    let mut entries = Entries { list: Vec::with_capacity(list.len()), ..Entries::default() };
     for (i, e) in list.iter().enumerate() {
-        let (entry, frames) = entry(ctx, i, e)?;
-        entries.push(entry, frames);
+        let (entry, extras) = entry(ctx, i, e)?;
+        entries.push(entry, extras);
     }
     Ok((device, entries))
 }
@@ -217,13 +266,9 @@ pub fn device_trace(
 /// [`device_trace`]'s error when device 0 was streamed and another one is read.
 const NEEDS_OTHER_DEVICE: &str = "the trace of another device than 0 is read";
 
-fn entry<'v>(
-    ctx: Ctx<'_>,
-    i: usize,
-    e: &'v Value,
-) -> Result<(Entry, Option<&'v Value>), TraceError> {
+fn entry<'v>(ctx: Ctx<'_>, i: usize, e: &'v Value) -> Result<(Entry, Extras<'v>), TraceError> {
     let pairs = e.as_dict().ok_or_else(|| ctx.expected(ctx.entry_place(i), "a dict", e))?;
-    let mut fields: Fields<'_> = [None; 7];
+    let mut fields: Fields<'_> = [None; 9];
     // One pass over the keys: a snapshot entry has about eight. The last of repeated keys
     // wins, as in the dict Python builds.
     for (k, v) in pairs {
@@ -240,8 +285,8 @@ fn entry<'v>(
 /// entry: it is the same checks, without building an error on the way.
 #[inline]
 pub fn entry_plain(fields: &Fields<'_>) -> Option<Entry> {
-    let [action, addr, device_free, size, stream, frames, time_us] = *fields;
-    if frames.is_some() {
+    let [action, addr, device_free, size, stream, frames, time_us, context, metadata] = *fields;
+    if frames.is_some() || !default_annotation(context, metadata) {
         return None;
     }
     let time_us = match time_us {
@@ -262,18 +307,37 @@ pub fn entry_plain(fields: &Fields<'_>) -> Option<Entry> {
         Some(v) => StreamId(v.as_int()? as u64),
         None => StreamId(0),
     };
-    Some(Entry { action, addr, size, stream, frames: NO_FRAMES, time_us })
+    Some(Entry {
+        action,
+        addr,
+        size,
+        stream,
+        frames: NO_FRAMES,
+        time_us,
+        annotation: NO_ANNOTATION,
+    })
 }
 
-/// Entry `i` from its fields, checked, and its `frames` list. Shared by the tree reader and
-/// the record streamer, so both accept exactly the same entries.
+/// Entry `i` from its fields, checked, and its `frames` list and annotation. Shared by the tree
+/// reader and the record streamer, so both accept exactly the same entries.
 pub fn entry_from_fields<'v>(
     ctx: Ctx<'_>,
     i: usize,
     fields: &Fields<'v>,
-) -> Result<(Entry, Option<&'v Value>), TraceError> {
+) -> Result<(Entry, Extras<'v>), TraceError> {
     let place = |field: &str| format!("{}.{field}", ctx.entry_place(i));
-    let [action, addr, device_free, size, stream, frames, time_us] = *fields;
+    let [action, addr, device_free, size, stream, frames, time_us, context, metadata] = *fields;
+    let annotation = if default_annotation(context, metadata) {
+        None
+    } else {
+        let text = |v: Option<&'v Value>, key: &str, default: &'static str| match v {
+            None => Ok(default),
+            Some(v) => v.as_str().ok_or_else(|| ctx.expected(place(key), "a str", v)),
+        };
+        let context =
+            text(context, "compile_context", allocsim_core::Annotation::DEFAULT_COMPILE_CONTEXT)?;
+        Some((context, text(metadata, "user_metadata", "")?))
+    };
     let time_us = match time_us {
         Some(v) => ctx.int(v, || place("time_us"))?,
         None => NO_TIME,
@@ -283,9 +347,10 @@ pub fn entry_from_fields<'v>(
     let action = Action::parse(name)
         .ok_or_else(|| ctx.err(place("action"), format!("unknown action {name:?}")))?;
     if action == Action::Snapshot {
+        let (frames, annotation) = (NO_FRAMES, NO_ANNOTATION);
         let entry =
-            Entry { action, addr: 0, size: 0, stream: StreamId(0), frames: NO_FRAMES, time_us };
-        return Ok((entry, None));
+            Entry { action, addr: 0, size: 0, stream: StreamId(0), frames, time_us, annotation };
+        return Ok((entry, Extras::default()));
     }
     let addr = if action == Action::Oom {
         let v = device_free.ok_or_else(|| ctx.err(place("device_free"), "missing"))?;
@@ -303,7 +368,9 @@ pub fn entry_from_fields<'v>(
     if let Some(f) = frames {
         ctx.seq(f, || place("frames"))?;
     }
-    Ok((Entry { action, addr, size, stream, frames: NO_FRAMES, time_us }, frames))
+    let entry =
+        Entry { action, addr, size, stream, frames: NO_FRAMES, time_us, annotation: NO_ANNOTATION };
+    Ok((entry, Extras { frames, annotation }))
 }
 
 /// The final `segments` list of the device read, each with its blocks, sorted by address.

@@ -156,8 +156,8 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
             let (mut count, mut not_plain) = (0, false);
             let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
                 let entry = match streamed_entry(ctx, count, fields) {
-                    Some((entry, None)) => entry,
-                    Some((_, Some(_))) => {
+                    Some((entry, extras)) if extras.is_empty() => entry,
+                    Some(_) => {
                         not_plain = true;
                         return false;
                     }
@@ -195,7 +195,7 @@ fn convert_received(ctx: Ctx<'_>, stacks: bool, received: Receiver<Read2Convert>
         match message {
             Read2Convert::Entries(entries) => {
                 for entry in entries {
-                    if !conv.push(count, entry, None) {
+                    if !conv.push(count, entry, entries::Extras::default()) {
                         return Pass::NeedsEntries;
                     }
                     count += 1;
@@ -220,12 +220,11 @@ fn streamed_entry<'v>(
     ctx: Ctx<'_>,
     i: usize,
     fields: &'v [Option<Value>],
-) -> Option<(entries::Entry, Option<&'v Value>)> {
-    let [a, b, c, d, e, f, g] = fields else { return None };
-    let fields =
-        [a.as_ref(), b.as_ref(), c.as_ref(), d.as_ref(), e.as_ref(), f.as_ref(), g.as_ref()];
+) -> Option<(entries::Entry, entries::Extras<'v>)> {
+    let fields: &[Option<Value>; 9] = fields.try_into().ok()?;
+    let fields = fields.each_ref().map(Option::as_ref);
     match entries::entry_plain(&fields) {
-        Some(entry) => Some((entry, None)),
+        Some(entry) => Some((entry, entries::Extras::default())),
         None => entries::entry_from_fields(ctx, i, &fields).ok(),
     }
 }
@@ -239,15 +238,15 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     let mut needs_entries = false;
     let mut count = 0;
     let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
-        let Some((entry, frames)) = streamed_entry(ctx, count, fields) else { return false };
+        let Some((entry, extras)) = streamed_entry(ctx, count, fields) else { return false };
         count += 1;
         match conv.as_mut() {
             Some(conv) => {
-                needs_entries = !conv.push(count - 1, entry, frames);
+                needs_entries = !conv.push(count - 1, entry, extras);
                 !needs_entries
             }
             None => {
-                entries.push(entry, frames);
+                entries.push(entry, extras);
                 true
             }
         }
@@ -344,6 +343,8 @@ fn trace_of(head: Head, converted: convert::Converted) -> Trace {
         stacks: converted.stacks,
         op_stacks: converted.op_stacks,
         op_times: converted.op_times,
+        annotations: converted.annotations,
+        op_annotations: converted.op_annotations,
         warnings,
     };
     let notes = pools::infer_pools(&mut trace, &head.last);

@@ -129,9 +129,9 @@ impl Stacks {
         let line = match f.get("line") {
             Some(v) => {
                 let i = ctx.int(v, || format!("{}.line", place()))?;
-                // C++ frames without a line carry 0; anything outside u32 is not a line number.
-                u32::try_from(i)
-                    .map_err(|_| ctx.err(format!("{}.line", place()), format!("bad line {i}")))?
+                // C++ frames without a line carry 0, generated code `size_t(-1)` (read as -1):
+                // both are "no line", as is anything else outside u32.
+                u32::try_from(i).unwrap_or(0)
             }
             None => 0,
         };

@@ -7,7 +7,8 @@
 //! be read back as a trace (every block would sit at address 0).
 //!
 //! Each entry's `time_us` is the recorded time of the op it belongs to, when the trace came
-//! from a snapshot (`Trace::op_times`).
+//! from a snapshot (`Trace::op_times`), and its `compile_context` and `user_metadata` the op's
+//! annotation (`Trace::op_annotations`) or PyTorch's defaults.
 //!
 //! `segments` is written empty: the memory map at the end is a simulation's business, not
 //! the trace's.
@@ -26,6 +27,8 @@ struct Keys {
     stream: Value,
     time_us: Value,
     frames: Value,
+    compile_context: Value,
+    user_metadata: Value,
     actions: HashMap<&'static str, Value>,
 }
 
@@ -40,6 +43,8 @@ impl Keys {
             stream: s("stream"),
             time_us: s("time_us"),
             frames: s("frames"),
+            compile_context: s("compile_context"),
+            user_metadata: s("user_metadata"),
             actions: HashMap::new(),
         }
     }
@@ -67,6 +72,16 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
     // The recorded time of the entry each op came from; an entry of an op without one (a
     // trace from another format) counts entries, as a clock that only goes forward.
     let op_time: AddrMap<u64, i64> = trace.op_times.iter().copied().collect();
+    // Each op's annotation, or PyTorch's defaults.
+    let op_annotation: AddrMap<u64, usize> =
+        trace.op_annotations.iter().map(|&(op, a)| (op, a as usize)).collect();
+    let annotations: Vec<[Value; 2]> = trace
+        .annotations
+        .iter()
+        .map(|a| [Value::str(&a.compile_context), Value::str(&a.user_metadata)])
+        .collect();
+    let no_annotation =
+        [Value::str(allocsim_core::Annotation::DEFAULT_COMPILE_CONTEXT), Value::str("")];
     let empty_frames = Value::list(Vec::new());
     let mut entries = Vec::new();
     let mut entry = |keys: &mut Keys,
@@ -77,6 +92,11 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
                      op: Option<u64>| {
         let addr_key = if action == "oom" { keys.device_free.clone() } else { keys.addr.clone() };
         let time = op.and_then(|o| op_time.get(&o).copied()).unwrap_or(entries.len() as i64);
+        let [context, metadata] = op
+            .and_then(|o| op_annotation.get(&o))
+            .and_then(|&a| annotations.get(a))
+            .unwrap_or(&no_annotation)
+            .clone();
         let f =
             op.and_then(|o| op_stack.get(&o)).and_then(|&s| frames.get(s)).unwrap_or(&empty_frames);
         // Addresses and stream handles are pointers that PyTorch writes as int64.
@@ -86,6 +106,8 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
             (keys.size.clone(), size_value(size)?),
             (keys.stream.clone(), Value::Int(stream.0 as i64)),
             (keys.time_us.clone(), Value::Int(time)),
+            (keys.compile_context.clone(), context),
+            (keys.user_metadata.clone(), metadata),
             (keys.frames.clone(), f.clone()),
         ]);
         entries.push(v);
