@@ -225,8 +225,10 @@
         `${size(hit.seg[1])} segment at 0x${hit.seg[0].toString(16)} (stream ${hit.seg[2]}, ${hit.seg[3].replace("_", " ")})`
       : "";
   });
-  $("at-note").textContent = `The map is kept at ${D.snapshots.length} points of the run: ` +
-    `evenly spaced, at the reserved peak and at the first OOMs.`;
+  $("at-note").textContent = D.map_every === 1
+    ? `The map is kept after every op (${D.snapshots.length}).`
+    : `Downsampled: the map is kept after every ${D.map_every}th op, at the reserved peak and ` +
+      `at the first OOMs (${D.snapshots.length} maps).`;
   if (D.snapshots.length) {
     slider.max = D.snapshots.length - 1;
     const peak = D.snapshots.findIndex((s) => s[1] === "reserved peak");

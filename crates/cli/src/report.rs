@@ -10,8 +10,9 @@
 //!   so;
 //! - OOMs and `empty_cache` calls as marks; each of the first [`OOMS_EXPLAINED`] OOMs links to
 //!   its explanation;
-//! - the segment map at up to [`SNAPSHOTS`] points (evenly spaced, at the reserved peak and at
-//!   the first OOMs), chosen with a slider;
+//! - the segment map after every op, or, when that would hold more than [`MAP_BLOCKS`] blocks,
+//!   after every k-th op (k a power of two, doubled until it fits), at the reserved peak and at
+//!   the first OOMs, chosen with a slider;
 //! - the `memory_summary` table and, for the PyTorch policy, the `advise` table.
 
 use crate::output::{bytes, conf_label, memory_summary};
@@ -28,8 +29,8 @@ use std::process::ExitCode;
 const COLUMNS: u64 = 3000;
 /// Allocations drawn one by one at most.
 const BANDS: usize = 600;
-/// Points at which the segment map is kept (besides the peak and the first OOMs).
-const SNAPSHOTS: u64 = 60;
+/// Blocks the kept segment maps may hold in all (about 20 bytes each in the page).
+const MAP_BLOCKS: usize = 250_000;
 /// OOMs explained on the page, each with its segment map, at most.
 const OOMS_EXPLAINED: usize = 50;
 
@@ -81,7 +82,9 @@ struct Column {
 /// Everything the page needs, collected in the one replay.
 struct Collect {
     ops_per_column: u64,
-    snapshot_every: u64,
+    /// The segment map is kept after every `map_every`-th op.
+    map_every: u64,
+    map_blocks: usize,
     allocated: u64,
     reserved: u64,
     columns: Vec<Column>,
@@ -99,7 +102,8 @@ impl Collect {
     fn new(ops: u64) -> Collect {
         Collect {
             ops_per_column: ops.div_ceil(COLUMNS).max(1),
-            snapshot_every: ops.div_ceil(SNAPSHOTS).max(1),
+            map_every: 1,
+            map_blocks: 0,
             allocated: 0,
             reserved: 0,
             columns: Vec::new(),
@@ -192,8 +196,22 @@ impl Observer for Collect {
             self.peak = Some((i, a.snapshot()));
         }
         let oom = std::mem::take(&mut self.oom_now) && self.ooms.len() <= OOMS_EXPLAINED;
-        if oom || i.is_multiple_of(self.snapshot_every) {
-            self.snapshots.push((i, a.snapshot()));
+        if oom || i.is_multiple_of(self.map_every) {
+            let map = a.snapshot();
+            self.map_blocks += map.iter().map(|s| s.blocks.len()).sum::<usize>();
+            self.snapshots.push((i, map));
+        }
+        // Over budget: keep every other map (the OOMs' stay), and take half as many from here.
+        while self.map_blocks > MAP_BLOCKS && self.snapshots.len() > 1 {
+            self.map_every *= 2;
+            let (every, ooms) = (self.map_every, &self.ooms);
+            self.snapshots
+                .retain(|(op, _)| op.is_multiple_of(every) || ooms.iter().any(|o| o.0 == *op));
+            self.map_blocks =
+                self.snapshots.iter().flat_map(|(_, m)| m).map(|s| s.blocks.len()).sum();
+            if every > self.ops_per_column * COLUMNS {
+                break;
+            }
         }
         true
     }
@@ -243,6 +261,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             json!({"op": e.op_index, "text": explain(&trace, e)})
         }).collect::<Vec<_>>(),
         "empty_caches": collect.empty_caches,
+        "map_every": collect.map_every,
         "snapshots": snapshots(&mut collect),
         "summary": memory_summary(&report.stats, 0),
         "advice": advice.map(|rows| rows.iter().map(|r| json!({

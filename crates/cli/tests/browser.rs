@@ -156,9 +156,15 @@ fn screenshots_show_the_timeline() {
         ("mid-run", traces.join("pytorch-2.11-h100-user/d_gpt2_blog.pickle.gz"), false),
         ("OOM", traces.join("pytorch-2.11-h100-user/c_train_oom.pickle.gz"), true),
     ];
-    // The first band colours, the reserved line, the grey of the other allocations, the OOM
+    // The band colours, the reserved line, the grey of the other allocations, the OOM
     // mark (report.js).
-    let bands: Vec<[u8; 3]> = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b"].map(hex).to_vec();
+    // (Not the first, #1f77b4: the segment map's allocated blocks share it.)
+    let bands: Vec<[u8; 3]> = [
+        "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff9896", "#98df8a",
+        "#c5b0d5", "#c49c94", "#aec7e8", "#dbdb8d", "#9edae5",
+    ]
+    .map(hex)
+    .to_vec();
     let (reserved, grey, oom) = (hex("#d62728"), hex("#cfcfcf"), hex("#c800c8"));
     for (what, trace, has_oom) in cases {
         let page = dir.join(format!("{what}.html"));
@@ -185,11 +191,12 @@ fn screenshots_show_the_timeline() {
         let counts = colours(&shot);
         let n = |c: &[u8; 3]| counts.get(c).copied().unwrap_or(0);
         let band_pixels: u64 = bands.iter().map(n).sum();
-        // The chart is 420 px high and about 1300 wide; four of the fourteen band colours alone
-        // cover 18,679 to 47,885 pixels of the three (about 3 to 9 % of the chart).
-        assert!(band_pixels > 10_000, "{what}: {band_pixels} pixels of band colours");
+        // The chart is 420 px high and about 1300 wide. Thirteen of the fourteen band colours
+        // (not the one the segment map shares) cover 7,820 to 18,740 of its pixels in the
+        // three, the grey band 14,108 to 16,704: the stack fills 4 to 6 % of the chart.
+        assert!(band_pixels > 4_000, "{what}: {band_pixels} pixels of band colours");
         assert!(n(&reserved) > 300, "{what}: {} pixels of the reserved line", n(&reserved));
-        assert!(n(&grey) + band_pixels > 30_000, "{what}: the stack is too thin");
+        assert!(n(&grey) + band_pixels > 15_000, "{what}: the stack is too thin");
         assert_eq!(n(&oom) > 100, has_oom, "{what}: {} pixels of OOM marks", n(&oom));
     }
 }
