@@ -6,7 +6,7 @@
 //!
 //! Settings: `min_segment` (bytes, default 20 MiB).
 
-use crate::kit::{bytes_value, round_up, Room, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::kit::{round_up, Apply, Room, Rules, Setting, Tiling, PAGE_2MIB};
 use allocsim_core::StreamId;
 
 #[derive(Debug, Clone)]
@@ -26,10 +26,7 @@ impl Rules for BestFit {
     const SETTINGS: &'static [Setting<Self>] = &[Setting {
         key: "min_segment",
         help: "the smallest segment reserved, in bytes",
-        apply: |rules, value| {
-            rules.min_segment = bytes_value(value)?;
-            Ok(())
-        },
+        apply: Apply::Bytes(|rules, v| rules.min_segment = v),
     }];
 
     fn segment_size(&mut self, _: &Tiling<()>, block: u64, _: &Room<'_>) -> Option<u64> {

@@ -24,12 +24,50 @@ use allocsim_core::{
 };
 
 /// One setting of a policy: its key in `key:value,...` strings, what it means, and how a value
-/// applies (an error says what is wrong with the value; the kit names policy and key).
+/// applies.
 #[derive(Debug)]
 pub struct Setting<R> {
     pub key: &'static str,
     pub help: &'static str,
-    pub apply: fn(&mut R, &str) -> Result<(), String>,
+    pub apply: Apply<R>,
+}
+
+/// How a setting's value applies to the rules: parsed by the kit as a byte count, a bool or a
+/// number, or by the policy itself (an error says what is wrong with the value; the kit names
+/// the policy and the key).
+#[derive(Debug)]
+pub enum Apply<R> {
+    /// Digits with an optional binary suffix (`k`, `MiB`, `g`, ...), or `max`.
+    Bytes(fn(&mut R, u64)),
+    /// `true`/`false`, `1`/`0`, `yes`/`no`.
+    Bool(fn(&mut R, bool)),
+    /// A finite number.
+    Number(fn(&mut R, f64)),
+    /// Any text, the policy's to read.
+    Text(fn(&mut R, &str) -> Result<(), String>),
+}
+
+impl<R> Apply<R> {
+    fn to(&self, rules: &mut R, value: &str) -> Result<(), String> {
+        use crate::zoo::common::parse_value as common;
+        match self {
+            Apply::Bytes(set) => set(rules, bytes_value(value)?),
+            Apply::Bool(set) => set(
+                rules,
+                common(value, "true or false", |v| match v {
+                    "true" | "1" | "yes" => Some(true),
+                    "false" | "0" | "no" => Some(false),
+                    _ => None,
+                })?,
+            ),
+            Apply::Number(set) => set(
+                rules,
+                common(value, "a number", |v| v.parse::<f64>().ok().filter(|f| f.is_finite()))?,
+            ),
+            Apply::Text(set) => set(rules, value)?,
+        }
+        Ok(())
+    }
 }
 
 /// A setting's value as a byte count: digits with an optional binary suffix (`k`, `MiB`, `g`,
@@ -344,7 +382,7 @@ impl<R: Rules> Allocator for Kit<R> {
                     let known: Vec<&str> = R::SETTINGS.iter().map(|s| s.key).collect();
                     return Err(crate::zoo::common::unknown_key(R::NAME, &key, &known));
                 };
-                (setting.apply)(&mut rules, &value).map_err(|problem| {
+                setting.apply.to(&mut rules, &value).map_err(|problem| {
                     ConfigError(format!("policy {}: {key}:{value}: {problem}", R::NAME))
                 })?;
             }
@@ -388,10 +426,7 @@ mod tests {
         const SETTINGS: &'static [Setting<Self>] = &[Setting {
             key: "limit",
             help: "a byte count at most 1 GiB",
-            apply: |rules, value| {
-                rules.limit = bytes_value(value)?;
-                Ok(())
-            },
+            apply: Apply::Bytes(|rules, v| rules.limit = v),
         }];
         type Tag = ();
 

@@ -33,7 +33,7 @@
 //! - `garbage_collection` (bool, default `true`, as GPU TF),
 //! - `fragmentation_fraction` (float in [0, 1], default 0 = use 128 MiB).
 
-use crate::kit::{bytes_value, round_up, Kit, Room, Rules, Setting, Tiling, ALIGN_256};
+use crate::kit::{round_up, Apply, Kit, Room, Rules, Setting, Tiling, ALIGN_256};
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
@@ -110,48 +110,28 @@ impl BfcRules {
     }
 }
 
-fn bool_value(value: &str) -> Result<bool, String> {
-    crate::zoo::common::parse_bool("", "", value).map_err(|_| "not true or false".to_string())
-}
-
 impl Rules for BfcRules {
     const NAME: &'static str = "bfc";
     const SETTINGS: &'static [Setting<Self>] = &[
         Setting {
             key: "allow_growth",
             help: "start with a 2 MiB region and grow (true), or reserve the whole limit (false)",
-            apply: |rules, value| {
-                rules.allow_growth = bool_value(value)?;
-                Ok(())
-            },
+            apply: Apply::Bool(|rules, v| rules.allow_growth = v),
         },
         Setting {
             key: "memory_limit",
             help: "bytes the allocator may reserve (default: free memory at the first request)",
-            apply: |rules, value| {
-                rules.memory_limit = Some(bytes_value(value)?);
-                Ok(())
-            },
+            apply: Apply::Bytes(|rules, v| rules.memory_limit = Some(v)),
         },
         Setting {
             key: "garbage_collection",
             help: "give wholly free regions back before an OOM",
-            apply: |rules, value| {
-                rules.garbage_collection = bool_value(value)?;
-                Ok(())
-            },
+            apply: Apply::Bool(|rules, v| rules.garbage_collection = v),
         },
         Setting {
             key: "fragmentation_fraction",
             help: "split a chunk when the rest is at least this fraction of the limit (0: 128 MiB)",
-            apply: |rules, value| {
-                let f = value.parse::<f64>().map_err(|_| "not a number".to_string())?;
-                if !(0.0..=1.0).contains(&f) {
-                    return Err("not in [0, 1]".into());
-                }
-                rules.fragmentation_fraction = f;
-                Ok(())
-            },
+            apply: Apply::Number(|rules, f| rules.fragmentation_fraction = f),
         },
     ];
     type Tag = ();
@@ -235,6 +215,14 @@ impl Rules for BfcRules {
         if let Some(seg) = tiling.seg(base) {
             self.free.remove(&(seg.size, base));
         }
+    }
+
+    fn check(&mut self, _: &Self, _: bool) -> Result<(), String> {
+        let f = self.fragmentation_fraction;
+        (0.0..=1.0)
+            .contains(&f)
+            .then_some(())
+            .ok_or(format!("fragmentation_fraction {f} not in [0, 1]"))
     }
 
     /// `DeallocateFreeRegions`: only when on, and when it can make room for the block.

@@ -15,7 +15,7 @@
 //! - `min_block` (bytes, power of two >= 256, default 512),
 //! - `segment_size` (bytes, power of two >= `min_block`, default 64 MiB).
 
-use crate::kit::{bytes_value, Kit, Room, Rules, Setting, Tiling};
+use crate::kit::{Apply, Kit, Room, Rules, Setting, Tiling};
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
@@ -58,18 +58,12 @@ impl Rules for BuddyRules {
         Setting {
             key: "min_block",
             help: "the smallest block, a power of two >= 256 (only before the first request)",
-            apply: |rules, value| {
-                rules.min_block = bytes_value(value)?;
-                Ok(())
-            },
+            apply: Apply::Bytes(|rules, v| rules.min_block = v),
         },
         Setting {
             key: "segment_size",
             help: "the segment reserved for blocks up to its size, a power of two",
-            apply: |rules, value| {
-                rules.segment_size = bytes_value(value)?;
-                Ok(())
-            },
+            apply: Apply::Bytes(|rules, v| rules.segment_size = v),
         },
     ];
     type Tag = ();

@@ -327,6 +327,16 @@ pub fn parse_bytes(policy: &str, key: &str, value: &str) -> Result<u64, ConfigEr
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
+/// A setting's value read by `parse` (after lowercasing), or an error that says what it should
+/// have been.
+pub(crate) fn parse_value<T>(
+    value: &str,
+    what: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<T, String> {
+    parse(&value.trim().to_ascii_lowercase()).ok_or_else(|| format!("not {what}"))
+}
+
 pub(crate) fn parse_bool(policy: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
     match value.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" => Ok(true),

@@ -26,7 +26,7 @@
 //! - `sl_bits` (second-level bits, 1..=6, default 5 as in TLSF and VMA).
 
 use crate::kit::{
-    bytes_value, round_up, Kit, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
+    round_up, Apply, Kit, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
 };
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
@@ -181,18 +181,15 @@ impl Rules for TlsfRules {
         Setting {
             key: "segment_size",
             help: "the preferred segment, 2 MiB to 1 PiB (VMA's preferred block size)",
-            apply: |rules, value| {
-                rules.segment_size = bytes_value(value)?;
-                Ok(())
-            },
+            apply: Apply::Bytes(|rules, v| rules.segment_size = v),
         },
         Setting {
             key: "sl_bits",
             help: "second-level bits, 1 to 6 (only before the first request)",
-            apply: |rules, value| {
-                rules.sl_bits = value.parse().map_err(|_| "not a number".to_string())?;
+            apply: Apply::Text(|rules, value| {
+                rules.sl_bits = value.parse().map_err(|_| "not a whole number".to_string())?;
                 Ok(())
-            },
+            }),
         },
     ];
     type Tag = Links;
