@@ -694,6 +694,10 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
             state.present |= 1 << field;
             match (kind, &mut state.fields[f]) {
                 (RAW_INT, Some(Value::Int(old))) => *old = x as i64,
+                // The same text as the last record's (`compile_context`'s "N/A", entry after
+                // entry): the field keeps its string.
+                (RAW_STR, Some(Value::Str(old)))
+                    if w[..end].get(end.checked_sub(x as usize)?..) == Some(old.as_bytes()) => {}
                 (RAW_GET, slot) => match (memo.get(x), slot) {
                     (Some(MemoRef::Value(Value::Str(new), _)), Some(Value::Str(old)))
                         if Rc::ptr_eq(new, old) => {}

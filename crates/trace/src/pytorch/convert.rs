@@ -680,10 +680,12 @@ impl<'a> Builder<'a> {
         frees_complete_at_once: bool,
     ) -> Result<(), TraceError> {
         let expecting = self.direct.take();
-        if self.entry_times.len() <= i {
-            self.entry_times.resize(i + 1, super::entries::NO_TIME);
+        if self.entry_times.len() == i {
+            self.entry_times.push(e.time_us);
+        } else {
+            self.entry_times.resize(self.entry_times.len().max(i + 1), super::entries::NO_TIME);
+            self.entry_times[i] = e.time_us;
         }
-        self.entry_times[i] = e.time_us;
         if e.annotation != super::entries::NO_ANNOTATION {
             self.entry_annotations.insert(i, e.annotation);
         }
