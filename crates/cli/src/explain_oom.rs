@@ -13,16 +13,8 @@ use std::process::ExitCode;
 pub struct Args {
     /// The trace (any format `replay` reads).
     trace: PathBuf,
-    /// The policy to explain.
-    #[arg(long, default_value = "pytorch")]
-    policy: String,
-    /// Allocator settings in the policy's syntax. Default: the trace's.
-    #[arg(long)]
-    alloc_conf: Option<String>,
-    /// Device memory, total and free at start (bytes, or `40GiB`, `40GB`, `4e10`). Default: the
-    /// trace's own device.
-    #[arg(long, value_parser = crate::output::parse_size)]
-    device_total: Option<u64>,
+    #[command(flatten)]
+    run: crate::input::RunArgs,
     /// Explain at most this many OOMs.
     #[arg(long, default_value_t = 20)]
     limit: usize,
@@ -42,14 +34,7 @@ fn stack_of(trace: &Trace, op: u64) -> Vec<String> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let trace = crate::input::load_trace(&args.trace)?;
-    let opts = RunOptions {
-        policy: args.policy.clone(),
-        alloc_conf: args.alloc_conf.clone(),
-        device: DeviceChoice::Auto,
-        device_total_bytes: args.device_total,
-        device_free_bytes: args.device_total,
-        ..RunOptions::default()
-    };
+    let opts = args.run.options();
     let mut explainer = OomExplainer::default();
     let report = run_trace(
         &trace,
@@ -57,9 +42,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &mut [&mut explainer],
         progress_bar("explain", trace.ops.len() as u64),
     )
-    .with_context(|| format!("setting up the {} policy", args.policy))?;
+    .with_context(|| format!("setting up the {} policy", args.run.policy))?;
     let shown = &explainer.explanations[..explainer.explanations.len().min(args.limit)];
-    let avoiding = if args.policy == "pytorch" && !shown.is_empty() {
+    let avoiding = if args.run.policy == "pytorch" && !shown.is_empty() {
         Some(settings_that_avoid(&trace, &opts)?)
     } else {
         None
@@ -67,7 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let out = if args.json {
         let json = serde_json::json!({
             "trace": args.trace.display().to_string(),
-            "policy": args.policy,
+            "policy": args.run.policy,
             "device": report.device,
             "ooms": explainer.explanations.len(),
             "explained": shown.iter().map(|e| explanation_json(&trace, e, avoiding.as_ref())).collect::<Vec<_>>(),
@@ -81,7 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "{}: {} under {} on the {} device",
             args.trace.display(),
             counted(explainer.explanations.len() as u64, "OOM", "OOMs"),
-            args.policy,
+            args.run.policy,
             report.device
         );
         for e in shown {

@@ -68,3 +68,33 @@ fn readable(n: f64, unit: &str) -> String {
         n => format!("{n:.1} {unit}"),
     }
 }
+
+/// The replay a command makes of the trace it read: a policy, its settings, the device's size.
+/// Shared by `explain-oom` and `report`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The policy to replay under.
+    #[arg(long, default_value = "pytorch")]
+    pub policy: String,
+    /// Allocator settings in the policy's syntax. Default: the trace's.
+    #[arg(long)]
+    pub alloc_conf: Option<String>,
+    /// Device memory, total and free at start (bytes, or `40GiB`, `40GB`, `4e10`). Default: the
+    /// trace's own device.
+    #[arg(long, value_parser = crate::output::parse_size)]
+    pub device_total: Option<u64>,
+}
+
+impl RunArgs {
+    /// The run: the device `auto` picks (the recording's own run follows it).
+    pub fn options(&self) -> allocsim_run::RunOptions {
+        allocsim_run::RunOptions {
+            policy: self.policy.clone(),
+            alloc_conf: self.alloc_conf.clone(),
+            device: allocsim_run::DeviceChoice::Auto,
+            device_total_bytes: self.device_total,
+            device_free_bytes: self.device_total,
+            ..allocsim_run::RunOptions::default()
+        }
+    }
+}

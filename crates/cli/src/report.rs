@@ -18,7 +18,7 @@
 use crate::output::{bytes, conf_label, memory_summary};
 use allocsim_core::{Allocator, BlockState, Device, Event, Op, SnapshotSegment, StartState, Trace};
 use allocsim_replay::{Observer, OomExplainer, OomExplanation, OpOutcome};
-use allocsim_run::{run_trace, DeviceChoice, RunOptions};
+use allocsim_run::run_trace;
 use anyhow::Context;
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
@@ -41,16 +41,8 @@ pub struct Args {
     /// Where to write the page. Default: the trace's name with `.html`, in this directory.
     #[arg(short, long)]
     out: Option<PathBuf>,
-    /// The policy to replay under.
-    #[arg(long, default_value = "pytorch")]
-    policy: String,
-    /// Allocator settings in the policy's syntax. Default: the trace's.
-    #[arg(long)]
-    alloc_conf: Option<String>,
-    /// Device memory, total and free at start (bytes, or `40GiB`, `40GB`, `4e10`). Default: the
-    /// trace's own device.
-    #[arg(long, value_parser = crate::output::parse_size)]
-    device_total: Option<u64>,
+    #[command(flatten)]
+    run: crate::input::RunArgs,
     /// Leave out the table of settings (`allocsim advise`, about a second on a big trace).
     #[arg(long)]
     no_advice: bool,
@@ -221,14 +213,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.trace));
     crate::output::check_output(&out)?;
     let trace = crate::input::load_trace(&args.trace)?;
-    let opts = RunOptions {
-        policy: args.policy.clone(),
-        alloc_conf: args.alloc_conf.clone(),
-        device: DeviceChoice::Auto,
-        device_total_bytes: args.device_total,
-        device_free_bytes: args.device_total,
-        ..RunOptions::default()
-    };
+    let opts = args.run.options();
     let ops = trace.ops.len() as u64;
     let mut collect = Collect::new(ops);
     let mut explainer = OomExplainer::default();
@@ -238,10 +223,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &mut [&mut collect, &mut explainer],
         crate::input::progress_bar("report", ops),
     )
-    .with_context(|| format!("setting up the {} policy", args.policy))?;
-    let advice = if args.policy == "pytorch" && !args.no_advice {
+    .with_context(|| format!("setting up the {} policy", args.run.policy))?;
+    let advice = if args.run.policy == "pytorch" && !args.no_advice {
         let (outside, _) = crate::capacity::outside_bytes(None, &trace);
-        Some(crate::capacity::advice(&trace, outside, args.device_total)?)
+        Some(crate::capacity::advice(&trace, outside, args.run.device_total)?)
     } else {
         None
     };

@@ -186,7 +186,9 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
     }
 
     /// Take a block of `block` bytes from the segment just reserved for it at `base` (one free
-    /// chunk, already [`Rules::added`]). Default: its first `block` bytes.
+    /// chunk, already [`Rules::added`], and the only one that takes the block). Default: as
+    /// [`Rules::take`] takes it, or, for a policy that takes nothing, the segment's first
+    /// `block` bytes.
     fn take_from(
         &mut self,
         tiling: &mut Tiling<Self::Tag>,
@@ -194,9 +196,10 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         block: u64,
         stream: StreamId,
     ) -> Option<u64> {
-        let _ = stream;
-        tiling.split(base, block, Self::Tag::default());
-        Some(base)
+        self.take(tiling, block, stream).or_else(|| {
+            tiling.split(base, block, Self::Tag::default());
+            Some(base)
+        })
     }
 
     /// A new segment is in the tiling at `base`, one free chunk. Default: nothing to index.

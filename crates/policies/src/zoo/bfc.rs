@@ -174,16 +174,6 @@ impl Rules for BfcRules {
         Some(addr)
     }
 
-    fn take_from(
-        &mut self,
-        tiling: &mut Tiling<()>,
-        _: u64,
-        block: u64,
-        s: StreamId,
-    ) -> Option<u64> {
-        self.take(tiling, block, s)
-    }
-
     fn added(&mut self, tiling: &mut Tiling<()>, base: u64) {
         if self.double_next {
             self.curr_region_bytes = self.curr_region_bytes.saturating_mul(2);

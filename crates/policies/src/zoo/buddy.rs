@@ -99,16 +99,6 @@ impl Rules for BuddyRules {
         Some(addr)
     }
 
-    fn take_from(
-        &mut self,
-        tiling: &mut Tiling<()>,
-        _: u64,
-        block: u64,
-        s: StreamId,
-    ) -> Option<u64> {
-        self.take(tiling, block, s)
-    }
-
     fn added(&mut self, tiling: &mut Tiling<()>, base: u64) {
         if let Some(seg) = tiling.seg(base) {
             let order = self.order(seg.size);
