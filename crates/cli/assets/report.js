@@ -34,7 +34,8 @@
     ` (${size(D.device_total)} total, ${size(D.device_free)} free at the start).` +
     (D.start_note ? ` ${esc(D.start_note[0].toUpperCase() + D.start_note.slice(1))}.` : "");
 
-  // Each drawn allocation: [start op, end op or null, size, address, stream, pool, stack, before].
+  // Each drawn allocation: [start op, end op or null, size, address, stream, pool, stack,
+  // before, [compile_context, user_metadata] or null].
   const n = T.op.length;
   const lowerBound = (op) => { // first column whose op is >= op
     let lo = 0, hi = n;
@@ -43,7 +44,7 @@
   };
   const bands = T.bands.map((b, i) => ({
     start: b[0], end: b[1] === null ? Infinity : b[1], size: b[2], addr: b[3], stream: b[4],
-    pool: b[5], stack: b[6], before: b[7], color: palette[i % palette.length],
+    pool: b[5], stack: b[6], before: b[7], note: b[8], color: palette[i % palette.length],
     from: lowerBound(b[0]), to: b[1] === null ? n : lowerBound(b[1]),
   }));
 
@@ -108,6 +109,11 @@
         const from = b.before ? "allocated before the history began" : `allocated at op ${b.start}`;
         text += `<br><b>${size(b.size)}</b> at 0x${b.addr.toString(16)}: ${from}, ${ended};` +
           ` stream ${b.stream}, ${b.pool.replace("_", " ")}`;
+        if (b.note) {
+          const [context, metadata] = b.note;
+          if (context !== "N/A") text += `<br>compile context: ${esc(context)}`;
+          if (metadata) text += `<br>user metadata: ${esc(metadata)}`;
+        }
         if (b.stack !== null) text += "<br>" + T.frames[b.stack].map(esc).join("<br>");
       }
     });

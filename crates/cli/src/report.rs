@@ -327,7 +327,14 @@ fn timeline(c: &Collect, trace: &Trace) -> Value {
                     })
                 });
             let end = (l.end != u64::MAX).then_some(l.end);
-            json!([l.start, end, l.size, l.addr, l.stream, l.pool, stack, l.before])
+            // What the snapshot said of the allocation besides its stack (`torch.compile`'s
+            // context, user metadata), when not PyTorch's defaults.
+            let note = (!l.before)
+                .then(|| trace.op_annotations.binary_search_by_key(&l.start, |&(o, _)| o).ok())
+                .flatten()
+                .map(|k| &trace.annotations[trace.op_annotations[k].1 as usize])
+                .map(|a| [&a.compile_context, &a.user_metadata]);
+            json!([l.start, end, l.size, l.addr, l.stream, l.pool, stack, l.before, note])
         })
         .collect();
     let frames: Vec<Vec<String>> = stacks

@@ -316,6 +316,20 @@ fn an_exported_snapshot_keeps_the_recorded_times_and_annotations() {
     assert_eq!(annotated(&exported), annotated(&source));
 }
 
+/// The report's data keeps what the snapshot said of each allocation: `torch.compile`'s
+/// context and the user's metadata (shown on hover; the browser test loads the page).
+#[test]
+fn the_report_carries_annotations() {
+    let trace = user_trace("c_annotated.pickle.gz");
+    let page = std::env::temp_dir().join(format!("allocsim-ann-{}.html", std::process::id()));
+    let out = allocsim(&["report", trace.to_str().unwrap(), "-o", page.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let html = std::fs::read_to_string(&page).unwrap();
+    std::fs::remove_file(&page).ok();
+    assert!(html.contains(r#"["Torch-Compiled Region: 0/0","step 0"]"#), "no compile context");
+    assert!(html.contains(r#"["N/A","step 2"]"#), "no user metadata");
+}
+
 /// Output paths are checked before the work: the error names the path given.
 #[test]
 fn output_paths_are_checked_first() {
