@@ -1,18 +1,9 @@
 // allocsim compare --html: one uPlot panel per column of each trace, each on its own scale, so
 // that a policy reserving ten times more does not squash the others into a flat line. Sets
-// body[data-status] to "ready" when done, and body[data-errors] on any error.
+// body[data-status] to "ready" when done (common.js flags errors).
 (function () {
   "use strict";
-  window.addEventListener("error", (e) => {
-    document.body.dataset.errors = (document.body.dataset.errors || "") + String(e.message);
-  });
-  const size = (b) => {
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let v = b, u = 0;
-    while (Math.abs(v) >= 1024 && u < units.length - 1) { v /= 1024; u++; }
-    return u === 0 ? `${b} B` : `${v.toFixed(2)} ${units[u]}`;
-  };
-  const OOM_COLOR = "#c800c8";
+  const { size, OOM_COLOR } = allocsim;
   // Not the segment maps' blue, orange and grey.
   const colors = ["#d62728", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22"];
   const data = JSON.parse(document.getElementById("data").textContent);

@@ -1,29 +1,15 @@
 // allocsim report: draws the page's data (the JSON in #data, written by `allocsim report`).
 // The timeline is uPlot's (axes, zoom, cursor); the per-allocation bands, the marks and the
-// segment map are drawn here on canvases. Sets body[data-status] to "ready" when done, and
-// body[data-errors] on any error, which the browser test reads.
+// segment map are drawn here on canvases. Sets body[data-status] to "ready" when done, which
+// the browser test reads (common.js flags errors).
 (function () {
   "use strict";
-  const errors = [];
-  window.addEventListener("error", (e) => {
-    errors.push(String(e.message));
-    document.body.dataset.errors = errors.join(" | ");
-  });
   const D = JSON.parse(document.getElementById("data").textContent);
   const T = D.timeline;
   const $ = (id) => document.getElementById(id);
   const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;");
 
-  // Sizes as PyTorch's memory_viz writes them: binary units, two decimals.
-  function size(b) {
-    if (b === null || b === undefined) return "-";
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let v = b, u = 0;
-    while (Math.abs(v) >= 1024 && u < units.length - 1) { v /= 1024; u++; }
-    return u === 0 ? `${b} B` : `${v.toFixed(2)} ${units[u]}`;
-  }
-  // OOM marks: a colour no band, line or grid uses (the browser test looks for it).
-  const OOM_COLOR = "#c800c8";
+  const { size, OOM_COLOR } = allocsim;
   const palette = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
     "#bcbd22", "#ff9896", "#98df8a", "#c5b0d5", "#c49c94", "#aec7e8", "#dbdb8d", "#9edae5"];
 

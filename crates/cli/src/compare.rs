@@ -67,16 +67,6 @@ fn policies(spec: &str) -> anyhow::Result<Vec<String>> {
     Ok(columns)
 }
 
-fn trace_name(path: &std::path::Path) -> String {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    for ext in [".pickle.gz", ".pickle", ".allocsim.json", ".allocsim", ".csv"] {
-        if let Some(stem) = name.strip_suffix(ext) {
-            return stem.to_string();
-        }
-    }
-    name
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.html {
         crate::output::check_output(path)?;
@@ -84,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let policies = policies(&args.policy)?;
     let mut traces = Vec::new();
     for path in &args.traces {
-        traces.push((trace_name(path), crate::input::load_trace(path)?));
+        traces.push((crate::input::trace_name(path), crate::input::load_trace(path)?));
     }
     if let Some(jobs) = args.jobs {
         rayon::ThreadPoolBuilder::new().num_threads(jobs).build_global().ok();

@@ -26,7 +26,8 @@ impl Observer for SnapshotAt {
     }
 }
 
-fn escape(s: &str) -> String {
+/// Text as HTML.
+pub fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
@@ -122,16 +123,9 @@ fn panel(c: &GridCell) -> serde_json::Value {
 
 /// The policy at `c`'s column, run as the grid ran it, up to its reserved peak: the segments.
 fn segments_at_peak(trace: &Trace, c: &GridCell, base: &RunOptions) -> anyhow::Result<String> {
-    let (policy, conf) = allocsim_policies::parse_spec(&c.policy);
     let device =
         if c.report.device == "recorded" { DeviceChoice::Recorded } else { DeviceChoice::Sim };
-    let opts = RunOptions {
-        policy: policy.to_string(),
-        alloc_conf: conf.map(str::to_string).or(base.alloc_conf.clone()),
-        device,
-        check: false,
-        ..base.clone()
-    };
+    let opts = RunOptions { device, check: false, ..allocsim_run::column_options(&c.policy, base) };
     let mut at = SnapshotAt { at: c.report.metrics.peak_reserved_op, snapshot: Vec::new() };
     run_trace(trace, &opts, &mut [&mut at], |_| {})?;
     Ok(segment_map(&at.snapshot))
@@ -188,12 +182,14 @@ map at each column's reserved peak (blue allocated, orange pending free, grey ca
 marks segment ends), and the table.</p>
 {body}
 <script type="application/json" id="data">{data}</script>
+<script>{common_js}</script>
 <script>{uplot_js}</script>
 <script>{compare_js}</script>
 </body></html>
 "#,
         uplot_css = include_str!("../assets/uplot/uPlot.min.css"),
         uplot_js = include_str!("../assets/uplot/uPlot.iife.min.js"),
+        common_js = include_str!("../assets/common.js"),
         compare_js = include_str!("../assets/compare.js"),
     ))
 }

@@ -28,6 +28,16 @@ pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
     }
 }
 
+/// A trace's file name without its format's extension (`gpt2_train` for
+/// `traces/gpt2_train.pickle.gz`): how pages and tables name it.
+pub fn trace_name(path: &Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = [".pickle.gz", ".pickle", ".allocsim.json", ".allocsim", ".csv"]
+        .iter()
+        .find_map(|ext| name.strip_suffix(ext));
+    stem.map_or(name.clone(), str::to_string)
+}
+
 /// A progress bar on stderr for runs long enough to want one (hidden when not a terminal).
 pub fn progress_bar(label: &str, ops: u64) -> impl FnMut(u64) {
     let bar = (ops >= 500_000).then(|| bar(label, ops, "ops"));

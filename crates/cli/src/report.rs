@@ -267,11 +267,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// `TRACE.html` in the current directory, for `TRACE.pickle.gz` and the other formats.
 fn default_out(trace: &std::path::Path) -> PathBuf {
-    let name = trace.file_name().map_or("trace".into(), |n| n.to_string_lossy().into_owned());
-    let stem = [".pickle.gz", ".pickle", ".allocsim.json", ".allocsim", ".csv"]
-        .iter()
-        .find_map(|ext| name.strip_suffix(ext))
-        .unwrap_or(&name);
+    let stem = crate::input::trace_name(trace);
     let stem = stem.trim_start_matches("workload:").replace(['?', '&', '=', '/'], "_");
     PathBuf::from(format!("{stem}.html"))
 }
@@ -424,7 +420,7 @@ fn explain(trace: &Trace, e: &OomExplanation) -> String {
 fn page(title: &str, data: &Value) -> String {
     // `</` cannot end the script element the data sits in.
     let data = data.to_string().replace("</", "<\\/");
-    let title = title.replace('&', "&amp;").replace('<', "&lt;");
+    let title = crate::html::escape(title);
     format!(
         r#"<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>allocsim report: {title}</title>
@@ -450,6 +446,7 @@ double-click to zoom out, hover for an allocation.</p>
 <pre id="summary"></pre>
 <div id="oom-list"></div>
 <script type="application/json" id="data">{data}</script>
+<script>{common_js}</script>
 <script>{uplot_js}</script>
 <script>{report_js}</script>
 </body></html>
@@ -457,6 +454,7 @@ double-click to zoom out, hover for an allocation.</p>
         uplot_css = include_str!("../assets/uplot/uPlot.min.css"),
         css = include_str!("../assets/report.css"),
         uplot_js = include_str!("../assets/uplot/uPlot.iife.min.js"),
+        common_js = include_str!("../assets/common.js"),
         report_js = include_str!("../assets/report.js"),
     )
 }

@@ -39,6 +39,17 @@ pub fn min_feasible_capacity(
     crate::capacity::bisect(lower.min(upper), upper, |x| fits(trace, opts, x)).map(Some)
 }
 
+/// The options of a column, `NAME` or `NAME[SETTINGS]`, on top of `base`: its settings, if it
+/// has any, replace `base`'s.
+pub fn column_options(column: &str, base: &RunOptions) -> RunOptions {
+    let (policy, conf) = allocsim_policies::parse_spec(column);
+    RunOptions {
+        policy: policy.to_string(),
+        alloc_conf: conf.map(str::to_string).or(base.alloc_conf.clone()),
+        ..base.clone()
+    }
+}
+
 /// Run every policy on every trace in parallel; a policy is `NAME` or `NAME[SETTINGS]`. Each
 /// cell runs on the device `auto` picks (the PyTorch policy under a recording's own settings
 /// follows the recording; anything else runs on the model), and its capacity bisection on
@@ -62,13 +73,7 @@ pub fn compare(
         .map(|&i| {
             let (t, policy) = cells[i];
             let (name, trace) = &traces[t];
-            let (policy_name, conf) = allocsim_policies::parse_spec(policy);
-            let opts = RunOptions {
-                policy: policy_name.to_string(),
-                alloc_conf: conf.map(str::to_string).or(base.alloc_conf.clone()),
-                device: DeviceChoice::Auto,
-                ..base.clone()
-            };
+            let opts = RunOptions { device: DeviceChoice::Auto, ..column_options(policy, base) };
             let report = run_trace(trace, &opts, &mut [], |_| {})?;
             let opts = RunOptions { device: DeviceChoice::Sim, ..opts };
             let min_feasible_capacity_bytes = if with_capacity {

@@ -11,7 +11,7 @@ pub use capacity::{
     capacity, Capacity, CapacityOptions, PlacementThreshold, BAND_MARGIN_BYTES,
     CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES,
 };
-pub use grid::{compare, min_feasible_capacity, GridCell};
+pub use grid::{column_options, compare, min_feasible_capacity, GridCell};
 pub use run::{
     changes_the_run, run_trace, run_trace_on, run_trace_streamed, DeviceChoice, RunOptions,
     RunReport, StartedFrom, H100_FREE_BYTES, H100_TOTAL_BYTES,

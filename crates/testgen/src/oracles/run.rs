@@ -14,14 +14,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// recording), the checker on, seed 0; `policy` is `NAME` or `NAME[SETTINGS]`. The same as
 /// `allocsim replay FILE --policy NAME [--alloc-conf SETTINGS] --check`.
 pub fn run_options(policy: &str) -> RunOptions {
-    let (name, conf) = allocsim_policies::parse_spec(policy);
-    RunOptions {
-        policy: name.to_string(),
-        alloc_conf: conf.map(str::to_string),
-        device: DeviceChoice::Sim,
-        check: true,
-        ..RunOptions::default()
-    }
+    let base = RunOptions { device: DeviceChoice::Sim, check: true, ..RunOptions::default() };
+    allocsim_run::column_options(policy, &base)
 }
 
 /// The checker as `run_trace` configures it for `--check`: the trace's device, the policy's
