@@ -317,3 +317,43 @@ fn docs_name_every_policy_and_workload() {
         assert!(readme.contains(&format!("`{w}`")), "the README does not name the workload {w}");
     }
 }
+
+/// The complete lab recordings: the shared ten, the four held out, and the `d_*` user ones.
+fn lab_recordings() -> Vec<std::path::PathBuf> {
+    let user =
+        |p: &std::path::Path| p.parent().is_some_and(|d| d.ends_with("pytorch-2.11-h100-user"));
+    bundled_traces().into_iter().filter(|p| !user(p) || name(p).starts_with("d_")).collect()
+}
+
+/// The lab recordings the PyTorch policy on the modelled device (the driver placement, no
+/// recorded addresses) replays exactly, events and `memory_stats()`, are the ones
+/// docs/capacity.md lists, no more and no fewer.
+#[test]
+fn the_driver_model_replays_these_recordings_exactly() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/capacity.md"))
+        .expect("docs/capacity.md");
+    let row = doc.lines().find(|l| l.starts_with("| `driver` |")).expect("the driver row");
+    let listed: std::collections::BTreeSet<&str> = row.split('`').skip(3).step_by(2).collect();
+    let labs = lab_recordings();
+    assert_eq!(labs.len(), 21);
+    let exact: std::collections::BTreeSet<String> = labs
+        .iter()
+        .filter(|path| {
+            let trace = read(path);
+            let opts = RunOptions {
+                policy: "pytorch".into(),
+                device: DeviceChoice::Sim,
+                fidelity: true,
+                ..RunOptions::default()
+            };
+            let report = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
+            let expected = trace.meta.expected_stats.as_ref().expect("every lab trace has stats");
+            report.fidelity == Some(Ok(trace.recorded.len() as u64))
+                && report.stats.flat().iter().all(|kv| expected.contains(kv))
+        })
+        .map(|path| name(path))
+        .collect();
+    let exact: std::collections::BTreeSet<&str> = exact.iter().map(String::as_str).collect();
+    assert_eq!(exact, listed, "reproduce: allocsim fidelity --model TRACE");
+    assert!(row.contains(&format!("| {} of {} |", exact.len(), labs.len())), "{row}");
+}

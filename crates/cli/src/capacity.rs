@@ -12,7 +12,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Seeded jittered placements the band is taken over, besides descending.
+/// Seeded jittered placements the band is taken over, besides the driver placement.
 const JITTERS: u32 = 16;
 
 /// What both commands take besides the trace.

@@ -20,9 +20,9 @@ pub struct Args {
     /// Follow the recording's addresses and refusals (the default) or use the modelled device.
     #[arg(long)]
     model: bool,
-    /// With `--model`: how the modelled device places segments (`lowest`, `descending`,
-    /// `jittered:SEED`).
-    #[arg(long, value_parser = allocsim_sim::Placement::parse, default_value = "lowest")]
+    /// With `--model`: how the modelled device places segments (`driver`, `jittered:SEED`,
+    /// `descending`, `lowest`).
+    #[arg(long, value_parser = allocsim_sim::Placement::parse, default_value = "driver")]
     placement: allocsim_sim::Placement,
     /// `torch.cuda.memory_stats()` when a history that starts mid-run began, as JSON (the flat
     /// dict, or an object with a `memory_stats` member). Default: the sidecar's

@@ -89,9 +89,10 @@ pub struct Args {
     /// exact. Default: the sidecar's `meta.memory_stats_at_history_start`, if any.
     #[arg(long, value_name = "FILE")]
     pub stats_at_start: Option<PathBuf>,
-    /// How the modelled device places segments: `lowest` (first fit from the bottom),
-    /// `descending` (each below the last, as the CUDA driver mostly does) or `jittered:SEED`.
-    #[arg(long, value_parser = Placement::parse, default_value = "lowest")]
+    /// How the modelled device places segments: `driver` (the CUDA driver's rule, see
+    /// docs/capacity.md), `jittered:SEED` (the driver's rule with seeded swaps), `descending`
+    /// (each below the last) or `lowest` (first fit from the bottom).
+    #[arg(long, value_parser = Placement::parse, default_value = "driver")]
     pub placement: Placement,
 }
 

@@ -10,7 +10,7 @@
 //! - **The driver's addresses**, which break ties between equal free blocks and so decide
 //!   fragmentation under pressure. They differ between runs of the same program with different
 //!   free memory, so no recording says what they will be. The point is the run bisected under
-//!   descending placement (the driver's usual rule); the band spreads over
+//!   the driver placement (the driver's rule); the band spreads over
 //!   [`CapacityOptions::jitters`] seeded jittered placements (neighbours swapped, as between
 //!   real runs), widened below by [`BAND_MARGIN_BYTES`].
 
@@ -24,7 +24,7 @@ use rayon::prelude::*;
 /// 2.11 and CUDA 13 (the largest of the validation workloads: 246 MiB; see `docs/capacity.md`).
 pub const OUTSIDE_ALLOCATOR_BYTES: u64 = 257_949_696;
 
-/// Jittered placements are first bisected within 1/NEAR (1.25 %) of the descending threshold.
+/// Jittered placements are first bisected within 1/NEAR (1.25 %) of the driver placement's threshold.
 const NEAR: u64 = 80;
 
 /// Bisection stops when the bracket is this narrow: the driver's page.
@@ -44,7 +44,7 @@ pub struct CapacityOptions {
     pub run: RunOptions,
     /// Memory the run takes outside the allocator, counted as taken from the start.
     pub outside_bytes: u64,
-    /// How many seeded jittered placements the band is taken over, besides descending.
+    /// How many seeded jittered placements the band is taken over, besides the driver placement.
     pub jitters: u32,
 }
 
@@ -59,7 +59,7 @@ pub struct PlacementThreshold {
 /// The answer: free memory at the start (outside memory included) the run needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capacity {
-    /// Under descending placement. `None` if the run does not fit the device at all.
+    /// Under the driver placement. `None` if the run does not fit the device at all.
     pub capacity_bytes: Option<u64>,
     /// The least any placement needed less [`BAND_MARGIN_BYTES`], and the most any needed
     /// (`None` if under some placement the run does not fit the device at all).
@@ -130,7 +130,7 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
         trace,
         &RunOptions {
             device: DeviceChoice::Sim,
-            placement: Placement::Descending,
+            placement: Placement::Driver,
             check: false,
             fidelity: false,
             ..opts.run.clone()
@@ -160,7 +160,7 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
         }
         Ok(None)
     };
-    let point = whole(Placement::Descending)?;
+    let point = whole(Placement::Driver)?;
     // Jittered placements land near it: bisect within 1/NEAR of it when both ends of that
     // bracket say so (one run each), else over the whole bracket.
     let jittered = (0..u64::from(opts.jitters))
@@ -179,12 +179,10 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
             Ok(PlacementThreshold { placement, capacity_bytes: whole(placement)? })
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
-    let placements: Vec<PlacementThreshold> = std::iter::once(PlacementThreshold {
-        placement: Placement::Descending,
-        capacity_bytes: point,
-    })
-    .chain(jittered)
-    .collect();
+    let placements: Vec<PlacementThreshold> =
+        std::iter::once(PlacementThreshold { placement: Placement::Driver, capacity_bytes: point })
+            .chain(jittered)
+            .collect();
     let found = || placements.iter().filter_map(|p| p.capacity_bytes);
     // A placement under which the run does not fit at all makes the band open upwards.
     let all_fit = placements.iter().all(|p| p.capacity_bytes.is_some());

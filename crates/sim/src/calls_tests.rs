@@ -1,5 +1,5 @@
 use super::*;
-use crate::{CostModel, Fault, SimConfig, PAGE_BYTES};
+use crate::{CostModel, Fault, Placement, SimConfig, PAGE_BYTES};
 use allocsim_core::MIB;
 
 const PAGE: u64 = PAGE_BYTES;
@@ -10,6 +10,7 @@ fn sim(free_pages: u64, faults: Vec<Fault>) -> SimDevice {
         free_bytes: free_pages * PAGE,
         cost: CostModel::zero(),
         faults,
+        placement: Placement::Lowest,
         ..SimConfig::default()
     })
 }

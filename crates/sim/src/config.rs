@@ -30,7 +30,7 @@ impl Default for SimConfig {
             cost: CostModel::h100(),
             faults: Vec::new(),
             seed: 0,
-            placement: Placement::Lowest,
+            placement: Placement::default(),
         }
     }
 }

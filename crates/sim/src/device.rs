@@ -22,7 +22,7 @@
 
 use crate::address::{align_up, AddressSpace, IntervalSet};
 use crate::faults::FaultState;
-use crate::{CostModel, SimConfig};
+use crate::{CostModel, Placement, SimConfig};
 use allocsim_core::{CallKind, Device, DeviceCalls, DeviceError, MemInfo};
 use std::collections::BTreeMap;
 
@@ -96,6 +96,7 @@ impl SimDevice {
     pub fn for_tests(total_bytes: u64) -> Self {
         SimDevice::new(SimConfig {
             cost: CostModel::zero(),
+            placement: Placement::Lowest,
             ..SimConfig::with_total_bytes(total_bytes)
         })
     }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::{Fault, H100_FREE_AT_START_BYTES, VA_BASE};
+use crate::{Fault, Placement, H100_FREE_AT_START_BYTES, VA_BASE};
 use allocsim_core::MIB;
 
 const PAGE: u64 = PAGE_BYTES;
@@ -12,7 +12,7 @@ fn device(total_pages: u64, free_pages: u64, faults: Vec<Fault>) -> SimDevice {
         cost: CostModel::zero(),
         faults,
         seed: 42,
-        placement: Default::default(),
+        placement: Placement::Lowest,
     })
 }
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::{CostModel, SimConfig, PAGE_BYTES, VA_BASE};
+use crate::{CostModel, Placement, SimConfig, PAGE_BYTES, VA_BASE};
 use allocsim_core::{StreamId, MIB};
 
 const PAGE: u64 = PAGE_BYTES;
@@ -14,6 +14,7 @@ fn model() -> SimDevice {
         total_bytes: 200 * PAGE,
         free_bytes: 100 * PAGE,
         cost: CostModel::zero(),
+        placement: Placement::Lowest,
         ..SimConfig::default()
     })
 }

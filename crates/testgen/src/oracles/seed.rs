@@ -8,7 +8,7 @@ use allocsim_core::{AllocId, Allocator, BlockState, Device, Event, Op, StartStat
 use allocsim_policies::pytorch::PyTorchAllocator;
 use allocsim_replay::{Engine, Observer, OpOutcome};
 use allocsim_run::{H100_FREE_BYTES, H100_TOTAL_BYTES};
-use allocsim_sim::{SimConfig, SimDevice};
+use allocsim_sim::{Placement, SimConfig, SimDevice};
 use std::collections::BTreeMap;
 
 /// Whether a run's state at op `k` is all a seed carries: no stream uses (a snapshot does not
@@ -53,10 +53,19 @@ impl Observer for Watch {
     }
 }
 
+/// Lowest-first placement: where it puts a segment depends only on the live ranges, which a
+/// snapshot shows. (The driver placement's chunks are not in a snapshot: a seeded device can
+/// only guess their extent.)
 fn device(trace: &Trace) -> SimDevice {
     let total = trace.meta.device_total_bytes.unwrap_or(H100_TOTAL_BYTES);
     let free = trace.meta.device_free_bytes.unwrap_or(H100_FREE_BYTES.min(total));
-    SimDevice::new(SimConfig { total_bytes: total, free_bytes: free, ..SimConfig::default() })
+    let placement = Placement::Lowest;
+    SimDevice::new(SimConfig {
+        total_bytes: total,
+        free_bytes: free,
+        placement,
+        ..Default::default()
+    })
 }
 
 fn allocator(trace: &Trace, device: &mut SimDevice) -> Result<PyTorchAllocator, Failure> {
