@@ -114,15 +114,21 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
         Ok::<(), String>(())
     };
     if trace.recorded.is_empty() {
+        // Entries as PyTorch would write them for these ops. A 0-byte tensor gets a null
+        // pointer without reaching the allocator, so it has none, and neither has its free.
         let mut blocks: AddrMap<AllocId, (u64, StreamId)> = AddrMap::default();
         let mut deferred: HashSet<AllocId> = HashSet::new();
         for (i, op) in trace.ops.iter().enumerate() {
             let o = Some(i as u64);
+            let empty = |id: &AllocId| blocks.get(id).is_some_and(|&(size, _)| size == 0);
             match op {
                 Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. } => {
                     blocks.insert(*id, (*size, *stream));
-                    entry(&mut keys, "alloc", 0, *size, *stream, o)?;
+                    if *size > 0 {
+                        entry(&mut keys, "alloc", 0, *size, *stream, o)?;
+                    }
                 }
+                Op::FreeRequested { id } | Op::FreeCompleted { id } if empty(id) => {}
                 Op::RecordStream { id, .. } => {
                     deferred.insert(*id);
                 }
