@@ -69,7 +69,8 @@ fn policies(spec: &str) -> anyhow::Result<Vec<String>> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.html {
-        crate::output::check_output(path)?;
+        let inputs: Vec<&std::path::Path> = args.traces.iter().map(|t| t.as_path()).collect();
+        crate::output::check_output(path, &inputs)?;
     }
     let policies = policies(&args.policy)?;
     let mut traces = Vec::new();

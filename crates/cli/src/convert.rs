@@ -14,7 +14,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    crate::output::check_trace_output(&args.output)?;
+    crate::output::check_trace_output(&args.output, &[&args.input])?;
     let trace = crate::input::load_trace(&args.input)?;
     allocsim_trace::write_trace(&trace, &args.output)
         .with_context(|| format!("converting {}", args.input.display()))?;

@@ -71,20 +71,23 @@ enum Command {
     Fuzz(fuzz::Args),
 }
 
-/// Write `bytes` to `path` through a temporary file in the same directory, so an existing file
-/// is replaced only by a complete new one.
+/// Write `bytes` to `path` whole or not at all (`allocsim_trace::atomic`).
 pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use anyhow::Context;
-    let tmp = path.with_extension("allocsim-tmp");
-    let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing {}", path.display()))
+    use std::io::Write;
+    let mut out = allocsim_trace::atomic::AtomicFile::create(path)?;
+    out.write_all(bytes)
+        .and_then(|()| out.commit())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Ctrl-C leaves no half-written file: the writes in progress remove their temporary files.
+    let _ = ctrlc::set_handler(|| {
+        allocsim_trace::atomic::remove_temporaries();
+        std::process::exit(130);
+    });
     let opts = allocsim_trace::ReadOptions { cuda_device: cli.cuda_device, ..Default::default() };
     input::READ_OPTIONS.set(opts).expect("read options are set once");
     let result = match cli.command {

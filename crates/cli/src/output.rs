@@ -3,6 +3,7 @@
 
 use allocsim_core::{MemoryStats, Stat, StatArray};
 use allocsim_run::{RunReport, StartedFrom};
+use std::path::Path;
 
 /// A size as flags take it: bytes (`42949672960`, `4e10`), or a number with a unit, decimal
 /// (`kB`, `MB`, `GB`, `TB`) or binary (`KiB`, `MiB`, `GiB`, `TiB`), as in `40GiB`, `40 GB` or
@@ -40,28 +41,31 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// Fail now, before any work, if `path` cannot be written: its folder must exist and take a new
-/// file, and `path` must not be a folder. The error names `path` as the user gave it.
-pub fn check_output(path: &std::path::Path) -> anyhow::Result<()> {
+/// file, `path` must not be a folder, and it must not be one of `inputs` (links followed): a
+/// command never writes over what it reads. The error names `path` as the user gave it.
+pub fn check_output(path: &Path, inputs: &[&Path]) -> anyhow::Result<()> {
     let shown = path.display();
+    if let Some(input) = inputs.iter().find(|i| allocsim_trace::atomic::same_file(path, i)) {
+        anyhow::bail!("cannot write {shown}: it is the input {}", input.display());
+    }
     if path.is_dir() {
         anyhow::bail!("cannot write {shown}: it is a directory");
     }
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
-        _ => std::path::Path::new("."),
+        _ => Path::new("."),
     };
     if !parent.is_dir() {
         anyhow::bail!("cannot write {shown}: there is no directory {}", parent.display());
     }
-    // Create and remove a file beside it, where the atomic writers put their temporary file.
-    let probe = parent.join(format!(".allocsim-probe-{}", std::process::id()));
-    std::fs::File::create(&probe).map_err(|e| anyhow::anyhow!("cannot write {shown}: {e}"))?;
-    let _ = std::fs::remove_file(&probe);
+    // Create and drop a file beside it, as the atomic writer will.
+    allocsim_trace::atomic::AtomicFile::create(path)
+        .map_err(|e| anyhow::anyhow!("cannot write {shown}: {e}"))?;
     Ok(())
 }
 
 /// [`check_output`] for a trace file, whose extension picks the format.
-pub fn check_trace_output(path: &std::path::Path) -> anyhow::Result<()> {
+pub fn check_trace_output(path: &Path, inputs: &[&Path]) -> anyhow::Result<()> {
     if allocsim_trace::Format::from_path(path).is_none() {
         anyhow::bail!(
             "cannot write {}: the extension picks the format (.pickle, .pickle.gz, .csv, \
@@ -69,7 +73,7 @@ pub fn check_trace_output(path: &std::path::Path) -> anyhow::Result<()> {
             path.display()
         );
     }
-    check_output(path)
+    check_output(path, inputs)
 }
 
 /// A size for people: `7.19 GiB (7719616512 B)`; bytes alone below 1 KiB.
@@ -230,7 +234,7 @@ pub fn recorded_differences(
 
 /// `torch.cuda.memory_stats()` from a JSON file: the flat dict, or an object with a
 /// `memory_stats` member (a sidecar).
-pub fn read_stats_json(path: &std::path::Path) -> anyhow::Result<Vec<(String, i64)>> {
+pub fn read_stats_json(path: &Path) -> anyhow::Result<Vec<(String, i64)>> {
     use anyhow::{bail, Context};
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

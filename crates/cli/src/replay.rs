@@ -11,10 +11,9 @@ use allocsim_run::{
 };
 use allocsim_sim::Fault;
 use allocsim_sim::Placement;
+use allocsim_trace::atomic::AtomicFile;
 use anyhow::Context;
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -137,8 +136,15 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let (Some(log), Some(export)) = (&args.event_log, &args.export_snapshot) {
+        if allocsim_trace::atomic::same_file(log, export) {
+            anyhow::bail!("--event-log and --export-snapshot name one file: {}", log.display());
+        }
+    }
+    let inputs: Vec<&std::path::Path> =
+        std::iter::once(&args.trace).chain(&args.stats_at_start).map(|p| p.as_path()).collect();
     for path in args.event_log.iter().chain(&args.export_snapshot) {
-        crate::output::check_output(path)?;
+        crate::output::check_output(path, &inputs)?;
     }
     // A native binary trace streams its ops, so memory stays bounded however long it is;
     // exporting a snapshot and replaying on a GPU want the whole trace.
@@ -156,9 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let opts = args.options();
     let mut log = match &args.event_log {
-        Some(path) => Some(EventLog::new(BufWriter::new(
-            File::create(path).with_context(|| format!("creating {}", path.display()))?,
-        ))),
+        Some(path) => Some(EventLog::new(AtomicFile::create(path)?)),
         None => None,
     };
     let mut recorder = args.export_snapshot.as_ref().map(|_| Recorder::default());
@@ -191,7 +195,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     drop(extra);
     if let (Some(l), Some(path)) = (log, &args.event_log) {
-        l.finish().with_context(|| format!("writing {}", path.display()))?;
+        l.finish()
+            .and_then(AtomicFile::commit)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     if let (Some(r), Some(path)) = (recorder, &args.export_snapshot) {
         crate::export::write_snapshot(

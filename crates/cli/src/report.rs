@@ -211,7 +211,7 @@ impl Observer for Collect {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.trace));
-    crate::output::check_output(&out)?;
+    crate::output::check_output(&out, &[&args.trace])?;
     let trace = crate::input::load_trace(&args.trace)?;
     let opts = args.run.options();
     let ops = trace.ops.len() as u64;

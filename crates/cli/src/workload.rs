@@ -19,7 +19,7 @@ pub struct WorkloadArgs {
 
 pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
-        crate::output::check_trace_output(out)?;
+        crate::output::check_trace_output(out, &[])?;
     }
     let Some(spec) = args.spec else {
         println!("Live workloads; name one as `workload:NAME?key=value&...` wherever a TRACE is expected.");

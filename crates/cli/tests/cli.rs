@@ -539,3 +539,70 @@ fn a_workload_spec_is_taken_wherever_a_trace_is() {
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// No command line writes over what it reads, even through a link, and two outputs of one
+/// command are never one file: each is refused before any work, naming both, and the input
+/// stays as it was.
+#[test]
+fn no_command_writes_over_its_input() {
+    let original = std::fs::read(bundled("synthetic_oom.pickle.gz")).unwrap();
+    let input = scratch("own-input.pickle.gz", &original);
+    let dir = input.parent().unwrap();
+    let link = dir.join("link-to-input.pickle.gz");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&input, &link).unwrap();
+    let (i, l) = (input.to_str().unwrap(), link.to_str().unwrap());
+    let dotted = format!("{}/./{}", dir.display(), input.file_name().unwrap().to_string_lossy());
+    for (cmd, says) in [
+        (vec!["replay", i, "--event-log", i], "it is the input"),
+        (vec!["replay", i, "--export-snapshot", &dotted], "it is the input"),
+        (vec!["convert", i, l], "it is the input"),
+        (vec!["compare", i, "--html", l], "it is the input"),
+        (vec!["report", i, "-o", i], "it is the input"),
+        (
+            vec!["replay", i, "--event-log", "/tmp/x.log", "--export-snapshot", "/tmp/x.log"],
+            "name one file",
+        ),
+    ] {
+        let out = allocsim(&cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "`allocsim {}`: {stderr}", cmd.join(" "));
+        assert!(stderr.contains(says), "`allocsim {}`: {stderr}", cmd.join(" "));
+        assert_eq!(std::fs::read(&input).unwrap(), original, "`allocsim {}`", cmd.join(" "));
+    }
+}
+
+/// Ctrl-C while an event log is written leaves the file that was there, and no temporary file.
+#[test]
+fn an_interrupted_write_leaves_the_old_file_and_no_temporary() {
+    let log = scratch("interrupted.log", b"the old log\n");
+    let dir = log.parent().unwrap().to_path_buf();
+    let temporaries = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".interrupted.log")
+            })
+            .count()
+    };
+    let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../traces/pytorch-2.11-h100-extra/llama_generate_varlen.pickle.gz");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(["replay", trace.to_str().unwrap(), "--check", "--policy", "tlsf"])
+        .args(["--event-log", log.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while temporaries() == 0 && start.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(temporaries(), 1, "the log is written to a temporary file first");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "interrupted (a replay of seconds, stopped at its start)");
+    assert_eq!(std::fs::read(&log).unwrap(), b"the old log\n");
+    assert_eq!(temporaries(), 0);
+}

@@ -14,6 +14,7 @@
 //! A file whose name fits none of these is recognized by its first bytes when it can be.
 
 mod addr_map;
+pub mod atomic;
 pub mod error;
 mod inflate;
 pub mod native;
@@ -25,8 +26,8 @@ pub use error::TraceError;
 
 use allocsim_core::Trace;
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::path::Path;
 
 /// A trace file format, chosen by extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,29 +171,13 @@ pub fn write_trace(trace: &Trace, path: impl AsRef<Path>) -> Result<(), TraceErr
     })
 }
 
-/// Run `write` into a temporary file beside `path` and rename it over `path` only when all of
-/// it was written and flushed; on any error the temporary file is removed.
+/// Run `write` into an [`atomic::AtomicFile`]: `path` is replaced only when all of it was
+/// written; on any error nothing is left behind.
 fn write_atomically(
     path: &Path,
-    write: impl FnOnce(&mut BufWriter<File>) -> Result<(), TraceError>,
+    write: impl FnOnce(&mut atomic::AtomicFile) -> Result<(), TraceError>,
 ) -> Result<(), TraceError> {
-    let tmp = temp_path(path);
-    let result = (|| {
-        let file = File::create(&tmp).map_err(|e| TraceError::io(&tmp, e))?;
-        let mut out = BufWriter::with_capacity(256 * 1024, file);
-        write(&mut out)?;
-        out.flush().map_err(|e| TraceError::io(&tmp, e))?;
-        let file = out.into_inner().map_err(|e| TraceError::io(&tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| TraceError::io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| TraceError::io(path, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+    let mut out = atomic::AtomicFile::create(path).map_err(|e| TraceError::io(path, e))?;
+    write(&mut out)?;
+    out.commit().map_err(|e| TraceError::io(path, e))
 }
