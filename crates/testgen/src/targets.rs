@@ -36,6 +36,11 @@ pub fn snapshot_import(data: &[u8]) -> Result<(), Failure> {
     formats::decode_snapshot(data, "pytorch")
 }
 
+/// `snapshot_file`: bytes as a snapshot file, plain and gzipped, read as the CLI reads it.
+pub fn snapshot_file(data: &[u8]) -> Result<(), Failure> {
+    formats::decode_snapshot_file(data, "pytorch")
+}
+
 /// `rmm_import`: bytes as an RMM log.
 pub fn rmm_import(data: &[u8]) -> Result<(), Failure> {
     formats::decode_rmm(data, policy_for(data))
@@ -51,9 +56,10 @@ pub fn native_decode(data: &[u8]) -> Result<(), Failure> {
 pub type Target = fn(&[u8]) -> Result<(), Failure>;
 
 /// Every target by its `fuzz/fuzz_targets/` name.
-pub const TARGETS: [(&str, Target); 4] = [
+pub const TARGETS: [(&str, Target); 5] = [
     ("program", program),
     ("snapshot_import", snapshot_import),
+    ("snapshot_file", snapshot_file),
     ("rmm_import", rmm_import),
     ("native_decode", native_decode),
 ];

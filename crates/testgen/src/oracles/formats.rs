@@ -10,7 +10,7 @@ use super::failure::{Failure, Oracle};
 use super::run::{checked_run, observed_run};
 use allocsim_core::{RecordedEvent, Trace};
 use allocsim_replay::Recorder;
-use allocsim_trace::{native, pickle, pytorch, rmm};
+use allocsim_trace::{native, pickle, pytorch, read_trace_with, rmm, ReadOptions};
 use std::path::Path;
 
 /// Decoders and replays stop here: a fuzzer's input must not make one execution take seconds.
@@ -168,6 +168,60 @@ pub fn decode_snapshot(bytes: &[u8], policy: &str) -> Result<(), Failure> {
         return Ok(());
     };
     // A snapshot's own round trip is only exact for recordings; the native one always is.
+    roundtrip_native(&trace)?;
+    replay_decoded(policy, &trace)
+}
+
+/// Fuzz oracle: snapshot bytes as a file, plain and gzipped, read the way the CLI reads it (by
+/// path: the record streamer, falling back to the generic reader) and by the generic reader
+/// alone. Both must give the same trace, or the same error; an accepted trace then goes on as
+/// in [`decode_snapshot`].
+pub fn decode_snapshot_file(bytes: &[u8], policy: &str) -> Result<(), Failure> {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!(
+        "allocsim-fuzz-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let io =
+        |e: std::io::Error| fail(policy, format!("writing the input to {}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let plain = dir.join("input.pickle");
+    let gzipped = dir.join("input.pickle.gz");
+    std::fs::write(&plain, bytes).map_err(io)?;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).map_err(io)?;
+    std::fs::write(&gzipped, gz.finish().map_err(io)?).map_err(io)?;
+    let mut accepted = None;
+    for path in [&plain, &gzipped] {
+        let read = |streaming| {
+            let opts = ReadOptions { sidecar: false, streaming, ..ReadOptions::default() };
+            read_trace_with(path, &opts).map_err(|e| e.to_string())
+        };
+        match (read(true), read(false)) {
+            (Ok(a), Ok(b)) => {
+                same_trace(&b, &a).map_err(|e| {
+                    fail(
+                        policy,
+                        format!("{}: streamed and generic readers differ: {e}", path.display()),
+                    )
+                })?;
+                accepted = Some(a);
+            }
+            (Err(a), Err(b)) if a == b => {}
+            (a, b) => {
+                let show = |r: Result<Trace, String>| match r {
+                    Ok(_) => "a trace".to_string(),
+                    Err(e) => format!("the error {e:?}"),
+                };
+                let path = path.display();
+                let (a, b) = (show(a), show(b));
+                return Err(fail(policy, format!("{path}: streamed read gave {a}, generic {b}")));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let Some(trace) = accepted else { return Ok(()) };
     roundtrip_native(&trace)?;
     replay_decoded(policy, &trace)
 }
