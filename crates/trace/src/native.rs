@@ -143,14 +143,18 @@ impl NativeMeta {
         }
     }
 
-    /// The meta; an empty `source_format` becomes [`SOURCE_FORMAT`].
-    pub fn into_meta(self) -> TraceMeta {
+    /// The meta; an empty `source_format` becomes [`SOURCE_FORMAT`]. A memory fraction that
+    /// is not a number is refused.
+    pub fn into_meta(self) -> Result<TraceMeta, String> {
+        if let Some(f) = self.memory_fraction.filter(|f| !f.is_finite()) {
+            return Err(format!("meta.memory_fraction is {f}"));
+        }
         let source_format = if self.source_format.is_empty() {
             SOURCE_FORMAT.to_string()
         } else {
             self.source_format
         };
-        TraceMeta {
+        Ok(TraceMeta {
             source_format,
             alloc_conf: self.alloc_conf,
             memory_fraction: self.memory_fraction,
@@ -159,7 +163,7 @@ impl NativeMeta {
             expected_stats: self.expected_stats,
             stats_at_start: None,
             outside_allocator_bytes: None,
-        }
+        })
     }
 }
 
@@ -192,7 +196,7 @@ impl NativeFile {
             }
         }
         Ok(Trace {
-            meta: self.meta.into_meta(),
+            meta: self.meta.into_meta()?,
             start: None,
             ops: self.ops.into_iter().map(op_in).collect::<Result<_, _>>()?,
             recorded: self.recorded.into_iter().map(recorded_in).collect(),
@@ -241,6 +245,9 @@ fn op_in(op: NativeOp) -> Result<Op, String> {
             Op::RecordStream { id: AllocId(id), stream: StreamId(stream) }
         }
         NativeOp::EmptyCache => Op::EmptyCache,
+        NativeOp::SetMemoryFraction { fraction } if !fraction.is_finite() => {
+            return Err(format!("a memory fraction of {fraction}"))
+        }
         NativeOp::SetMemoryFraction { fraction } => Op::SetMemoryFraction { fraction },
         NativeOp::SetAllocatorSettings { conf } => Op::SetAllocatorSettings { conf },
         NativeOp::AllocAt { id, size, stream, addr } => {

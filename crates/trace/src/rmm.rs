@@ -14,7 +14,7 @@
 //! `Op::Alloc` at the beginning, with a warning, as for PyTorch snapshots.
 
 use crate::addr_map::AddrMap;
-use crate::error::TraceError;
+use crate::error::{quoted, TraceError};
 use allocsim_core::{AllocId, Op, RecordedEvent, RecordedKind, StreamId, Trace, TraceMeta};
 use std::fs::File;
 use std::io::{BufReader, Read, Write};
@@ -97,17 +97,19 @@ fn parse<R: Read>(input: R, path: &Path) -> Result<Vec<Row>, TraceError> {
             "free" => RowAction::Free,
             "allocate failure" => RowAction::AllocateFailure,
             other => {
-                let msg = format!("unknown action {other:?} (allocate, free, allocate failure)");
+                let msg =
+                    format!("unknown action {} (allocate, free, allocate failure)", quoted(other));
                 return Err(csv_err(path, line, "Action", msg));
             }
         };
         let pointer = parse_pointer(field(pointer_c)).ok_or_else(|| {
-            csv_err(path, line, "Pointer", format!("bad pointer {:?}", field(pointer_c)))
+            csv_err(path, line, "Pointer", format!("bad pointer {}", quoted(field(pointer_c))))
         })?;
-        let size = parse_size(field(size_c))
-            .ok_or_else(|| csv_err(path, line, "Size", format!("bad size {:?}", field(size_c))))?;
+        let size = parse_size(field(size_c)).ok_or_else(|| {
+            csv_err(path, line, "Size", format!("bad size {}", quoted(field(size_c))))
+        })?;
         let stream = parse_hex(field(stream_c)).ok_or_else(|| {
-            csv_err(path, line, "Stream", format!("bad stream {:?}", field(stream_c)))
+            csv_err(path, line, "Stream", format!("bad stream {}", quoted(field(stream_c))))
         })?;
         rows.push(Row { line, action, pointer, size, stream: StreamId(stream) });
     }

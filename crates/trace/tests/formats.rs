@@ -323,3 +323,19 @@ fn rmm_bad_input_names_line_and_column() {
         Err(TraceError::Empty { .. })
     ));
 }
+
+/// A memory fraction that is not a number is refused by name (libFuzzer's `native_decode`
+/// found one that read back unequal to itself, NaN != NaN).
+#[test]
+fn a_fraction_that_is_not_a_number_is_refused() {
+    for fraction in [f64::NAN, f64::INFINITY] {
+        let op = Trace { ops: vec![Op::SetMemoryFraction { fraction }], ..Trace::default() };
+        let meta = TraceMeta { memory_fraction: Some(fraction), ..TraceMeta::default() };
+        for t in [op, Trace { meta, ..Trace::default() }] {
+            let mut bytes = Vec::new();
+            native::write_native(&t, &mut bytes, Path::new("nan.allocsim")).unwrap();
+            let e = native::read_native_from(&bytes[..], Path::new("nan.allocsim")).unwrap_err();
+            assert!(e.to_string().contains("nan.allocsim"), "{e}");
+        }
+    }
+}

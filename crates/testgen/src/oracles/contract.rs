@@ -61,11 +61,16 @@ impl Contract {
             return Err(format!("a skipped op emitted {} events", ev.len()));
         }
         match (op, outcome) {
-            (&Op::Alloc { size: 0, .. }, OpOutcome::Allocated(g))
-                if g.size == 0 && ev.is_empty() => {}
+            (
+                &(Op::Alloc { size: 0, .. } | Op::AllocAt { size: 0, .. }),
+                OpOutcome::Allocated(g),
+            ) if g.size == 0 && ev.is_empty() => {}
             (&Op::FreeRequested { id } | &Op::FreeCompleted { id }, OpOutcome::Done)
                 if self.null.contains(&id) && ev.is_empty() => {}
-            (&Op::Alloc { id, size, stream }, OpOutcome::Allocated(g)) => {
+            (
+                &(Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. }),
+                OpOutcome::Allocated(g),
+            ) => {
                 let want = Event::Alloc {
                     id,
                     addr: g.addr,
@@ -80,7 +85,10 @@ impl Contract {
                     ));
                 }
             }
-            (&Op::Alloc { id, stream, .. }, OpOutcome::OutOfMemory(info)) => {
+            (
+                &(Op::Alloc { id, stream, .. } | Op::AllocAt { id, stream, .. }),
+                OpOutcome::OutOfMemory(info),
+            ) => {
                 let ok = matches!(ev.last(), Some(Event::Oom { id: i, stream: s, info: j, .. }) if *i == id && *s == stream && j == info);
                 if !ok || allocs != 0 || ooms != 1 {
                     return Err(
@@ -117,7 +125,9 @@ impl Contract {
     }
 
     fn track(&mut self, op: &Op, outcome: &OpOutcome) {
-        if let (&Op::Alloc { id, .. }, OpOutcome::Allocated(g)) = (op, outcome) {
+        if let (&(Op::Alloc { id, .. } | Op::AllocAt { id, .. }), OpOutcome::Allocated(g)) =
+            (op, outcome)
+        {
             if g.size == 0 {
                 self.null.insert(id);
             }

@@ -380,7 +380,7 @@ pub(super) fn read_head<R: Read>(
         return Err(reader.corrupt("the header does not name allocsim version 2"));
     }
     let mut trace = Trace {
-        meta: header.meta.clone().into_meta(),
+        meta: header.meta.clone().into_meta().map_err(|e| reader.corrupt(e))?,
         warnings: header.warnings.clone(),
         ..Trace::default()
     };
@@ -656,7 +656,8 @@ fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
         5 => {
             let bytes = b.get(*pos..*pos + 8)?;
             *pos += 8;
-            Op::SetMemoryFraction { fraction: f64::from_le_bytes(bytes.try_into().ok()?) }
+            let fraction = f64::from_le_bytes(bytes.try_into().ok()?);
+            Op::SetMemoryFraction { fraction: Some(fraction).filter(|f| f.is_finite())? }
         }
         6 => {
             let n = usize::try_from(varint(b, pos)?).ok()?;

@@ -123,14 +123,7 @@ impl fmt::Display for Value {
             Value::Bool(b) => f.write_str(if *b { "True" } else { "False" }),
             Value::Int(i) => write!(f, "{i}"),
             Value::Float(x) => write!(f, "{x:?}"),
-            Value::Str(s) if s.len() > 60 => {
-                let mut end = 60;
-                while !s.is_char_boundary(end) {
-                    end -= 1;
-                }
-                write!(f, "{:?}...", &s[..end])
-            }
-            Value::Str(s) => write!(f, "{s:?}"),
+            Value::Str(s) => f.write_str(&crate::error::quoted(s)),
             Value::Bytes(b) => write!(f, "<{} bytes>", b.len()),
             Value::List(items) => write!(f, "[<{} items>]", items.len()),
             Value::Tuple(items) => write!(f, "(<{} items>)", items.len()),

@@ -5,7 +5,7 @@
 //! place as a Python-like path (`device_traces[0][17].size`), so a user can find it with
 //! `pickle.load` in a minute.
 
-use crate::error::TraceError;
+use crate::error::{quoted, TraceError};
 use crate::pickle::Value;
 use allocsim_core::{BlockState, MemPoolId, Pool, SnapshotBlock, SnapshotSegment, StreamId, MIB};
 use std::path::Path;
@@ -347,7 +347,7 @@ pub fn entry_from_fields<'v>(
     let action_v = action.ok_or_else(|| ctx.err(place("action"), "missing"))?;
     let name = action_v.as_str().ok_or_else(|| ctx.expected(place("action"), "a str", action_v))?;
     let action = Action::parse(name)
-        .ok_or_else(|| ctx.err(place("action"), format!("unknown action {name:?}")))?;
+        .ok_or_else(|| ctx.err(place("action"), format!("unknown action {}", quoted(name))))?;
     if action == Action::Snapshot {
         let (frames, annotation) = (NO_FRAMES, NO_ANNOTATION);
         let entry =
@@ -491,7 +491,7 @@ pub fn alloc_conf(ctx: Ctx<'_>, root: &Value) -> Result<Option<String>, TraceErr
     }
     for key in ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] {
         if let Some(v) = settings.get(key) {
-            let place = format!("allocator_settings[{key:?}]");
+            let place = format!("allocator_settings[{}]", quoted(key));
             return match v {
                 Value::Str(s) => Ok(Some(s.to_string())),
                 Value::None => Ok(None),

@@ -2,7 +2,7 @@
 //! and device facts (`meta`) and `torch.cuda.memory_stats()` at its end (`memory_stats`), which
 //! the snapshot itself does not carry. Optional; when present its fields are checked.
 
-use crate::error::TraceError;
+use crate::error::{quoted, TraceError};
 use allocsim_core::TraceMeta;
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
@@ -79,7 +79,7 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         let mut stats = Vec::with_capacity(s.len());
         for (k, v) in s {
             let n = v.as_i64().ok_or_else(|| {
-                err(&format!("{place}[{k:?}]"), format!("expected an integer, got {v}"))
+                err(&format!("{place}[{}]", quoted(k)), format!("expected an integer, got {v}"))
             })?;
             stats.push((k.clone(), n));
         }
