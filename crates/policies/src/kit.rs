@@ -288,7 +288,7 @@ impl<R: Rules> Kit<R> {
     }
 
     fn wholly_free_segments(&self) -> Vec<u64> {
-        self.tiling.segments().filter(|(_, s)| s.is_wholly_free()).map(|(b, _)| b).collect()
+        self.tiling.wholly_free_segments().collect()
     }
 
     /// Give these wholly free segments back to the device.

@@ -172,11 +172,8 @@ impl AsyncPool {
 
     /// `cuMemPoolTrimTo`: release wholly free segments while more than `keep` is reserved.
     fn trim_to(&mut self, env: &mut Env<'_>, keep: u64) {
-        let free: Vec<(u64, u64)> = self
-            .tiling
-            .segments()
-            .filter(|(_, s)| s.is_wholly_free())
-            .map(|(b, s)| (b, s.size))
+        let free: Vec<(u64, u64)> = (self.tiling.wholly_free_segments())
+            .filter_map(|b| self.tiling.seg(b).map(|s| (b, s.size)))
             .collect();
         for (base, size) in free {
             if self.books.reserved() <= keep {

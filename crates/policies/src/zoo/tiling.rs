@@ -16,7 +16,7 @@
 
 use super::common::Books;
 use allocsim_core::{AllocId, BlockState, Pool, SnapshotBlock, SnapshotSegment, StreamId};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Chunk<T> {
@@ -51,11 +51,9 @@ impl Seg {
     }
 }
 
+/// The pool class a chunk of `size` bytes counts in for `inactive_split`.
 fn class(size: u64) -> usize {
-    match Pool::for_size(size) {
-        Pool::Small => 0,
-        Pool::Large => 1,
-    }
+    pool_index(Pool::for_size(size))
 }
 
 #[derive(Debug, Clone)]
@@ -64,11 +62,31 @@ pub struct Tiling<T> {
     chunks: BTreeMap<u64, Chunk<T>>,
     /// Σ over segments of two or more pieces of their free chunks: `inactive_split`.
     split: [(u64, u64); 2],
+    /// How many free chunks of each size, in small and in large segments: the largest free
+    /// chunk in O(log n), which every OOM asks for (a scan made replay quadratic under OOMs).
+    free_sizes: [BTreeMap<u64, u64>; 2],
+    /// The segments that are one free chunk, by base: what can go back to the device, found
+    /// without a walk over every segment on each refused reservation.
+    wholly_free: BTreeSet<u64>,
 }
 
 impl<T> Default for Tiling<T> {
     fn default() -> Self {
-        Tiling { segs: BTreeMap::new(), chunks: BTreeMap::new(), split: [(0, 0); 2] }
+        Tiling {
+            segs: BTreeMap::new(),
+            chunks: BTreeMap::new(),
+            split: [(0, 0); 2],
+            free_sizes: [BTreeMap::new(), BTreeMap::new()],
+            wholly_free: BTreeSet::new(),
+        }
+    }
+}
+
+/// The index of `pool` in per-pool arrays (small, large).
+fn pool_index(pool: Pool) -> usize {
+    match pool {
+        Pool::Small => 0,
+        Pool::Large => 1,
     }
 }
 
@@ -93,6 +111,35 @@ impl<T: Copy> Tiling<T> {
         let seg = Seg { size, stream, pool, expandable, pieces: 1, free };
         self.segs.insert(base, seg);
         self.chunks.insert(base, Chunk { size, seg: base, owner: None, tag });
+        self.index(pool, size, 1);
+        self.wholly_free.insert(base);
+    }
+
+    /// Put `base` in `wholly_free` or take it out, as its segment now is (or is gone).
+    fn refresh(&mut self, base: u64) {
+        if self.segs.get(&base).is_some_and(Seg::is_wholly_free) {
+            self.wholly_free.insert(base);
+        } else {
+            self.wholly_free.remove(&base);
+        }
+    }
+
+    /// The bases of the segments that are one free chunk, in address order.
+    pub fn wholly_free_segments(&self) -> impl Iterator<Item = u64> + '_ {
+        self.wholly_free.iter().copied()
+    }
+
+    /// One more (`sign` 1) or one fewer (-1) free chunk of `size` bytes in a `pool` segment.
+    fn index(&mut self, pool: Pool, size: u64, sign: i64) {
+        let sizes = &mut self.free_sizes[pool_index(pool)];
+        if sign > 0 {
+            *sizes.entry(size).or_insert(0) += 1;
+        } else if let Some(n) = sizes.get_mut(&size) {
+            *n -= 1;
+            if *n == 0 {
+                sizes.remove(&size);
+            }
+        }
     }
 
     /// The base of the segment holding `addr`.
@@ -113,8 +160,16 @@ impl<T: Copy> Tiling<T> {
         self.uncount(left);
         self.uncount(right);
         self.segs.remove(&right);
+        let mut moved = Vec::new();
         for (_, c) in self.chunks.range_mut(right..right + r.size) {
             c.seg = left;
+            if c.is_free() && r.pool != l.pool {
+                moved.push(c.size);
+            }
+        }
+        for size in moved {
+            self.index(r.pool, size, -1);
+            self.index(l.pool, size, 1);
         }
         if let Some(l) = self.segs.get_mut(&left) {
             l.size += r.size;
@@ -125,6 +180,8 @@ impl<T: Copy> Tiling<T> {
             }
         }
         self.count(left);
+        self.refresh(left);
+        self.refresh(right);
         true
     }
 
@@ -136,6 +193,7 @@ impl<T: Copy> Tiling<T> {
         let seg = *self.segs.get(&base)?;
         self.uncount(base);
         self.chunks.remove(&addr);
+        self.index(seg.pool, c.size, -1);
         let (end, right) = (base + seg.size, addr + c.size);
         let mut r = Seg { size: end - right, pieces: 0, free: [(0, 0); 2], ..seg };
         for (_, chunk) in self.chunks.range_mut(right..end) {
@@ -162,6 +220,8 @@ impl<T: Copy> Tiling<T> {
             self.segs.insert(right, r);
             self.count(right);
         }
+        self.refresh(base);
+        self.refresh(right);
         Some(c.size)
     }
 
@@ -173,6 +233,8 @@ impl<T: Copy> Tiling<T> {
         }
         self.segs.remove(&base);
         self.chunks.remove(&base);
+        self.index(seg.pool, seg.size, -1);
+        self.wholly_free.remove(&base);
         Some(seg)
     }
 
@@ -300,16 +362,8 @@ impl<T: Copy> Tiling<T> {
 
     /// The largest free chunk in small and in large segments.
     pub fn largest_free(&self) -> (u64, u64) {
-        let mut largest = (0, 0);
-        for (&base, seg) in &self.segs {
-            let biggest =
-                self.chunks_of(base).filter(|(_, c)| c.is_free()).map(|(_, c)| c.size).max();
-            match seg.pool {
-                Pool::Small => largest.0 = largest.0.max(biggest.unwrap_or(0)),
-                Pool::Large => largest.1 = largest.1.max(biggest.unwrap_or(0)),
-            }
-        }
-        largest
+        let largest = |sizes: &BTreeMap<u64, u64>| sizes.keys().next_back().copied().unwrap_or(0);
+        (largest(&self.free_sizes[0]), largest(&self.free_sizes[1]))
     }
 
     /// Segments with their blocks, states and requested sizes from `books`.
@@ -334,6 +388,10 @@ impl<T: Copy> Tiling<T> {
     /// One segment's pieces change by `pieces` and its free chunks by `changes` (size, +1/-1):
     /// update it and its share of `inactive_split` in one look-up.
     fn adjust(&mut self, base: u64, pieces: i64, changes: &[(u64, i64)]) {
+        let Some(pool) = self.segs.get(&base).map(|s| s.pool) else { return };
+        for &(size, sign) in changes {
+            self.index(pool, size, sign);
+        }
         let Some(s) = self.segs.get_mut(&base) else { return };
         let before = (s.pieces >= 2).then_some(s.free);
         s.pieces = s.pieces.saturating_add_signed(pieces);
@@ -356,6 +414,7 @@ impl<T: Copy> Tiling<T> {
             t.0 = t.0 + a.0 - b.0;
             t.1 = t.1 + a.1 - b.1;
         }
+        self.refresh(base);
     }
 
     fn uncount(&mut self, base: u64) {
