@@ -42,7 +42,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &mut [&mut explainer],
         progress_bar("explain", trace.ops.len() as u64),
     )
-    .with_context(|| format!("setting up the {} policy", args.run.policy))?;
+    .with_context(|| {
+        format!("{}: setting up the {} policy", args.trace.display(), args.run.policy)
+    })?;
     let shown = &explainer.explanations[..explainer.explanations.len().min(args.limit)];
     let avoiding = if args.run.policy == "pytorch" && !shown.is_empty() {
         Some(settings_that_avoid(&trace, &opts)?)

@@ -180,7 +180,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let ops = s.ops.plain();
         let report =
             run_trace_streamed(&trace, s.recorded_len, ops_len, ops, &opts, &mut extra, progress)
-                .with_context(|| format!("setting up the {} policy", opts.policy))?;
+                .with_context(|| {
+                format!("{}: setting up the {} policy", args.trace.display(), opts.policy)
+            })?;
         if let Some(e) = s.ops.take_error() {
             return Err(e.into());
         }
@@ -190,8 +192,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         cuda_lines = crate::gpu::cuda_timing_lines(&report, wall, &gpu);
         report
     } else {
-        run_trace(&trace, &opts, &mut extra, progress)
-            .with_context(|| format!("setting up the {} policy", opts.policy))?
+        run_trace(&trace, &opts, &mut extra, progress).with_context(|| {
+            format!("{}: setting up the {} policy", args.trace.display(), opts.policy)
+        })?
     };
     drop(extra);
     if let (Some(l), Some(path)) = (log, &args.event_log) {

@@ -223,7 +223,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &mut [&mut collect, &mut explainer],
         crate::input::progress_bar("report", ops),
     )
-    .with_context(|| format!("setting up the {} policy", args.run.policy))?;
+    .with_context(|| {
+        format!("{}: setting up the {} policy", args.trace.display(), args.run.policy)
+    })?;
     let advice = if args.run.policy == "pytorch" && !args.no_advice {
         let (outside, _) = crate::capacity::outside_bytes(None, &trace);
         Some(crate::capacity::advice(&trace, outside, args.run.device_total)?)

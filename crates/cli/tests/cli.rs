@@ -606,3 +606,23 @@ fn an_interrupted_write_leaves_the_old_file_and_no_temporary() {
     assert_eq!(std::fs::read(&log).unwrap(), b"the old log\n");
     assert_eq!(temporaries(), 0);
 }
+
+/// Settings a trace recorded that the policy refuses: the error names the file and where in it.
+#[test]
+fn recorded_settings_the_policy_refuses_are_named_with_their_file() {
+    let json = scratch("bad-settings.allocsim.json", b"");
+    let out = allocsim(&["convert", &bundled("synthetic_oom.pickle.gz"), json.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    trace["meta"]["alloc_conf"] = "max_split_size_mb:banana".into();
+    std::fs::write(&json, serde_json::to_vec(&trace).unwrap()).unwrap();
+    let out = allocsim(&["replay", json.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("bad-settings.allocsim.json"), "{stderr}");
+    assert!(
+        stderr.contains("recorded allocator settings") && stderr.contains("banana"),
+        "{stderr}"
+    );
+}

@@ -273,7 +273,15 @@ fn run_on<O: Borrow<Op>, D: Device>(
     // Every policy is called directly, through the loop built for its own type.
     let conf = run.alloc_conf.clone();
     let replay = Replay { run, ops, device, extra, progress };
-    allocsim_policies::visit_policy(&opts.policy, &conf, replay)?
+    let recorded = opts.alloc_conf.is_none() && !conf.is_empty();
+    allocsim_policies::visit_policy(&opts.policy, &conf, replay).map_err(|e| {
+        if !recorded {
+            return e;
+        }
+        let place = "the recorded allocator settings (a snapshot's allocator_settings, a trace's \
+                     meta.alloc_conf)";
+        ConfigError(format!("{place}: {}", e.0))
+    })?
 }
 
 /// The replay loop, handed the policy as its own type by `visit_policy`.
