@@ -23,6 +23,8 @@ pub struct AtomicFile {
     target: PathBuf,
     tmp: PathBuf,
     out: Option<BufWriter<File>>,
+    /// Renamed over the target: nothing to remove.
+    committed: bool,
 }
 
 impl AtomicFile {
@@ -37,7 +39,8 @@ impl AtomicFile {
                 Ok(file) => {
                     lock().push(tmp.clone());
                     let out = Some(BufWriter::with_capacity(256 * 1024, file));
-                    return Ok(AtomicFile { target: target.to_path_buf(), tmp, out });
+                    let target = target.to_path_buf();
+                    return Ok(AtomicFile { target, tmp, out, committed: false });
                 }
                 // Someone else's file (or link) has the name: take another.
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 100 => tries += 1,
@@ -53,6 +56,7 @@ impl AtomicFile {
         file.sync_all()?;
         drop(file);
         std::fs::rename(&self.tmp, &self.target)?;
+        self.committed = true;
         forget(&self.tmp);
         Ok(())
     }
@@ -69,8 +73,10 @@ impl Write for AtomicFile {
 }
 
 impl Drop for AtomicFile {
+    /// Uncommitted, or a commit that failed: the temporary goes.
     fn drop(&mut self) {
-        if self.out.take().is_some() {
+        if !self.committed {
+            drop(self.out.take());
             let _ = std::fs::remove_file(&self.tmp);
             forget(&self.tmp);
         }
@@ -153,6 +159,13 @@ mod tests {
         remove_temporaries();
         assert_eq!(names(&dir), ["out.txt"]);
         drop(h);
+        // A rename that fails (the target is a folder with a file in it) leaves nothing either.
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/x"), "x").unwrap();
+        let mut k = AtomicFile::create(&dir.join("sub")).unwrap();
+        k.write_all(b"data").unwrap();
+        assert!(k.commit().is_err());
+        assert_eq!(names(&dir), ["out.txt", "sub"]);
     }
 
     #[cfg(unix)]
