@@ -307,8 +307,13 @@ impl<R: Rules> Kit<R> {
 
     /// A free chunk cut to `block`, growing and then releasing what is cached if need be.
     fn find(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
-        if let Some(addr) = self.rules.take(&mut self.tiling, block, stream) {
-            return Some(addr);
+        // No free chunk holds the block: skip the policy's search (a request that cannot fit
+        // stays O(log n), however many chunks there are).
+        let (small, large) = self.tiling.largest_free();
+        if small.max(large) >= block {
+            if let Some(addr) = self.rules.take(&mut self.tiling, block, stream) {
+                return Some(addr);
+            }
         }
         if let Some(addr) = self.grow(env, block, stream) {
             return Some(addr);
