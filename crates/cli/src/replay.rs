@@ -173,6 +173,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(r) = recorder.as_mut() {
         extra.push(r);
     }
+    let setup = || format!("{}: setting up the {} policy", args.trace.display(), opts.policy);
     let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
     let progress = crate::input::progress_bar("replay", ops_len);
     let mut cuda_lines = Vec::new();
@@ -180,9 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let ops = s.ops.plain();
         let report =
             run_trace_streamed(&trace, s.recorded_len, ops_len, ops, &opts, &mut extra, progress)
-                .with_context(|| {
-                format!("{}: setting up the {} policy", args.trace.display(), opts.policy)
-            })?;
+                .with_context(setup)?;
         if let Some(e) = s.ops.take_error() {
             return Err(e.into());
         }
@@ -192,9 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         cuda_lines = crate::gpu::cuda_timing_lines(&report, wall, &gpu);
         report
     } else {
-        run_trace(&trace, &opts, &mut extra, progress).with_context(|| {
-            format!("{}: setting up the {} policy", args.trace.display(), opts.policy)
-        })?
+        run_trace(&trace, &opts, &mut extra, progress).with_context(setup)?
     };
     drop(extra);
     if let (Some(l), Some(path)) = (log, &args.event_log) {
