@@ -11,8 +11,20 @@ pub static READ_OPTIONS: std::sync::OnceLock<allocsim_trace::ReadOptions> =
     std::sync::OnceLock::new();
 
 /// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
-fn read_trace(path: &Path) -> Result<Trace, allocsim_trace::TraceError> {
-    allocsim_trace::read_trace_with(path, READ_OPTIONS.get_or_init(Default::default))
+fn read_trace(path: &Path) -> anyhow::Result<Trace> {
+    use allocsim_trace::{pickle::PickleErrorKind, TraceError};
+    allocsim_trace::read_trace_with(path, READ_OPTIONS.get_or_init(Default::default)).map_err(|e| {
+        match &e {
+            TraceError::Pickle { error, .. }
+                if matches!(error.kind, PickleErrorKind::MemoryLimit(_)) =>
+            {
+                anyhow::anyhow!(
+                    "{e} (if the file is trusted, raise the limit with --max-reader-memory)"
+                )
+            }
+            _ => e.into(),
+        }
+    })
 }
 
 /// The prefix that names a live workload where a trace path is expected.
@@ -24,7 +36,7 @@ pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
     match text.strip_prefix(WORKLOAD_PREFIX) {
         Some(spec) => allocsim_workloads::trace(spec)
             .with_context(|| format!("building {text} (`allocsim workload` lists workloads)")),
-        None => Ok(read_trace(input)?),
+        None => read_trace(input),
     }
 }
 

@@ -31,6 +31,12 @@ struct Cli {
     /// the one GPU whose trace has entries (a snapshot where several have is refused).
     #[arg(long, global = true, value_name = "N")]
     cuda_device: Option<usize>,
+    /// Most memory the pickle reader may hold while reading a snapshot (its stack, memo and
+    /// the values it builds; not the trace it makes). A guard against decompression bombs;
+    /// raise it for a trusted snapshot that needs more. Sizes as `2GiB`, `2e9`.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = output::parse_size,
+          default_value_t = allocsim_trace::pickle::DEFAULT_MAX_HELD_BYTES)]
+    max_reader_memory: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,7 +94,9 @@ fn main() -> ExitCode {
         allocsim_trace::atomic::remove_temporaries();
         std::process::exit(130);
     });
-    let opts = allocsim_trace::ReadOptions { cuda_device: cli.cuda_device, ..Default::default() };
+    let mut opts =
+        allocsim_trace::ReadOptions { cuda_device: cli.cuda_device, ..Default::default() };
+    opts.limits.max_held_bytes = cli.max_reader_memory;
     input::READ_OPTIONS.set(opts).expect("read options are set once");
     let result = match cli.command {
         Command::Info(args) => info::run(args),

@@ -122,6 +122,10 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// `remove_temporaries` removes every write in progress in the process: the tests that
+    /// write take turns.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
     fn scratch(name: &str) -> PathBuf {
         let dir =
             std::env::temp_dir().join(format!("allocsim-atomic-{name}-{}", std::process::id()));
@@ -141,6 +145,7 @@ mod tests {
 
     #[test]
     fn the_target_changes_only_on_commit_and_nothing_is_left_behind() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = scratch("commit");
         let target = dir.join("out.txt");
         std::fs::write(&target, "old").unwrap();
@@ -171,6 +176,7 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn a_planted_link_is_not_followed() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = scratch("link");
         let victim = dir.join("victim");
         std::fs::write(&victim, "precious").unwrap();

@@ -41,6 +41,26 @@ pub(crate) fn bincode_config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_STRING_BYTES>()
 }
 
+/// A bincode decoding error in words (bincode's own `Display` is its `Debug`).
+pub(crate) fn decode_message(e: &bincode::error::DecodeError) -> String {
+    use bincode::error::DecodeError as E;
+    match e {
+        E::UnexpectedEnd { .. } => "the data ends early (truncated?)".into(),
+        E::LimitExceeded => {
+            format!("a length claims more than {MAX_STRING_BYTES} bytes")
+        }
+        E::UnexpectedVariant { found, type_name, .. } => {
+            format!("unknown tag {found} for a {type_name}")
+        }
+        E::Utf8 { .. } => "a string that is not UTF-8".into(),
+        E::InvalidBooleanValue(b) => format!("byte {b} where a bool (0 or 1) belongs"),
+        E::OutsideUsizeRange(n) => format!("a length of {n}, more than this machine can hold"),
+        E::InvalidIntegerType { .. } => "a malformed integer".into(),
+        E::Io { inner, .. } => format!("read error: {inner}"),
+        other => format!("{other}"),
+    }
+}
+
 /// The on-disk schema, version 1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NativeFile {
@@ -373,10 +393,7 @@ fn read_version<R: Read>(input: &mut R, path: &Path) -> Result<u32, TraceError> 
 /// Read the binary form (either version) from any reader; `path` names it in errors.
 pub fn read_native_from<R: Read>(mut input: R, path: &Path) -> Result<Trace, TraceError> {
     if read_version(&mut input, path)? == VERSION {
-        let file: NativeFile =
-            bincode::serde::decode_from_std_read(&mut input, bincode_config())
-                .map_err(|e| native_err(path, format!("corrupt or truncated: {e}")))?;
-        return file.into_trace().map_err(|m| native_err(path, m));
+        return read_v1(input, path);
     }
     let (header, mut trace, ops) = chunked::read_head(input, path, chunked::KeepRecorded::All)?;
     // The count is a claim until the ops arrive: reserve no more than a chunk's worth on it.
@@ -405,10 +422,7 @@ pub fn read_native_ops(path: &Path) -> Result<NativeStream, TraceError> {
     let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
     let mut input = BufReader::with_capacity(256 * 1024, file);
     if read_version(&mut input, path)? == VERSION {
-        let file: NativeFile =
-            bincode::serde::decode_from_std_read(&mut input, bincode_config())
-                .map_err(|e| native_err(path, format!("corrupt or truncated: {e}")))?;
-        let mut trace = file.into_trace().map_err(|m| native_err(path, m))?;
+        let mut trace = read_v1(input, path)?;
         let ops = std::mem::take(&mut trace.ops);
         // Re-encoded in memory, so both versions share one decoder.
         let mut bytes = Vec::new();
@@ -425,37 +439,119 @@ pub fn read_native_ops(path: &Path) -> Result<NativeStream, TraceError> {
     Ok(NativeStream { head, recorded_len: header.recorded, ops })
 }
 
+/// Version 1 after its version: bincode of [`NativeFile`], decoded a field and a list item
+/// at a time (bincode writes a struct as its fields in order, a list as its length and its
+/// items), so the ops are held once, as ops, and a length is a claim until its items arrive.
+fn read_v1<R: Read>(mut input: R, path: &Path) -> Result<Trace, TraceError> {
+    fn next<T: serde::de::DeserializeOwned>(
+        input: &mut impl Read,
+        path: &Path,
+        what: impl std::fmt::Display,
+    ) -> Result<T, TraceError> {
+        bincode::serde::decode_from_std_read(input, bincode_config()).map_err(|e| {
+            native_err(path, format!("corrupt or truncated at {what}: {}", decode_message(&e)))
+        })
+    }
+    fn list<T: serde::de::DeserializeOwned, U>(
+        input: &mut impl Read,
+        path: &Path,
+        name: &str,
+        mut each: impl FnMut(T) -> Result<U, String>,
+    ) -> Result<Vec<U>, TraceError> {
+        let n: u64 = next(input, path, format_args!("the length of {name}"))?;
+        let mut items = Vec::with_capacity(usize::try_from(n).unwrap_or(0).min(1 << 16));
+        for i in 0..n {
+            let item = next(input, path, format_args!("{name}[{i}]"))?;
+            items.push(each(item).map_err(|m| native_err(path, format!("{name}[{i}]: {m}")))?);
+        }
+        Ok(items)
+    }
+    let input = &mut input;
+    let format: String = next(input, path, "format")?;
+    let version: u32 = next(input, path, "version")?;
+    if format != FORMAT_NAME || version != VERSION {
+        return Err(native_err(path, "the file does not name allocsim version 1"));
+    }
+    let meta: NativeMeta = next(input, path, "meta")?;
+    let ops = list(input, path, "ops", op_in)?;
+    let n = ops.len() as u64;
+    let recorded = list(input, path, "recorded", |r: NativeRecorded| match r.op < n {
+        true => Ok(recorded_in(r)),
+        false => Err(format!("op is {} but there are {n} ops", r.op)),
+    })?;
+    let stacks = list(input, path, "stacks", |frames: Vec<NativeFrame>| {
+        Ok(Stack { frames: frames.into_iter().map(frame_in).collect() })
+    })?;
+    let m = stacks.len() as u64;
+    let op_stacks = list(input, path, "op_stacks", |(op, s): (u64, u32)| {
+        if op < n && u64::from(s) < m {
+            Ok((op, s))
+        } else {
+            Err(format!("({op}, {s}) but there are {n} ops and {m} stacks"))
+        }
+    })?;
+    let warnings = list(input, path, "warnings", Ok::<String, String>)?;
+    Ok(Trace {
+        meta: meta.into_meta().map_err(|m| native_err(path, m))?,
+        ops,
+        recorded,
+        stacks,
+        op_stacks,
+        warnings,
+        ..Trace::default()
+    })
+}
+
 /// Write the JSON form.
 pub fn write_native_json<W: Write>(trace: &Trace, out: W, path: &Path) -> Result<(), TraceError> {
     serde_json::to_writer_pretty(out, &NativeFile::from_trace(trace))
         .map_err(|error| TraceError::Json { path: path.to_path_buf(), error })
 }
 
-/// Just the header fields, read first so a wrong file gets a clear message.
+/// Just the header fields, read when the file is no [`NativeFile`], so that a file of
+/// another kind or version gets a clear message.
 #[derive(Deserialize)]
 struct Header {
     format: Option<String>,
     version: Option<u32>,
 }
 
-/// Read the JSON form.
+/// Read the JSON form: parsed once, as it is read, into the schema's structs.
 pub fn read_native_json(path: &Path) -> Result<Trace, TraceError> {
-    let bytes = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(TraceError::Empty { path: path.to_path_buf() });
-    }
+    let open = || -> Result<_, TraceError> {
+        let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+        Ok(BufReader::with_capacity(256 * 1024, file))
+    };
     let json_err = |error| TraceError::Json { path: path.to_path_buf(), error };
-    let header: Header = serde_json::from_slice(&bytes).map_err(json_err)?;
+    match serde_json::from_reader::<_, NativeFile>(open()?) {
+        Ok(file) if file.format == FORMAT_NAME && file.version == VERSION => {
+            file.into_trace().map_err(|m| native_err(path, m))
+        }
+        Ok(_) => Err(json_header_error(path, serde_json::from_reader(open()?).map_err(json_err)?)),
+        Err(e)
+            if e.is_eof() && open()?.bytes().all(|b| b.is_ok_and(|b| b.is_ascii_whitespace())) =>
+        {
+            Err(TraceError::Empty { path: path.to_path_buf() })
+        }
+        // A file of another kind or version says so rather than naming a missing field.
+        Err(e) => match serde_json::from_reader::<_, Header>(open()?) {
+            Ok(header) if !is_v1(&header) => Err(json_header_error(path, header)),
+            _ => Err(json_err(e)),
+        },
+    }
+}
+
+fn is_v1(header: &Header) -> bool {
+    header.format.as_deref() == Some(FORMAT_NAME) && header.version == Some(VERSION)
+}
+
+fn json_header_error(path: &Path, header: Header) -> TraceError {
     if header.format.as_deref() != Some(FORMAT_NAME) {
-        return Err(native_err(path, "not an allocsim JSON trace (no \"format\": \"allocsim\")"));
+        return native_err(path, "not an allocsim JSON trace (no \"format\": \"allocsim\")");
     }
-    if header.version != Some(VERSION) {
-        let v = header.version.map_or("none".to_string(), |v| v.to_string());
-        return Err(native_err(
-            path,
-            format!("unsupported allocsim format version {v} (this build reads {VERSION})"),
-        ));
-    }
-    let file: NativeFile = serde_json::from_slice(&bytes).map_err(json_err)?;
-    file.into_trace().map_err(|m| native_err(path, m))
+    let v = header.version.map_or("none".to_string(), |v| v.to_string());
+    native_err(
+        path,
+        format!("unsupported allocsim format version {v} (this build reads {VERSION})"),
+    )
 }

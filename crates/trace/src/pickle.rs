@@ -4,12 +4,14 @@
 //! with Python can import and call anything. This module is a pickle VM that only builds data
 //! ([`Value`]) and refuses, with the byte offset, every opcode that would import or call code.
 //! It reads from any `Read` (a gzip decoder, usually) through its own buffer, never trusts a
-//! length field for an allocation, and bounds depth, memo size and value memory
-//! ([`Limits`]), so a hostile or broken file gives an error, never a crash.
+//! length field for an allocation, and bounds depth, memo size, the memory it holds and the
+//! work that builds nothing ([`Limits`]), so a hostile or broken file gives an error, never a
+//! crash or a machine out of memory.
 //!
 //! The writer is the other half: the CLI exports simulated runs as snapshots that PyTorch's own
 //! tools (`torch.cuda._memory_viz`) open.
 
+mod budget;
 mod input;
 mod memo;
 mod opcodes;
@@ -33,15 +35,29 @@ pub struct Limits {
     pub max_depth: u32,
     /// Most memo entries (MEMOIZE/PUT), and most memoized containers.
     pub max_memo: usize,
-    /// Estimated memory of everything built (nodes and string bytes).
-    pub max_value_bytes: u64,
+    /// Most memory the reader may hold at once: its stack, marks, memo and buffers by their
+    /// capacity, and the values it built and still holds (see `budget.rs`).
+    pub max_held_bytes: u64,
+    /// Most opcodes that leave nothing behind (`POP`, `POP_MARK`, `FRAME`, a `PROTO` after
+    /// the first, a memo put over a key in use): the work a file can ask for without holding
+    /// memory. A pickler writes one `FRAME` per 64 KiB and the others about never.
+    pub max_idle_ops: u64,
 }
 
+/// [`Limits::max_held_bytes`] by default.
+pub const DEFAULT_MAX_HELD_BYTES: u64 = 768 << 20;
+
 impl Default for Limits {
-    /// Generous for real traces (a 240k-event snapshot builds about 100 MB) while keeping a
-    /// decompression bomb from taking the machine.
+    /// Room for real snapshots (the record streamer holds about 5 bytes per memoized entry;
+    /// a 240k-event snapshot read generically holds about 100 MB), while a decompression bomb
+    /// stays under 1 GB of memory and a second of idle work.
     fn default() -> Self {
-        Limits { max_depth: 256, max_memo: 1 << 27, max_value_bytes: 8 << 30 }
+        Limits {
+            max_depth: 256,
+            max_memo: 1 << 27,
+            max_held_bytes: DEFAULT_MAX_HELD_BYTES,
+            max_idle_ops: 1 << 24,
+        }
     }
 }
 
@@ -96,12 +112,25 @@ pub enum PickleErrorKind {
     TooDeep(u32),
     #[error("a container changed after it was shared (recursive structures are not supported)")]
     SharedMutation,
-    #[error("the values would take more than {0} bytes of memory")]
+    #[error("reading it would hold more than {0} bytes of memory")]
     MemoryLimit(u64),
+    #[error(
+        "more than {0} opcodes that build nothing (POP, POP_MARK, FRAME, PROTO, a memo put \
+         over a key in use): no pickler writes that"
+    )]
+    IdleLimit(u64),
     #[error("read error: {0}")]
     Io(io::Error),
     #[error("read error after STOP (corrupt compressed trailer?): {0}")]
     AfterStop(io::Error),
+}
+
+impl PickleErrorKind {
+    /// A limit of [`Limits`] on memory or work was reached: reading the file again another
+    /// way would reach it too.
+    pub fn is_budget(&self) -> bool {
+        matches!(self, PickleErrorKind::MemoryLimit(_) | PickleErrorKind::IdleLimit(_))
+    }
 }
 
 /// Read one pickle from `reader` with the default [`Limits`]. Bytes after `STOP` are read and

@@ -160,7 +160,7 @@ fn snapshot_written_and_read_back_is_the_same_trace() {
 }
 
 #[test]
-fn snapshot_from_ops_only_has_address_zero() {
+fn snapshot_from_ops_only_gives_each_block_an_address_and_reads_back() {
     let mut t = everything();
     t.recorded.clear();
     let v = pytorch::trace_to_snapshot(&t).unwrap();
@@ -169,13 +169,30 @@ fn snapshot_from_ops_only_has_address_zero() {
         entries.iter().map(|e| e.get("action").unwrap().as_str().unwrap()).collect();
     // RecordStream defers the completion to the FreeCompleted op.
     assert_eq!(actions, ["alloc", "free_requested", "free_completed"]);
-    assert!(entries.iter().all(|e| e.get("addr") == Some(&pickle::Value::Int(0))));
+    let base = pickle::Value::Int(pytorch::SYNTHETIC_BASE as i64);
+    assert!(entries.iter().all(|e| e.get("addr") == Some(&base)));
     assert_eq!(
         v.get("allocator_settings").and_then(|s| s.get("PYTORCH_CUDA_ALLOC_CONF")),
         Some(&pickle::Value::str("expandable_segments:True"))
     );
     assert_eq!(v.get("segments"), Some(&pickle::Value::list(vec![])));
     assert_eq!(v.get("external_annotations"), Some(&pickle::Value::list(vec![])));
+
+    // Blocks live at once get addresses apart, so the file reads back as the same ops.
+    let id = AllocId;
+    let ops = vec![
+        Op::Alloc { id: id(0), size: 100, stream: StreamId(0) },
+        Op::Alloc { id: id(1), size: 512, stream: StreamId(0) },
+        Op::FreeRequested { id: id(0) },
+        Op::Alloc { id: id(2), size: 1 << 20, stream: StreamId(0) },
+        Op::FreeRequested { id: id(1) },
+        Op::FreeRequested { id: id(2) },
+    ];
+    let t = Trace { ops, ..Trace::default() };
+    let path = common::scratch("ops-only").join("t.pickle.gz");
+    write_trace(&t, &path).unwrap();
+    let back = read_trace_with(&path, &ReadOptions::without_sidecar()).unwrap();
+    assert_eq!(back.ops, t.ops);
 }
 
 /// A 0-byte tensor never reaches PyTorch's allocator: no entry for it or its free (found by

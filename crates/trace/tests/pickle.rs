@@ -130,9 +130,20 @@ fn truncated_pickle() {
     let (offset, k) = kind(b"\x80\x04X\xff\xff\xff\xffabc");
     assert_eq!(offset, 2);
     assert!(matches!(k, PickleErrorKind::Truncated("BINUNICODE")));
-    // One claiming more than the memory limit is refused before reading it.
+    // One claiming more than the memory limit is read as it comes: the input ends first.
     let (_, k) = kind(b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fabc");
-    assert!(matches!(k, PickleErrorKind::MemoryLimit(_)), "{k:?}");
+    assert!(matches!(k, PickleErrorKind::Truncated("BINUNICODE8")), "{k:?}");
+    // One that is there but does not fit is refused once what arrived reaches the limit.
+    let mut bytes = b"\x80\x04\x8e".to_vec();
+    bytes.extend((4u64 << 20).to_le_bytes());
+    bytes.extend(vec![0; 4 << 20]);
+    bytes.push(b'.');
+    let limits = Limits { max_held_bytes: 8 << 20, ..Limits::default() };
+    let e = pickle::from_reader_with(&bytes[..], &limits).unwrap_err();
+    assert!(matches!(e.kind, PickleErrorKind::MemoryLimit(_)), "{e}");
+    let limits = Limits { max_held_bytes: 16 << 20, ..Limits::default() };
+    let v = pickle::from_reader_with(&bytes[..], &limits).unwrap();
+    assert!(matches!(v, Value::Bytes(b) if b.len() == 4 << 20));
 }
 
 #[test]
@@ -174,16 +185,19 @@ fn self_reference_is_refused() {
 #[test]
 fn memory_and_memo_limits_hold() {
     let mut bytes = vec![0x80, 4];
-    for _ in 0..1000 {
+    for _ in 0..100_000 {
         bytes.extend([b'N', 0x94]);
     }
     bytes.push(b'.');
     let limits = Limits { max_memo: 100, ..Limits::default() };
     let e = pickle::from_reader_with(&bytes[..], &limits).unwrap_err();
     assert!(matches!(e.kind, PickleErrorKind::MemoLimit(100)));
-    let limits = Limits { max_value_bytes: 10_000, ..Limits::default() };
+    // 100k memo entries and stack slots take about 4.5 MB.
+    let limits = Limits { max_held_bytes: 2 << 20, ..Limits::default() };
     let e = pickle::from_reader_with(&bytes[..], &limits).unwrap_err();
     assert!(matches!(e.kind, PickleErrorKind::MemoryLimit(_)));
+    let limits = Limits { max_held_bytes: 8 << 20, ..Limits::default() };
+    pickle::from_reader_with(&bytes[..], &limits).unwrap();
 }
 
 #[test]

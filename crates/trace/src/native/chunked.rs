@@ -26,8 +26,8 @@
 //! it needs before the first op) and can then stream the ops.
 
 use super::{
-    bincode_config, frame_in, frame_out, native_err, op_in_parts, recorded_in, recorded_out,
-    NativeFrame, NativeKind, NativeMeta, NativeRecorded, FORMAT_NAME,
+    bincode_config, decode_message, frame_in, frame_out, native_err, op_in_parts, recorded_in,
+    recorded_out, NativeFrame, NativeKind, NativeMeta, NativeRecorded, FORMAT_NAME,
 };
 use crate::error::TraceError;
 use allocsim_core::{AllocId, MemPoolId, Op, RecordedEvent, Stack, StreamId, Trace};
@@ -344,7 +344,7 @@ impl<R: Read> ChunkReader<R> {
 
     fn bincode<T: for<'de> Deserialize<'de>>(&self, chunk: &Chunk) -> Result<T, TraceError> {
         let (value, used) = bincode::serde::decode_from_slice(&chunk.bytes, bincode_config())
-            .map_err(|e| self.corrupt(e))?;
+            .map_err(|e| self.corrupt(decode_message(&e)))?;
         if used != chunk.bytes.len() {
             return Err(self.corrupt("bytes left over in a chunk"));
         }
@@ -386,8 +386,14 @@ pub(super) fn read_head<R: Read>(
     };
     let (mut recorded, mut stacks) = (0u64, 0u64);
     let mut last_op = 0u64;
+    // Each list's count is checked as its chunks arrive, so a file cannot make the reader hold
+    // more than its header announced.
+    let more_than_announced = |what: &str| format!("more {what} than the header announced");
     while reader.peek_kind()? == RECORDED {
         reader.read(&mut chunk)?;
+        if u64::from(chunk.items) > header.recorded - recorded {
+            return Err(reader.corrupt(more_than_announced("recorded events")));
+        }
         for _ in 0..chunk.items {
             let r = decode_recorded(&mut chunk, &mut last_op)
                 .ok_or_else(|| reader.corrupt(format!("recorded[{recorded}]")))?;
@@ -409,6 +415,9 @@ pub(super) fn read_head<R: Read>(
         reader.read(&mut chunk)?;
         let part: Vec<Vec<NativeFrame>> = reader.bincode(&chunk)?;
         stacks += part.len() as u64;
+        if stacks > header.stacks {
+            return Err(reader.corrupt(more_than_announced("stacks")));
+        }
         trace.stacks.extend(
             part.into_iter().map(|f| Stack { frames: f.into_iter().map(frame_in).collect() }),
         );
@@ -416,6 +425,9 @@ pub(super) fn read_head<R: Read>(
     while reader.peek_kind()? == OP_STACKS {
         reader.read(&mut chunk)?;
         let part: Vec<(u64, u32)> = reader.bincode(&chunk)?;
+        if part.len() as u64 > header.op_stacks - trace.op_stacks.len() as u64 {
+            return Err(reader.corrupt(more_than_announced("op stacks")));
+        }
         for &(op, s) in &part {
             if op >= header.ops || u64::from(s) >= header.stacks {
                 let i = trace.op_stacks.len();

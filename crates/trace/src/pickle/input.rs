@@ -6,13 +6,15 @@
 
 use std::io::{self, Read};
 
-const BUF_BYTES: usize = 64 * 1024;
+pub const BUF_BYTES: usize = 64 * 1024;
 
 /// Why a read came back short.
 #[derive(Debug)]
 pub enum InputError {
     Eof,
     Io(io::Error),
+    /// A long payload would take more memory than it may ([`Input::with_bytes`]).
+    Limit,
 }
 
 impl From<io::Error> for InputError {
@@ -151,11 +153,14 @@ impl<R: Read> Input<R> {
     }
 
     /// Hand `n` bytes to `f` without copying when they are already buffered; otherwise gather
-    /// them into `scratch` as they arrive.
+    /// them into `scratch` as they arrive, failing with `Limit` once the scratch buffer and a
+    /// copy of what it holds could take more than `room` bytes (a `Vec` may hold twice its
+    /// length), and with `Eof` if the input ends first.
     pub fn with_bytes<T>(
         &mut self,
         n: u64,
         scratch: &mut Vec<u8>,
+        room: u64,
         f: impl FnOnce(&[u8]) -> T,
     ) -> InResult<T> {
         if n <= BUF_BYTES as u64 {
@@ -172,6 +177,9 @@ impl<R: Read> Input<R> {
                 return Err(InputError::Eof);
             }
             let take = (self.end - self.pos).min(usize::try_from(left).unwrap_or(usize::MAX));
+            if 3 * (scratch.len() + take) as u64 > room {
+                return Err(InputError::Limit);
+            }
             scratch.extend_from_slice(&self.buf[self.pos..self.pos + take]);
             self.pos += take;
             left -= take as u64;

@@ -166,12 +166,14 @@ impl MemoTable {
         self.len = mark.len;
     }
 
-    pub fn set(&mut self, key: u64, memo: Memo) {
+    /// Store `memo` under `key`. Returns what was stored there before if that is now dropped
+    /// (a replaced dense entry keeps its slot, which others may share).
+    pub fn set(&mut self, key: u64, memo: Memo) -> Option<Memo> {
         let dense = usize::try_from(key).ok().filter(|&i| i <= self.dense.len());
         let Some(i) = dense.filter(|_| self.slots.len() < u32::MAX as usize - 1) else {
-            let is_new = self.sparse.insert(key, memo).is_none();
-            self.len += usize::from(is_new);
-            return;
+            let old = self.sparse.insert(key, memo);
+            self.len += usize::from(old.is_none());
+            return old;
         };
         let (slot, depth) = match memo {
             Memo::Value(v, depth) => (Slot::Value(v), depth),
@@ -194,7 +196,45 @@ impl MemoTable {
             self.depth[i] = byte;
             self.len += usize::from(std::mem::replace(&mut self.dense[i], index) == EMPTY);
         }
+        None
     }
+
+    /// The memory the table holds, by capacity.
+    pub fn heap_bytes(&self) -> u64 {
+        let vecs = self.dense.capacity() * size_of::<u32>()
+            + self.depth.capacity()
+            + self.slots.capacity() * size_of::<Slot>();
+        let maps = map_bytes(&self.deep) + map_bytes(&self.sparse);
+        (vecs + maps) as u64
+    }
+
+    /// At most how many bytes storing `n` more entries may allocate (0 while they fit).
+    pub fn growth_bytes(&self, n: usize) -> u64 {
+        fn vec<T>(v: &Vec<T>, n: usize) -> usize {
+            let need = v.len().saturating_add(n);
+            let grown = if need <= v.capacity() { 0 } else { need.max(2 * v.capacity()) };
+            grown * size_of::<T>()
+        }
+        fn map<V>(m: &HashMap<impl Sized, V>, n: usize) -> usize {
+            if m.len().saturating_add(n) <= m.capacity() {
+                0
+            } else {
+                2 * map_bytes(m).max(64)
+            }
+        }
+        let vecs = vec(&self.dense, n) + vec(&self.depth, n) + vec(&self.slots, n);
+        (vecs + map(&self.deep, n) + map(&self.sparse, n)) as u64
+    }
+}
+
+/// A hash map's memory: a table of 8/7 its capacity, rounded up to a power of two, of
+/// entries and one control byte each.
+fn map_bytes<K, V>(m: &HashMap<K, V>) -> usize {
+    if m.capacity() == 0 {
+        return 0;
+    }
+    let buckets = (m.capacity() * 8 / 7).next_power_of_two();
+    buckets * (size_of::<(K, V)>() + 1)
 }
 
 #[cfg(test)]

@@ -11,10 +11,12 @@
 //!   here that is refused, so values are plain trees (DAGs) that need no second pass.
 //! - Every value's nesting depth is known when it is made, so neither building nor dropping
 //!   a value can recurse deeper than [`Limits::max_depth`].
-//! - Memory is charged as values are made (an estimate per value plus payload bytes) against
-//!   [`Limits::max_value_bytes`], so a small compressed file cannot expand into unbounded
-//!   memory, and no length field is trusted for an allocation.
+//! - Memory is charged before it is taken and refunded when freed ([`Held`], `budget.rs`)
+//!   against [`Limits::max_held_bytes`], so a small compressed file cannot expand into
+//!   unbounded memory, and no length field is trusted for an allocation. Opcodes that build
+//!   nothing are counted against [`Limits::max_idle_ops`], so it cannot spin either.
 
+use super::budget::{self, own_bytes, unique_bytes, ITEM};
 use super::input::{Input, InputError};
 use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes::{self as op, name};
@@ -34,8 +36,6 @@ pub(super) struct Slot {
 }
 
 pub(super) const NO_MEMO: u32 = u32::MAX;
-/// Estimated bytes of one value, charged against the memory limit.
-pub(super) const VALUE_COST: u64 = 48;
 
 impl Slot {
     pub(super) fn new(value: Value, depth: u32) -> Slot {
@@ -57,6 +57,60 @@ fn memoize_released(slot: &Slot, memo: &mut MemoTable) {
     memo.set(u64::from(slot.memo), Memo::Value(slot.value.clone(), slot.depth));
 }
 
+/// The bytes the reader holds, against [`Limits::max_held_bytes`].
+pub(super) struct Held {
+    pub(super) bytes: u64,
+    max: u64,
+}
+
+impl Held {
+    /// Count `n` more bytes; false once over the limit.
+    #[inline]
+    pub(super) fn charge(&mut self, n: u64) -> bool {
+        self.bytes = self.bytes.saturating_add(n);
+        self.bytes <= self.max
+    }
+
+    /// Whether `n` more bytes would fit, counting nothing.
+    pub(super) fn fits(&self, n: u64) -> bool {
+        self.bytes.saturating_add(n) <= self.max
+    }
+
+    /// The bytes left under the limit.
+    pub(super) fn room(&self) -> u64 {
+        self.max.saturating_sub(self.bytes)
+    }
+
+    #[inline]
+    pub(super) fn refund(&mut self, n: u64) {
+        self.bytes = self.bytes.saturating_sub(n);
+    }
+
+    /// Room for `n` more items in `v`, its growth charged before it grows; false (with `v`
+    /// unchanged) when the growth does not fit.
+    #[inline]
+    pub(super) fn reserve<T>(&mut self, v: &mut Vec<T>, n: usize) -> bool {
+        if v.capacity() - v.len() >= n {
+            return true;
+        }
+        self.grow(v, n)
+    }
+
+    #[cold]
+    fn grow<T>(&mut self, v: &mut Vec<T>, n: usize) -> bool {
+        let size = size_of::<T>() as u64;
+        let before = v.capacity();
+        // What `Vec` grows to: double, or what is needed if more, and at least 4 items.
+        let predicted = v.len().saturating_add(n).max(before.saturating_mul(2)).max(4);
+        if !self.fits((predicted - before) as u64 * size) {
+            return false;
+        }
+        v.reserve(n);
+        self.bytes += (v.capacity() - before) as u64 * size;
+        true
+    }
+}
+
 pub(super) struct Vm<'l, R> {
     pub(super) input: Input<R>,
     pub(super) limits: &'l Limits,
@@ -64,7 +118,11 @@ pub(super) struct Vm<'l, R> {
     pub(super) marks: Vec<usize>,
     pub(super) memo: MemoTable,
     pub(super) strings: StrCache,
-    pub(super) charged: u64,
+    pub(super) held: Held,
+    /// The memo's share of `held` (its capacity), as last counted.
+    memo_bytes: u64,
+    /// Opcodes so far that built nothing.
+    idle: u64,
     pub(super) scratch: Vec<u8>,
     /// Offset and opcode being executed, for errors.
     pub(super) at: u64,
@@ -89,7 +147,7 @@ pub fn read<R: Read>(reader: R, limits: &Limits) -> Result<Value, PickleError> {
             let value = release(top, &mut vm.memo);
             vm.at = vm.input.offset();
             return match vm.input.drain() {
-                Ok(_) | Err(InputError::Eof) => Ok(value),
+                Ok(_) | Err(InputError::Eof | InputError::Limit) => Ok(value),
                 Err(InputError::Io(e)) => Err(vm.err(K::AfterStop(e))),
             };
         }
@@ -135,7 +193,9 @@ impl<'l, R: Read> Vm<'l, R> {
             marks: Vec::new(),
             memo: MemoTable::default(),
             strings: StrCache::default(),
-            charged: 0,
+            held: Held { bytes: budget::FIXED, max: limits.max_held_bytes },
+            memo_bytes: 0,
+            idle: 0,
             scratch: Vec::new(),
             at: 0,
             opcode: 0,
@@ -151,6 +211,7 @@ impl<'l, R: Read> Vm<'l, R> {
             InputError::Eof if self.input.offset() == 0 => self.err(K::Empty),
             InputError::Eof => self.err(K::Truncated(name(self.opcode))),
             InputError::Io(e) => self.err(K::Io(e)),
+            InputError::Limit => self.over_limit(),
         }
     }
 
@@ -178,16 +239,62 @@ impl<'l, R: Read> Vm<'l, R> {
 
     #[inline]
     pub(super) fn charge(&mut self, bytes: u64) -> Result<(), PickleError> {
-        self.charged = self.charged.saturating_add(bytes);
-        if self.charged > self.limits.max_value_bytes {
-            return Err(self.over_limit());
+        if self.held.charge(bytes) {
+            Ok(())
+        } else {
+            Err(self.over_limit())
+        }
+    }
+
+    /// Fail unless `bytes` more would fit, counting nothing (for memory a step is about to
+    /// take and charge once taken).
+    pub(super) fn check_room(&self, bytes: u64) -> Result<(), PickleError> {
+        if self.held.fits(bytes) {
+            Ok(())
+        } else {
+            Err(self.over_limit())
+        }
+    }
+
+    #[cold]
+    pub(super) fn over_limit(&self) -> PickleError {
+        self.err(K::MemoryLimit(self.limits.max_held_bytes))
+    }
+
+    /// Count one opcode that built nothing.
+    #[inline]
+    pub(super) fn idle(&mut self) -> Result<(), PickleError> {
+        self.idle += 1;
+        if self.idle > self.limits.max_idle_ops {
+            return Err(self.err(K::IdleLimit(self.limits.max_idle_ops)));
         }
         Ok(())
     }
 
-    #[cold]
-    fn over_limit(&self) -> PickleError {
-        self.err(K::MemoryLimit(self.limits.max_value_bytes))
+    /// Drop `v`, refunding what that frees.
+    pub(super) fn dispose(&mut self, v: Value) {
+        self.held.refund(unique_bytes(&v));
+    }
+
+    /// Room in the memo for `n` more entries, before they are stored (see [`Vm::memo_sync`]).
+    #[inline]
+    pub(super) fn memo_room(&self, n: usize) -> Result<(), PickleError> {
+        match self.memo.growth_bytes(n) {
+            0 => Ok(()),
+            bytes => self.check_room(bytes),
+        }
+    }
+
+    /// Count the memo's capacity after entries were stored.
+    #[inline]
+    pub(super) fn memo_sync(&mut self) -> Result<(), PickleError> {
+        let now = self.memo.heap_bytes();
+        if now != self.memo_bytes {
+            self.held.refund(self.memo_bytes);
+            self.memo_bytes = now;
+            self.charge(now)?;
+        }
+        Ok(())
     }
 
     pub(super) fn check_depth(&self, depth: u32) -> Result<u32, PickleError> {
@@ -198,15 +305,20 @@ impl<'l, R: Read> Vm<'l, R> {
         }
     }
 
+    /// Push a value already counted (made by a charged step, or shared).
     #[inline]
     pub(super) fn push(&mut self, slot: Slot) -> Step {
-        self.charge(VALUE_COST)?;
+        if !self.held.reserve(&mut self.stack, 1) {
+            return Err(self.over_limit().into());
+        }
         self.stack.push(slot);
         Ok(())
     }
 
-    pub(super) fn push_value(&mut self, v: Value) -> Step {
-        self.push(Slot::new(v, 0))
+    /// Push a value just made, charging it.
+    pub(super) fn push_new(&mut self, v: Value, depth: u32) -> Step {
+        self.charge(own_bytes(&v))?;
+        self.push(Slot::new(v, depth))
     }
 
     /// The lowest stack index the current opcode may take items from.
@@ -231,8 +343,10 @@ impl<'l, R: Read> Vm<'l, R> {
         Ok(m)
     }
 
-    /// Freeze and remove the items from `from` up, returning them with their deepest depth.
-    pub(super) fn drain_values(&mut self, from: usize) -> (Vec<Value>, u32) {
+    /// Freeze and remove the items from `from` up, returning them with their deepest depth;
+    /// the list that holds them is charged before it is made.
+    pub(super) fn drain_values(&mut self, from: usize) -> Result<(Vec<Value>, u32), PickleError> {
+        self.charge(budget::BOX + (self.stack.len() - from) as u64 * ITEM)?;
         let memo = &mut self.memo;
         let mut deepest = 0;
         let items = self
@@ -243,7 +357,16 @@ impl<'l, R: Read> Vm<'l, R> {
                 release(s, memo)
             })
             .collect();
-        (items, deepest)
+        Ok((items, deepest))
+    }
+
+    /// Drop the items from `from` up (`POP_MARK`).
+    pub(super) fn discard(&mut self, from: usize) {
+        let mut freed = 0;
+        for slot in self.stack.drain(from..) {
+            freed += unique_bytes(&release(slot, &mut self.memo));
+        }
+        self.held.refund(freed);
     }
 
     /// The value at stack index `i`, shared: an open container is finished from now on, and
@@ -258,7 +381,7 @@ impl<'l, R: Read> Vm<'l, R> {
     }
 
     pub(super) fn make_tuple(&mut self, from: usize) -> Step {
-        let (items, deepest) = self.drain_values(from);
+        let (items, deepest) = self.drain_values(from)?;
         let depth = self.check_depth(deepest + 1)?;
         self.push(Slot::new(Value::Tuple(Rc::new(items)), depth))
     }
@@ -281,6 +404,16 @@ impl<'l, R: Read> Vm<'l, R> {
         // Take the container out of its slot so the items can be drained into it.
         let mut target = std::mem::replace(&mut self.stack[t].value, Value::None);
         let mut deepest = 0;
+        // Room for the items, charged before the container grows.
+        let room = match &mut target {
+            Value::List(rc) if !dict => Rc::get_mut(rc).map(|l| self.held.reserve(l, n)),
+            Value::Dict(rc) if dict => Rc::get_mut(rc).map(|d| self.held.reserve(d, n / 2)),
+            _ => None,
+        };
+        if room == Some(false) {
+            self.stack[t].value = target;
+            return Err(self.over_limit().into());
+        }
         // Items are moved out in place (leaving `None`) and the stack truncated after: exact-size
         // iterators let `extend` skip a capacity check per item.
         let (memo, items) = (&mut self.memo, &mut self.stack[from..]);
@@ -335,20 +468,28 @@ impl<'l, R: Read> Vm<'l, R> {
             Value::Dict(rc) => Rc::get_mut(rc).is_some(),
             _ => false,
         };
-        match u32::try_from(key) {
+        if self.memo.get(key).is_some() {
+            self.idle()?;
+        }
+        self.memo_room(1)?;
+        let slot = &mut self.stack[i];
+        let dropped = match u32::try_from(key) {
             Ok(k) if open && k != NO_MEMO && slot.memo == NO_MEMO => {
                 slot.memo = k;
-                self.memo.set(key, Memo::OnStack(i));
+                self.memo.set(key, Memo::OnStack(i))
             }
             _ => {
                 let (v, depth) = self.share_at(i);
-                self.memo.set(key, Memo::Value(v, depth));
+                self.memo.set(key, Memo::Value(v, depth))
             }
+        };
+        if let Some(Memo::Value(v, _)) = dropped {
+            self.dispose(v);
         }
         if self.memo.len() > self.limits.max_memo {
             return Err(self.err(K::MemoLimit(self.limits.max_memo)).into());
         }
-        self.charge(VALUE_COST)?;
+        self.memo_sync()?;
         Ok(())
     }
 

@@ -1,6 +1,8 @@
 //! Executing one opcode: the dispatch table of the VM in `read`, and the opcodes that make
 //! scalars. Kept apart from the stack and memo machinery so each file reads on its own.
 
+use super::budget::BOX;
+use super::input::{InputError, BUF_BYTES};
 use super::opcodes::{self as op, name};
 use super::read::{release, Failure, Slot, Step, Vm};
 use super::{PickleErrorKind as K, Value};
@@ -30,11 +32,15 @@ impl<R: Read> Vm<'_, R> {
         text.parse().map_err(|_| self.err(K::BadText(name(self.opcode), text.clone())).into())
     }
 
+    /// A string or bytes of `n` bytes, counted by whoever keeps it. One longer than the input
+    /// buffer is gathered in the scratch buffer as it arrives and copied out, within the
+    /// memory left.
     fn string(&mut self, n: u64, as_str: bool) -> Result<Value, Failure> {
-        self.charge(n)?;
+        let long = n > BUF_BYTES as u64;
+        let room = self.held.room().saturating_sub(BOX);
         let mut scratch = std::mem::take(&mut self.scratch);
         let strings = &mut self.strings;
-        let v = self.input.with_bytes(n, &mut scratch, |b| {
+        let v = self.input.with_bytes(n, &mut scratch, room, |b| {
             if !as_str {
                 return Value::bytes(b);
             }
@@ -45,8 +51,13 @@ impl<R: Read> Vm<'_, R> {
                 Err(_) => Value::Str(Rc::new(String::from_utf8_lossy(b).into_owned())),
             }
         });
-        self.scratch = scratch;
-        Ok(v?)
+        // A long string's scratch is not kept: it is held only while the string is read.
+        self.scratch = if long { Vec::new() } else { scratch };
+        match v {
+            Ok(v) => Ok(v),
+            Err(InputError::Limit) => Err(self.over_limit().into()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn long(&mut self, n: u64) -> Result<Value, Failure> {
@@ -148,10 +159,11 @@ impl<R: Read> Vm<'_, R> {
     pub(super) fn step(&mut self) -> Step {
         let code = self.opcode;
         if let Some(v) = self.scalar(code)? {
-            return self.push_value(v);
+            return self.push_new(v, 0);
         }
         match code {
             op::PROTO => {
+                self.idle()?;
                 let v = self.input.byte()?;
                 if !(2..=5).contains(&v) {
                     return Err(self.err(K::Protocol(v)).into());
@@ -159,21 +171,30 @@ impl<R: Read> Vm<'_, R> {
             }
             op::FRAME => {
                 // Framing only groups opcodes for buffered reading; the length is not needed.
+                self.idle()?;
                 self.input.array::<8>()?;
             }
-            op::MARK => self.marks.push(self.stack.len()),
+            op::MARK => {
+                if !self.held.reserve(&mut self.marks, 1) {
+                    return Err(self.over_limit().into());
+                }
+                self.marks.push(self.stack.len())
+            }
             op::POP => {
+                self.idle()?;
                 // Python 3 pops a MARK when nothing was pushed after it.
                 if self.marks.last() == Some(&self.stack.len()) {
                     self.marks.pop();
                 } else {
                     let slot = self.pop()?;
-                    release(slot, &mut self.memo);
+                    let v = release(slot, &mut self.memo);
+                    self.dispose(v);
                 }
             }
             op::POP_MARK => {
+                self.idle()?;
                 let from = self.take_mark()?;
-                self.drain_values(from);
+                self.discard(from);
             }
             op::DUP => {
                 let Some(i) = self.stack.len().checked_sub(1).filter(|&i| i >= self.floor()) else {
@@ -182,9 +203,9 @@ impl<R: Read> Vm<'_, R> {
                 let (v, depth) = self.share_at(i);
                 self.push(Slot::new(v, depth))?
             }
-            op::EMPTY_LIST => self.push(Slot::new(Value::list(Vec::new()), 1))?,
-            op::EMPTY_DICT => self.push(Slot::new(Value::dict(Vec::new()), 1))?,
-            op::EMPTY_TUPLE => self.push(Slot::new(Value::tuple(Vec::new()), 1))?,
+            op::EMPTY_LIST => self.push_new(Value::list(Vec::new()), 1)?,
+            op::EMPTY_DICT => self.push_new(Value::dict(Vec::new()), 1)?,
+            op::EMPTY_TUPLE => self.push_new(Value::tuple(Vec::new()), 1)?,
             op::TUPLE1 => self.small_tuple(1)?,
             op::TUPLE2 => self.small_tuple(2)?,
             op::TUPLE3 => self.small_tuple(3)?,
@@ -194,14 +215,18 @@ impl<R: Read> Vm<'_, R> {
             }
             op::LIST => {
                 let from = self.take_mark()?;
-                let (items, deepest) = self.drain_values(from);
+                let (items, deepest) = self.drain_values(from)?;
                 let depth = self.check_depth(deepest + 1)?;
                 self.push(Slot::new(Value::list(items), depth))?
             }
             op::DICT => {
                 let from = self.take_mark()?;
-                let empty = Slot::new(Value::dict(Vec::new()), 1);
-                self.stack.insert(from, empty);
+                let empty = Value::dict(Vec::new());
+                self.charge(BOX)?;
+                if !self.held.reserve(&mut self.stack, 1) {
+                    return Err(self.over_limit().into());
+                }
+                self.stack.insert(from, Slot::new(empty, 1));
                 self.extend(from + 1, true)?
             }
             op::APPEND => {

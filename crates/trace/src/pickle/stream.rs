@@ -18,11 +18,12 @@
 //! with a new frame dict) goes through the generic [`Vm::step`], which refuses the
 //! code-running opcodes.
 
+use super::budget::{own_bytes, unique_bytes};
 use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes as op;
-use super::read::{release, Failure, Slot, Vm, VALUE_COST};
+use super::read::{release, Failure, Slot, Vm};
 use super::strings::StrCache;
-use super::{Limits, Value};
+use super::{Limits, PickleError, Value};
 use std::io::Read;
 use std::rc::Rc;
 
@@ -149,8 +150,10 @@ impl<F: FnMut(&[Option<Value>]) -> bool> State<'_, F> {
 }
 
 /// Read one pickle like [`super::from_reader_with`], streaming the records of the list that
-/// `spec` names into `sink`. `None`: read the file with the generic reader instead (see the
-/// module doc); the sink may have seen records by then.
+/// `spec` names into `sink`. `Ok(None)`: read the file with the generic reader instead (see
+/// the module doc); the sink may have seen records by then. `Err`: a limit on memory or work
+/// was reached ([`super::PickleErrorKind::is_budget`]), which the generic reader, holding
+/// more and doing the same work, would reach too.
 ///
 /// The sink gets the fields of one record (`None` where the key is absent; the last of
 /// repeated keys wins, as in Python) and returns false to refuse it, which sends the file
@@ -160,10 +163,23 @@ pub fn read_records<R: Read>(
     limits: &Limits,
     spec: RecordSpec<'_>,
     sink: impl FnMut(&[Option<Value>]) -> bool,
-) -> Option<Records> {
+) -> Result<Option<Records>, PickleError> {
     if spec.fields.len() > 64 {
-        return None;
+        return Ok(None);
     }
+    match stream(reader, limits, spec, sink) {
+        Ok(records) => Ok(Some(records)),
+        Err(Failure::Pickle(e)) if e.kind.is_budget() => Err(e),
+        Err(_) => Ok(None),
+    }
+}
+
+fn stream<R: Read>(
+    reader: R,
+    limits: &Limits,
+    spec: RecordSpec<'_>,
+    sink: impl FnMut(&[Option<Value>]) -> bool,
+) -> Result<Records, Failure> {
     let mut state = State {
         spec,
         sink,
@@ -176,7 +192,7 @@ pub fn read_records<R: Read>(
         list: None,
     };
     let mut vm = Vm::new(reader, limits);
-    vm.start().ok()?;
+    vm.start()?;
     // An opcode the list streamer read but left to the generic loop.
     let mut pending = None;
     loop {
@@ -184,23 +200,24 @@ pub fn read_records<R: Read>(
             Some(code) => code,
             None => {
                 vm.at = vm.input.offset();
-                vm.input.next_byte().ok()??
+                vm.input.next_byte()?.ok_or(Failure::Unusual)?
             }
         };
         vm.opcode = code;
         if code == op::STOP {
-            let top = vm.pop().ok()?;
+            let top = vm.pop()?;
             let root = release(top, &mut vm.memo);
-            vm.input.drain().ok()?;
+            vm.input.drain()?;
             let streamed = match state.list {
-                Some(list) => still_the_empty_list(&root, spec.top_key, list).then_some(true)?,
+                Some(list) if still_the_empty_list(&root, spec.top_key, list) => true,
+                Some(_) => return Err(Failure::Unusual),
                 None => false,
             };
-            return Some(Records { root, streamed });
+            return Ok(Records { root, streamed });
         }
-        vm.step().ok()?;
+        vm.step()?;
         if code == op::EMPTY_LIST && state.list.is_none() && vm.at_record_list(spec.top_key) {
-            pending = Some(vm.stream_list(&mut state).ok()?);
+            pending = Some(vm.stream_list(&mut state)?);
         }
     }
 }
@@ -249,6 +266,7 @@ impl<R: Read> Vm<'_, R> {
                 self.opcode = code;
                 return Ok(code);
             }
+            self.idle()?;
             self.input.array::<8>()?;
         }
     }
@@ -262,12 +280,21 @@ impl<R: Read> Vm<'_, R> {
         })
     }
 
-    fn memo_store(&mut self, key: u64, memo: Memo) -> Result<(), Failure> {
-        self.memo.set(key, memo);
+    /// Store `memo` under `key`, charging `cost` (the bytes of a value made for it) and the
+    /// memo's growth.
+    fn memo_store(&mut self, key: u64, memo: Memo, cost: u64) -> Result<(), Failure> {
+        if self.memo.get(key).is_some() {
+            self.idle()?;
+        }
+        self.memo_room(1)?;
+        self.charge(cost)?;
+        if let Some(Memo::Value(v, _)) = self.memo.set(key, memo) {
+            self.dispose(v);
+        }
         if self.memo.len() > self.limits.max_memo {
             return Err(Failure::Unusual);
         }
-        self.charge(VALUE_COST)?;
+        self.memo_sync()?;
         Ok(())
     }
 
@@ -289,7 +316,7 @@ impl<R: Read> Vm<'_, R> {
                 // The list's own memo entry: any GET of it sends the file to the generic reader.
                 _ if is_memo_put(code) && !started && !in_batch => {
                     let key = self.memo_key(code)?;
-                    self.memo_store(key, Memo::Streamed)?;
+                    self.memo_store(key, Memo::Streamed, 0)?;
                     started = true;
                 }
                 op::MARK if !in_batch && !single => {
@@ -315,6 +342,8 @@ impl<R: Read> Vm<'_, R> {
         &mut self,
         state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
     ) -> Result<(), Failure> {
+        // A flat record stores at most one memo entry per byte.
+        self.memo_room(FLAT_WINDOW_BYTES)?;
         let window = self.input.window(FLAT_WINDOW_BYTES)?;
         let mark = self.memo.mark();
         let max_depth = self.limits.max_depth;
@@ -325,6 +354,7 @@ impl<R: Read> Vm<'_, R> {
                     return Err(Failure::Unusual);
                 }
                 self.charge(cost)?;
+                self.memo_sync()?;
                 state.deliver()
             }
             None => {
@@ -342,12 +372,11 @@ impl<R: Read> Vm<'_, R> {
     ) -> Result<(), Failure> {
         // Memo entries may be replaced from here on.
         state.memo_key_cache = [(u64::MAX, IGNORED); KEY_CACHE];
-        self.charge(VALUE_COST)?;
         let mut code = self.next_op()?;
         if is_memo_put(code) {
             // The dict is never built: a GET of it sends the file to the generic reader.
             let key = self.memo_key(code)?;
-            self.memo_store(key, Memo::Streamed)?;
+            self.memo_store(key, Memo::Streamed, 0)?;
             code = self.next_op()?;
         }
         if code != op::MARK {
@@ -382,11 +411,12 @@ impl<R: Read> Vm<'_, R> {
                     None => return self.record_generic(state, key, keys, code),
                 },
             };
-            self.charge(VALUE_COST)?;
+            // A value made here is charged once the memo keeps it; the fields are the sink's.
+            let mut cost = unique_bytes(&value);
             code = self.next_op()?;
             while is_memo_put(code) {
                 let k = self.memo_key(code)?;
-                self.memo_store(k, Memo::Value(value.clone(), depth))?;
+                self.memo_store(k, Memo::Value(value.clone(), depth), std::mem::take(&mut cost))?;
                 code = self.next_op()?;
             }
             match key.take() {
@@ -418,10 +448,14 @@ impl<R: Read> Vm<'_, R> {
     ) -> Result<(), Failure> {
         let base = self.stack.len();
         let base_marks = self.marks.len();
-        self.stack.push(Slot::new(Value::dict(Vec::new()), 1));
+        self.push_new(Value::dict(Vec::new()), 1)?;
+        if !self.held.reserve(&mut self.marks, 1) {
+            return Err(self.over_limit().into());
+        }
         self.marks.push(base + 1);
         if let Some((_, k, depth)) = key {
-            self.stack.push(Slot::new(k, depth));
+            self.charge(unique_bytes(&k))?;
+            self.push(Slot::new(k, depth))?;
         }
         loop {
             if code == op::STOP {
@@ -438,6 +472,8 @@ impl<R: Read> Vm<'_, R> {
             code = self.next_op()?;
         }
         let dict = self.stack.pop().map(|slot| release(slot, &mut self.memo));
+        // The dict goes once its fields are taken, and the fields are the sink's.
+        self.held.refund(dict.as_ref().map_or(0, unique_bytes));
         let Some(Value::Dict(pairs)) = dict else { return Err(Failure::Unusual) };
         for (i, (k, v)) in pairs.iter().enumerate() {
             let field = state.field_of(k, keys + i);
@@ -514,7 +550,8 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
     // window cut short by the end of the stream, goes to the opcode reader.
     let w: &[u8; FLAT_WINDOW_BYTES] = w.get(..FLAT_WINDOW_BYTES)?.try_into().ok()?;
     let mut p = 0;
-    let mut cost = VALUE_COST;
+    // What the memo keeps of this record (the record itself and its fields are the sink's).
+    let mut cost = 0;
     // The next opcode. A `FRAME` (one per 64 KiB) is none of the opcodes a flat record may
     // hold at any position, so it sends the record to the opcode reader, which skips it.
     macro_rules! next_op {
@@ -595,7 +632,6 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
             op::SHORT_BINUNICODE => {
                 let n = usize::from(bytes!(1)[0]);
                 bytes!(n);
-                cost += n as u64;
                 (RAW_STR, n as u64)
             }
             op::NONE => (RAW_NONE, 0),
@@ -643,7 +679,6 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                         let (v, depth) = memo_value(memo, key)?;
                         deepest = deepest.max(depth);
                         items.push(v.clone());
-                        cost += VALUE_COST;
                         if !batch {
                             break;
                         }
@@ -662,7 +697,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                     // Its key was taken at the MEMOIZE; only GETs came since, so it is still
                     // the next one.
                     memo.append(Memo::Value(list.clone(), depth))?;
-                    cost += VALUE_COST;
+                    cost += own_bytes(&list);
                 }
                 built = Some((list, depth));
                 (RAW_LIST, 0)
@@ -675,15 +710,14 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
         }
         // `p` is past the value: a string's bytes end there.
         let end = p;
-        cost += 2 * VALUE_COST;
         c = next_op!();
         if c == op::MEMOIZE {
             let (v, depth) = match &built {
                 Some((list, depth)) => (list.clone(), *depth),
                 None => make(kind, x, &w[..end], at, memo, strings, state)?,
             };
+            cost += own_bytes(&v);
             memo.append(Memo::Value(v, depth))?;
-            cost += VALUE_COST;
             c = next_op!();
         }
         if field != IGNORED {

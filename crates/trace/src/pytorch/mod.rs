@@ -15,7 +15,7 @@ mod write;
 
 pub use convert::UNKNOWN_STREAM;
 pub use sidecar::sidecar_path;
-pub use write::trace_to_snapshot;
+pub use write::{trace_to_snapshot, SYNTHETIC_BASE};
 
 use crate::error::TraceError;
 use crate::inflate::Inflater;
@@ -111,12 +111,15 @@ pub fn read_snapshot_streaming(
         Pass::NotPlain => stream_pass(path, opts, true)?,
         pass => pass,
     };
+    let refused = |error| TraceError::Pickle { path: path.to_path_buf(), error };
     Ok(match first {
         Pass::Done(trace) => Some(*trace),
         Pass::NeedsEntries => match stream_pass(path, opts, false)? {
             Pass::Done(trace) => Some(*trace),
+            Pass::Refused(error) => return Err(refused(error)),
             _ => None,
         },
+        Pass::Refused(error) => return Err(refused(error)),
         Pass::Unusual | Pass::NotPlain => None,
     })
 }
@@ -129,6 +132,8 @@ enum Pass {
     Unusual,
     /// An entry with a stack: not for [`pipelined_pass`].
     NotPlain,
+    /// A limit of the reader was reached: the generic reader would reach it too.
+    Refused(pickle::PickleError),
 }
 
 /// What the reading thread of [`pipelined_pass`] hands over.
@@ -172,10 +177,11 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
             let end = match records {
                 _ if not_plain => Err(Pass::NotPlain),
                 // No `device_traces[0]` streamed: the tree is whole, for the generic conversion.
-                Some(records) if records.streamed => {
+                Ok(Some(records)) if records.streamed => {
                     head_of(ctx, &records.root, count, opts).map_err(|_| Pass::Unusual)
                 }
-                _ => Err(Pass::Unusual),
+                Err(error) => Err(Pass::Refused(error)),
+                Ok(_) => Err(Pass::Unusual),
             };
             let _ = send.send(Read2Convert::Entries(batch));
             let _ = send.send(Read2Convert::End(end));
@@ -251,8 +257,11 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
             }
         }
     });
-    let Some(records) = records else {
-        return Ok(if needs_entries { Pass::NeedsEntries } else { Pass::Unusual });
+    let records = match records {
+        Ok(Some(records)) => records,
+        Ok(None) if needs_entries => return Ok(Pass::NeedsEntries),
+        Ok(None) => return Ok(Pass::Unusual),
+        Err(error) => return Ok(Pass::Refused(error)),
     };
     if !records.streamed {
         // No `device_traces[0]` streamed: the tree is whole, for the generic conversion.

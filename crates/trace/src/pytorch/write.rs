@@ -2,9 +2,9 @@
 //!
 //! The trace entries come from `recorded` when the trace has it (a recording, or a simulated
 //! run's event log turned into recorded events): that is where addresses are. A trace without
-//! `recorded` has only ops, which carry no addresses, so its entries are made from the ops
-//! with `addr` 0 for every block: fine for looking at sizes over time, but such a file cannot
-//! be read back as a trace (every block would sit at address 0).
+//! `recorded` has only ops, which carry no addresses, so its entries are made from the ops,
+//! each block at an address of its own ([`SYNTHETIC_BASE`] up, never reused): the file reads
+//! back as the same ops, and its addresses say nothing of any device's.
 //!
 //! Each entry's `time_us` is the recorded time of the op it belongs to, when the trace came
 //! from a snapshot (`Trace::op_times`), and its `compile_context` and `user_metadata` the op's
@@ -63,6 +63,9 @@ fn size_value(size: u64) -> Result<Value, String> {
     Ok(Value::Int(size as i64))
 }
 
+/// Where the addresses of a trace without recorded ones start (a CUDA-like address).
+pub const SYNTHETIC_BASE: u64 = 0x7f00_0000_0000;
+
 /// Build the snapshot dict. Fails only on sizes beyond int64.
 pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
     let mut keys = Keys::new();
@@ -116,16 +119,26 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
     if trace.recorded.is_empty() {
         // Entries as PyTorch would write them for these ops. A 0-byte tensor gets a null
         // pointer without reaching the allocator, so it has none, and neither has its free.
-        let mut blocks: AddrMap<AllocId, (u64, StreamId)> = AddrMap::default();
+        let mut blocks: AddrMap<AllocId, (u64, StreamId, u64)> = AddrMap::default();
         let mut deferred: HashSet<AllocId> = HashSet::new();
+        let mut next_addr = SYNTHETIC_BASE;
         for (i, op) in trace.ops.iter().enumerate() {
             let o = Some(i as u64);
-            let empty = |id: &AllocId| blocks.get(id).is_some_and(|&(size, _)| size == 0);
+            let empty = |id: &AllocId| blocks.get(id).is_some_and(|&(size, ..)| size == 0);
             match op {
                 Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. } => {
-                    blocks.insert(*id, (*size, *stream));
+                    let addr = match op {
+                        Op::AllocAt { addr, .. } => *addr,
+                        _ => {
+                            let addr = next_addr;
+                            next_addr =
+                                next_addr.saturating_add(size.next_multiple_of(512).max(512));
+                            addr
+                        }
+                    };
+                    blocks.insert(*id, (*size, *stream, addr));
                     if *size > 0 {
-                        entry(&mut keys, "alloc", 0, *size, *stream, o)?;
+                        entry(&mut keys, "alloc", addr, *size, *stream, o)?;
                     }
                 }
                 Op::FreeRequested { id } | Op::FreeCompleted { id } if empty(id) => {}
@@ -133,15 +146,15 @@ pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
                     deferred.insert(*id);
                 }
                 Op::FreeRequested { id } => {
-                    let (size, stream) = blocks.get(id).copied().unwrap_or_default();
-                    entry(&mut keys, "free_requested", 0, size, stream, o)?;
+                    let (size, stream, addr) = blocks.get(id).copied().unwrap_or_default();
+                    entry(&mut keys, "free_requested", addr, size, stream, o)?;
                     if !deferred.contains(id) {
-                        entry(&mut keys, "free_completed", 0, size, stream, o)?;
+                        entry(&mut keys, "free_completed", addr, size, stream, o)?;
                     }
                 }
                 Op::FreeCompleted { id } => {
-                    let (size, stream) = blocks.get(id).copied().unwrap_or_default();
-                    entry(&mut keys, "free_completed", 0, size, stream, o)?;
+                    let (size, stream, addr) = blocks.get(id).copied().unwrap_or_default();
+                    entry(&mut keys, "free_completed", addr, size, stream, o)?;
                 }
                 Op::EmptyCache
                 | Op::SetMemoryFraction { .. }
