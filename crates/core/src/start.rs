@@ -35,6 +35,60 @@ impl StartState {
         self.segments.iter().map(|s| s.total_size).sum()
     }
 
+    /// What makes this no state an allocator could be in, if anything: segments that overlap,
+    /// blocks that do not tile their segment, a block not aligned to 512 B or smaller than its
+    /// request, an active block without an id or an id without one. A state reconstructed
+    /// from a real recording has none of these; a corrupt or hand-made file may.
+    pub fn problem(&self) -> Option<String> {
+        self.check().err()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let overflow =
+            || "a segment or block reaches past the end of the address space".to_string();
+        let mut end = 0u64;
+        let mut active = 0;
+        for seg in &self.segments {
+            if seg.address < end {
+                return Err(format!("the segment at 0x{:x} overlaps the one before", seg.address));
+            }
+            end = seg.address.checked_add(seg.total_size).ok_or_else(overflow)?;
+            let mut at = seg.address;
+            for b in &seg.blocks {
+                let here = format!("the block at 0x{:x}", b.address);
+                if b.address != at || b.size == 0 {
+                    return Err(format!("{here} does not follow the one before it in its segment"));
+                }
+                if b.address % 512 != 0 || b.size % 512 != 0 {
+                    return Err(format!("{here} ({} bytes) is not aligned to 512 bytes", b.size));
+                }
+                if b.state.is_active() {
+                    if b.requested_size > b.size {
+                        let (size, request) = (b.size, b.requested_size);
+                        return Err(format!("{here} is {size} bytes for a request of {request}"));
+                    }
+                    if self.id_at(b.address).is_none() {
+                        return Err(format!("{here} is active but serves no allocation"));
+                    }
+                    active += 1;
+                }
+                at = at.checked_add(b.size).ok_or_else(overflow)?;
+            }
+            if at != end {
+                let msg =
+                    format!("the blocks of the segment at 0x{:x} do not fill it", seg.address);
+                return Err(msg);
+            }
+        }
+        let mut ids: Vec<AllocId> = self.ids.iter().map(|&(_, id)| id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() != active || self.ids.len() != active {
+            return Err("the ids do not name the active blocks one to one".to_string());
+        }
+        Ok(())
+    }
+
     /// The live blocks as ops that allocate them, in address order, for a policy that lays
     /// them out itself: an `Alloc` of the requested size on the segment's stream, and for a
     /// block whose free waits on another stream, a `RecordStream` and its `FreeRequested`.
@@ -51,5 +105,53 @@ impl StartState {
             }
         }
         ops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MemPoolId, Pool, SnapshotBlock};
+
+    fn block(address: u64, size: u64, requested_size: u64, state: BlockState) -> SnapshotBlock {
+        SnapshotBlock { address, size, requested_size, state }
+    }
+
+    fn segment(address: u64, blocks: Vec<SnapshotBlock>) -> SnapshotSegment {
+        SnapshotSegment {
+            address,
+            total_size: blocks.iter().map(|b| b.size).sum(),
+            stream: StreamId(0),
+            pool: Pool::Large,
+            pool_id: MemPoolId::DEFAULT,
+            is_expandable: false,
+            blocks,
+        }
+    }
+
+    #[test]
+    fn a_state_no_allocator_could_be_in_is_named() {
+        let live = |a, size, req| block(a, size, req, BlockState::ActiveAllocated);
+        let free = |a, size| block(a, size, 0, BlockState::Inactive);
+        let good = StartState {
+            segments: vec![segment(0x1000, vec![live(0x1000, 1024, 1000), free(0x1400, 512)])],
+            ids: vec![(0x1000, AllocId(7))],
+        };
+        assert_eq!(good.problem(), None);
+        let mut small = good.clone();
+        small.segments[0].blocks[0].requested_size = 2048;
+        assert!(small.problem().unwrap().contains("1024 bytes for a request of 2048"));
+        let mut overlap = good.clone();
+        overlap.segments.push(segment(0x1200, vec![free(0x1200, 512)]));
+        assert!(overlap.problem().unwrap().contains("overlaps"));
+        let mut odd = good.clone();
+        odd.segments[0].blocks[1] = free(0x1400, 100);
+        odd.segments[0].total_size = 1124;
+        assert!(odd.problem().unwrap().contains("aligned"));
+        let mut gap = good.clone();
+        gap.segments[0].total_size += 512;
+        assert!(gap.problem().unwrap().contains("do not fill"));
+        let unnamed = StartState { ids: Vec::new(), ..good };
+        assert!(unnamed.problem().unwrap().contains("serves no allocation"));
     }
 }

@@ -61,17 +61,58 @@ fn csv_err(path: &Path, line: u64, column: &str, message: impl Into<String>) -> 
     }
 }
 
+/// The longest line read: RMM writes lines of under 100 bytes, and the CSV reader holds a
+/// whole record, so a file of one endless line must not become one endless record.
+const MAX_LINE_BYTES: usize = 64 << 10;
+
+/// `inner`, failing once a line runs past [`MAX_LINE_BYTES`].
+struct LineLimit<R> {
+    inner: R,
+    /// Bytes since the last newline.
+    line: usize,
+    /// Newlines read.
+    newlines: u64,
+}
+
+impl<R: Read> Read for LineLimit<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        // The first piece continues the line the last read ended in; the last piece goes on.
+        let mut pieces = buf[..n].split(|&b| b == b'\n').map(<[u8]>::len);
+        let first = self.line + pieces.next().unwrap_or(0);
+        let (mut longest, mut last) = (first, first);
+        for len in pieces {
+            (longest, last) = (longest.max(len), len);
+            self.newlines += 1;
+        }
+        self.line = last;
+        if longest > MAX_LINE_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "a line longer than {MAX_LINE_BYTES} bytes (RMM writes lines of under 100)"
+                ),
+            ));
+        }
+        Ok(n)
+    }
+}
+
 fn parse<R: Read>(input: R, path: &Path) -> Result<Vec<Row>, TraceError> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
         .trim(csv::Trim::All)
         .flexible(false)
-        .from_reader(input);
-    let bad_csv = |e: csv::Error| {
-        let line = e.position().map_or(0, |p| p.line());
+        .from_reader(LineLimit { inner: input, line: 0, newlines: 0 });
+    // A read error has no position: the line is the one being read.
+    let bad_csv = |e: csv::Error, reader: &csv::Reader<LineLimit<R>>| {
+        let line = e.position().map_or(reader.get_ref().newlines + 1, |p| p.line());
         csv_err(path, line, "", format!("malformed CSV: {e}"))
     };
-    let headers = reader.headers().map_err(bad_csv)?.clone();
+    let headers = match reader.headers() {
+        Ok(headers) => headers.clone(),
+        Err(e) => return Err(bad_csv(e, &reader)),
+    };
     if headers.is_empty() || headers.iter().all(str::is_empty) {
         return Err(TraceError::Empty { path: path.to_path_buf() });
     }
@@ -88,7 +129,7 @@ fn parse<R: Read>(input: R, path: &Path) -> Result<Vec<Row>, TraceError> {
         match reader.read_record(&mut record) {
             Ok(false) => break,
             Ok(true) => {}
-            Err(e) => return Err(bad_csv(e)),
+            Err(e) => return Err(bad_csv(e, &reader)),
         }
         let line = record.position().map_or(0, |p| p.line());
         let field = |c: usize| record.get(c).unwrap_or("");

@@ -356,3 +356,26 @@ fn a_fraction_that_is_not_a_number_is_refused() {
         }
     }
 }
+
+/// A list longer than the header announced is refused at its first chunk past the count,
+/// not after the reader has held all of it.
+#[test]
+fn native_lists_are_held_to_the_header_as_they_arrive() {
+    let mut t = everything();
+    let event = t.recorded[0];
+    t.recorded = vec![event; 5];
+    let path = common::scratch("native-claims").join("t.allocsim");
+    write_trace(&t, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let old_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let mut header = native::NativeHeader::of(&t, t.ops.len() as u64);
+    header.recorded = 2;
+    let encoded = bincode::serde::encode_to_vec(&header, bincode::config::standard()).unwrap();
+    let mut claimed = bytes[..12].to_vec();
+    claimed.extend((encoded.len() as u32).to_le_bytes());
+    claimed.extend(&encoded);
+    claimed.extend(&bytes[16 + old_len..]);
+    std::fs::write(&path, &claimed).unwrap();
+    let e = read_trace(&path).unwrap_err().to_string();
+    assert!(e.contains("t.allocsim") && e.contains("more recorded events than the header"), "{e}");
+}

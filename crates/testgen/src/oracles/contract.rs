@@ -6,7 +6,7 @@
 //! once nothing is live or pending, nothing may be counted as allocated or active.
 
 use super::consistency::{implied_free_space, stat_consistency};
-use allocsim_core::{AllocId, Allocator, Device, Event, Op};
+use allocsim_core::{AllocId, Allocator, BlockState, Device, Event, Op, StartState};
 use allocsim_replay::{Observer, OpOutcome};
 use std::collections::BTreeSet;
 
@@ -186,6 +186,21 @@ fn pool_of(events: &[Event]) -> allocsim_core::Pool {
 }
 
 impl Observer for Contract {
+    /// A run seeded with a recording's state at its start: its blocks are live (or pending)
+    /// from the first op on, without events of their own.
+    fn on_start(&mut self, start: &StartState, _allocator: &dyn Allocator) {
+        for seg in &start.segments {
+            for block in &seg.blocks {
+                let Some(id) = start.id_at(block.address) else { continue };
+                match block.state {
+                    BlockState::ActiveAllocated => drop(self.live.insert(id)),
+                    BlockState::ActivePendingFree => drop(self.pending.insert(id)),
+                    BlockState::Inactive => {}
+                }
+            }
+        }
+    }
+
     fn on_event(&mut self, _event_index: u64, _op_index: u64, event: &Event) -> bool {
         self.events.push(event.clone());
         true

@@ -260,6 +260,10 @@ pub fn convert(
             .collect();
         start_state(entries, last, &synthetic, &ids)
     });
+    if let Some(problem) = start.as_ref().and_then(|(state, _)| state.problem()) {
+        let msg = format!("the state at the history's first entry cannot be rebuilt: {problem}");
+        return Err(ctx.err("device_traces", msg));
+    }
     for (i, e) in entries.iter().enumerate() {
         if e.action == Action::Snapshot {
             continue;
