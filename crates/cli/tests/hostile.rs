@@ -16,8 +16,8 @@ use std::process::{Command, Stdio};
 
 const GB: u64 = 1_000_000_000;
 
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("allocsim-hostile-{}", std::process::id()));
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("allocsim-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -138,7 +138,7 @@ const PROTO4: &[u8] = b"\x80\x04";
 
 #[test]
 fn hostile_pickles_end_in_a_clear_error_within_bounds() {
-    let dir = scratch();
+    let dir = scratch("hostile");
     // 2^30 MARKs: marks were never charged (8.2 GB).
     let (chunk, n) = repeated(b"(", 1 << 30);
     let m = write(&dir, "marks.pickle.gz", &[gzip_member(PROTO4, &chunk, n, b"}.")]);
@@ -195,7 +195,7 @@ fn hostile_pickles_end_in_a_clear_error_within_bounds() {
 #[test]
 fn a_snapshot_of_15_million_entries_reads() {
     const ENTRIES: u64 = 15_000_000;
-    let dir = scratch();
+    let dir = scratch("15m");
     let (path, mut z) = gzip_file(&dir, "big.pickle.gz");
     let short = |s: &str| [&[0x8c, s.len() as u8][..], s.as_bytes(), b"\x94"].concat();
     let mut head = b"\x80\x04}\x94(".to_vec();

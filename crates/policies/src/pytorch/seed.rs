@@ -91,7 +91,9 @@ fn placement(start: &StartState, total_bytes: u64) -> Result<Placement<'_>, Stri
         if last.address + last.total_size > end {
             return Err(format!("expandable ranges from {base:#x} exceed one reservation"));
         }
-        if e.ranges.iter().any(|r| (r.address - base) % e.page != 0 || r.total_size % e.page != 0) {
+        // Whole pages at whole-page addresses, as the driver maps them (checked here, so that
+        // the device cannot refuse a reservation after other segments were adopted).
+        if e.ranges.iter().any(|r| r.address % e.page != 0 || r.total_size % e.page != 0) {
             return Err(format!("expandable ranges from {base:#x} are not whole pages"));
         }
         spans.push((base, end));
