@@ -61,6 +61,9 @@ pub struct RmmArena {
     sbs: BTreeMap<u64, Superblock>,
     global: BTreeSet<u64>,
     arenas: BTreeMap<StreamId, BTreeSet<u64>>,
+    /// The superblocks of each stream arena with a free block (all sizes are multiples of
+    /// 256 B, so only these can serve a request): first fit walks these, not the full ones.
+    open: BTreeMap<StreamId, BTreeSet<u64>>,
     /// The upstream block: (address, size, stream).
     upstream: Option<(u64, u64, StreamId)>,
     arena_size: Option<u64>,
@@ -101,7 +104,21 @@ impl RmmArena {
             self.tiling.split(addr, size, ());
         }
         sb.refresh();
+        self.sync_open(base);
         Some(addr)
+    }
+
+    /// Keep superblock `base` in its stream's `open` set exactly while it has a free block.
+    fn sync_open(&mut self, base: u64) {
+        let Some(sb) = self.sbs.get(&base) else { return };
+        if let Owner::Stream(stream) = sb.owner {
+            let open = self.open.entry(stream).or_default();
+            if sb.max_free > 0 {
+                open.insert(base);
+            } else {
+                open.remove(&base);
+            }
+        }
     }
 
     /// `superblock::coalesce`: the block at `addr` is free again inside superblock `base`.
@@ -125,6 +142,7 @@ impl RmmArena {
         }
         sb.free.insert(at, len);
         sb.refresh();
+        self.sync_open(base);
     }
 
     /// `global_arena::first_fit`: take a superblock that fits `size` out of the global set,
@@ -191,9 +209,9 @@ impl RmmArena {
             self.global.insert(base);
             return addr;
         }
-        let arena = self.arenas.entry(stream).or_default();
+        let open = self.open.get(&stream).into_iter().flatten().copied();
         let found =
-            arena.iter().copied().find(|b| self.sbs.get(b).is_some_and(|sb| sb.max_free >= size));
+            open.into_iter().find(|b| self.sbs.get(b).is_some_and(|sb| sb.max_free >= size));
         if let Some(base) = found {
             return self.sb_first_fit(base, size);
         }
@@ -202,7 +220,16 @@ impl RmmArena {
             sb.owner = Owner::Stream(stream);
         }
         self.arenas.entry(stream).or_default().insert(base);
+        self.sync_open(base);
         self.sb_first_fit(base, size)
+    }
+
+    /// [`RmmArena::allocate`], skipping its first-fit walks over superblocks when no free
+    /// block anywhere is big enough (the tiling knows its largest in O(log n)): a run of
+    /// failing requests then costs no walk each.
+    fn allocate_if_room(&mut self, stream: StreamId, size: u64) -> Option<u64> {
+        let (small, large) = self.tiling.largest_free();
+        (size <= small.max(large)).then(|| self.allocate(stream, size)).flatten()
     }
 
     /// Free the block `[addr, addr+size)` in whichever superblock holds it.
@@ -220,6 +247,7 @@ impl RmmArena {
     /// `defragment`: every arena's superblocks back to the global arena (`clean`).
     fn defragment(&mut self) {
         self.books.stats.num_sync_all_streams += 1;
+        self.open.clear();
         for (_, arena) in std::mem::take(&mut self.arenas) {
             for base in arena {
                 self.global_release(base);
@@ -269,10 +297,10 @@ impl Allocator for RmmArena {
         let rounded = rounded_request(size, ALIGN_256);
         let mut found = None;
         if self.start(env, stream) {
-            found = self.allocate(stream, rounded);
+            found = self.allocate_if_room(stream, rounded);
             if found.is_none() {
                 self.defragment();
-                found = self.allocate(stream, rounded);
+                found = self.allocate_if_room(stream, rounded);
             }
         }
         let result = match found {
