@@ -189,6 +189,62 @@ fn hostile_pickles_end_in_a_clear_error_within_bounds() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An RMM log with 100k live allocations, then 100k requests of 1 TiB that all fail: each
+/// zoo policy replays it within the bounds (every OOM used to walk every live block). And a
+/// log whose one line is 300 MB long is refused at that line.
+#[test]
+fn rmm_logs_that_pile_up_ooms_or_never_end_a_line_stay_within_bounds() {
+    let dir = scratch("rmm");
+    let path = dir.join("ooms.csv");
+    let mut log = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    writeln!(log, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
+    for i in 0..100_000u64 {
+        writeln!(log, "1,0,allocate,0x{:x},524288,0", 0x7f00_0000_0000 + (i << 20)).unwrap();
+    }
+    for i in 0..100_000u64 {
+        writeln!(log, "1,0,allocate,0x{:x},1099511627776,0", 65536 + i).unwrap();
+    }
+    log.flush().unwrap();
+    drop(log);
+    let file = path.to_str().unwrap();
+    for policy in allocsim_policies::names().into_iter().filter(|&p| p != "best_fit") {
+        let run = measured(&["replay", "--device", "sim", "--policy", policy, file]);
+        println!(
+            "{policy}: exit {}, {:.2} s CPU, {} MB peak",
+            run.code,
+            run.cpu_seconds,
+            run.peak_bytes / 1_000_000
+        );
+        assert_eq!(run.code, 0, "{policy}: {}", run.stderr);
+        // At least the 100k requests of 1 TiB fail (a policy that rounds up may not fit
+        // all the first 100k either).
+        let ooms = run.stdout.lines().find_map(|l| l.trim().strip_prefix("OOMs: "));
+        let ooms: u64 = ooms.and_then(|n| n.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+        assert!(ooms >= 100_000, "{policy}: {}", run.stdout);
+        assert!(run.peak_bytes < GB, "{policy}: {} bytes at the peak", run.peak_bytes);
+        assert!(run.cpu_seconds < 10.0, "{policy}: {} s of CPU", run.cpu_seconds);
+    }
+
+    let long = dir.join("long.csv");
+    let mut log = std::io::BufWriter::new(std::fs::File::create(&long).unwrap());
+    write!(log, "Thread,Time,Action,Pointer,Size,Stream\n1,0,").unwrap();
+    for _ in 0..300 {
+        log.write_all(&[b'a'; 1 << 20]).unwrap();
+    }
+    writeln!(log, ",0x1,1,0").unwrap();
+    drop(log);
+    let run = measured(&["info", long.to_str().unwrap()]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("long.csv: line 2") && run.stderr.contains("longer than"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.len() < 1000, "the error quotes the line: {} bytes", run.stderr.len());
+    assert!(run.peak_bytes < GB && run.cpu_seconds < 10.0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A snapshot of 15 M entries, flat as PyTorch writes them (keys memoized once, then GETs;
 /// APPENDS batches of 1000), reads back: the reader holds a few bytes per entry, not the
 /// 8 GiB its old estimate refused at about 12 M.

@@ -74,7 +74,8 @@ use super::common::{
 };
 use super::tiling::Tiling;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, Granted, OomInfo, Pool, SnapshotSegment, StreamId, MIB,
+    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, Pool, SnapshotSegment,
+    StreamId, MIB,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -472,9 +473,20 @@ impl Allocsim {
     }
 
     fn place(&mut self, env: &mut Env<'_>, key: LaneKey, size: u64) -> Option<u64> {
+        let reservations = self.lanes.get(&key).map_or(0, |lane| lane.ranges.len());
         let (start, end) = self.find_hole(env, key, size)?;
         let range = self.lanes.get(&key)?.range_of(start)?;
         if !self.ensure_mapped(env, key, page_span(start, start + size), (start, end), range) {
+            // A reservation made for this request and left unmapped goes back: kept, it would
+            // become the lane's frontier, and each failed request would add one more.
+            let fresh = self.lanes.get(&key).map_or(0, |lane| lane.ranges.len()) > reservations;
+            if fresh && self.mapped_in(range) == 0 {
+                self.remove_hole(key, range.0);
+                if let Some(lane) = self.lanes.get_mut(&key) {
+                    lane.ranges.remove(&range.0);
+                }
+                env.device.release_address(range.0, range.1 - range.0);
+            }
             return None;
         }
         self.tiling.split(start, size, ());
@@ -571,6 +583,15 @@ impl Allocator for Allocsim {
 
     fn snapshot(&self) -> Vec<SnapshotSegment> {
         self.tiling.snapshot(&self.books)
+    }
+
+    /// From the statistics and the tiling's largest free chunk, not from a snapshot: the
+    /// metrics ask on every OOM.
+    fn free_space(&self) -> FreeSpace {
+        let (small, large) = self.tiling.largest_free();
+        let stats = &self.books.stats;
+        let cached = stats.reserved_bytes.all.current - stats.active_bytes.all.current;
+        FreeSpace { cached_bytes: cached.max(0) as u64, largest_free_block_bytes: small.max(large) }
     }
 }
 
