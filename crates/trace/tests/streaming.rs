@@ -314,11 +314,11 @@ fn histories_needing_the_whole_list_still_stream() {
     let dir = common::scratch("stream-list");
     let mid_run = snapshot(
         vec![
-            entry("free_requested", 0x100, 512, 0),
-            entry("free_completed", 0x100, 512, 0),
-            entry("alloc", 0x200, 512, 0),
+            entry("free_requested", 0x1000, 512, 0),
+            entry("free_completed", 0x1000, 512, 0),
+            entry("alloc", 0x2000, 512, 0),
             entry("snapshot", 0, 0, 0),
-            entry("segment_free", 0x9000, 2 << 20, 0),
+            entry("segment_free", 0x10_0000, 2 << 20, 0),
         ],
         vec![],
         "",
