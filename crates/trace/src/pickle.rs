@@ -112,7 +112,7 @@ pub enum PickleErrorKind {
     TooDeep(u32),
     #[error("a container changed after it was shared (recursive structures are not supported)")]
     SharedMutation,
-    #[error("reading it would hold more than {0} bytes of memory")]
+    #[error("reading it would hold more than {mib} MiB ({0} bytes) of memory", mib = .0 >> 20)]
     MemoryLimit(u64),
     #[error(
         "more than {0} opcodes that build nothing (POP, POP_MARK, FRAME, PROTO, a memo put \
