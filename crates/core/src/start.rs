@@ -30,6 +30,15 @@ impl StartState {
         self.ids.binary_search_by_key(&addr, |&(a, _)| a).ok().map(|i| self.ids[i].1)
     }
 
+    /// The allocation of each active block with its state (allocated, or freed and waiting
+    /// for another stream), in address order.
+    pub fn active_ids(&self) -> impl Iterator<Item = (AllocId, BlockState)> + '_ {
+        let blocks = self.segments.iter().flat_map(|seg| &seg.blocks);
+        blocks
+            .filter(|b| b.state.is_active())
+            .filter_map(|b| Some((self.id_at(b.address)?, b.state)))
+    }
+
     /// Bytes of the segments.
     pub fn reserved_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.total_size).sum()

@@ -309,8 +309,7 @@ impl<R: Rules> Kit<R> {
     fn find(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
         // No free chunk holds the block: skip the policy's search (a request that cannot fit
         // stays O(log n), however many chunks there are).
-        let (small, large) = self.tiling.largest_free();
-        if small.max(large) >= block {
+        if self.tiling.largest_free_chunk() >= block {
             if let Some(addr) = self.rules.take(&mut self.tiling, block, stream) {
                 return Some(addr);
             }
@@ -410,10 +409,7 @@ impl<R: Rules> Allocator for Kit<R> {
     }
 
     fn free_space(&self) -> FreeSpace {
-        let (small, large) = self.tiling.largest_free();
-        let stats = &self.books.stats;
-        let cached = stats.reserved_bytes.all.current - stats.active_bytes.all.current;
-        FreeSpace { cached_bytes: cached.max(0) as u64, largest_free_block_bytes: small.max(large) }
+        self.tiling.free_space(&self.books)
     }
 }
 

@@ -104,13 +104,9 @@ impl<'a, A: Allocator, D: Device> Engine<'a, A, D> {
         let mut env = Env::new(&mut *self.device as &mut dyn Device, &mut events);
         self.allocator.seed(&mut env, start, stats)?;
         debug_assert!(events.is_empty(), "seeding emits no events");
-        for seg in &start.segments {
-            for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
-                if let Some(id) = start.id_at(b.address) {
-                    let live = b.state == BlockState::ActiveAllocated;
-                    self.tally.ids.set(id, if live { IdState::Live } else { IdState::Pending });
-                }
-            }
+        for (id, state) in start.active_ids() {
+            let live = state == BlockState::ActiveAllocated;
+            self.tally.ids.set(id, if live { IdState::Live } else { IdState::Pending });
         }
         Ok(())
     }

@@ -14,38 +14,6 @@ use allocsim_core::{
 };
 use std::collections::BTreeMap;
 
-/// A state the policy can take: segments in address order, apart, each tiled by its blocks,
-/// every active block with its allocation id.
-fn check_start(start: &StartState) -> Result<(), String> {
-    let mut end = 0;
-    for seg in &start.segments {
-        let Some(seg_end) = seg.address.checked_add(seg.total_size) else {
-            return Err(format!("segment at {:#x} ends past the address space", seg.address));
-        };
-        if seg.address < end || seg.total_size == 0 {
-            return Err(format!(
-                "segment at {:#x} overlaps the one before or is empty",
-                seg.address
-            ));
-        }
-        end = seg_end;
-        let mut at = seg.address;
-        for b in &seg.blocks {
-            if b.address != at || b.size == 0 {
-                return Err(format!("segment at {:#x}: no block at {at:#x}", seg.address));
-            }
-            if b.state.is_active() && start.id_at(b.address).is_none() {
-                return Err(format!("active block at {:#x} has no id", b.address));
-            }
-            at = at.saturating_add(b.size);
-        }
-        if at != end {
-            return Err(format!("segment at {:#x}: blocks end at {at:#x}", seg.address));
-        }
-    }
-    Ok(())
-}
-
 /// Where the state's segments go on the device: whole segments, and for each (stream, size
 /// class) the expandable segment whose mapped ranges the state shows, reserved from the first
 /// of them as far as PyTorch reserves (the device's memory and an eighth, in whole pages).
@@ -116,7 +84,9 @@ impl PyTorchAllocator {
         if !fresh {
             return Err("the allocator has already run".to_string());
         }
-        check_start(start)?;
+        if let Some(problem) = start.problem() {
+            return Err(problem);
+        }
         let placed = placement(start, env.device.mem_info().total_bytes)?;
         // Nothing has changed yet: a refusal from here on can only be the device's, at the
         // first segment or reservation (a real device adopts none).
@@ -140,7 +110,7 @@ impl PyTorchAllocator {
         Ok(())
     }
 
-    /// The blocks of one segment (checked by [`check_start`]), linked in address order.
+    /// The blocks of one segment (checked by [`StartState::problem`]), linked in address order.
     fn seed_segment(&mut self, seg: &SnapshotSegment, start: &StartState) {
         // A private pool alive at the start is held by its owner.
         let slot = match seg.pool_id.is_default() {

@@ -588,10 +588,7 @@ impl Allocator for Allocsim {
     /// From the statistics and the tiling's largest free chunk, not from a snapshot: the
     /// metrics ask on every OOM.
     fn free_space(&self) -> FreeSpace {
-        let (small, large) = self.tiling.largest_free();
-        let stats = &self.books.stats;
-        let cached = stats.reserved_bytes.all.current - stats.active_bytes.all.current;
-        FreeSpace { cached_bytes: cached.max(0) as u64, largest_free_block_bytes: small.max(large) }
+        self.tiling.free_space(&self.books)
     }
 }
 

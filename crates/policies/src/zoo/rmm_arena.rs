@@ -228,8 +228,7 @@ impl RmmArena {
     /// block anywhere is big enough (the tiling knows its largest in O(log n)): a run of
     /// failing requests then costs no walk each.
     fn allocate_if_room(&mut self, stream: StreamId, size: u64) -> Option<u64> {
-        let (small, large) = self.tiling.largest_free();
-        (size <= small.max(large)).then(|| self.allocate(stream, size)).flatten()
+        (size <= self.tiling.largest_free_chunk()).then(|| self.allocate(stream, size)).flatten()
     }
 
     /// Free the block `[addr, addr+size)` in whichever superblock holds it.

@@ -15,7 +15,9 @@
 //! segments, so returning a segment to the device never cuts a chunk.
 
 use super::common::Books;
-use allocsim_core::{AllocId, BlockState, Pool, SnapshotBlock, SnapshotSegment, StreamId};
+use allocsim_core::{
+    AllocId, BlockState, FreeSpace, Pool, SnapshotBlock, SnapshotSegment, StreamId,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, Copy)]
@@ -364,6 +366,23 @@ impl<T: Copy> Tiling<T> {
     pub fn largest_free(&self) -> (u64, u64) {
         let largest = |sizes: &BTreeMap<u64, u64>| sizes.keys().next_back().copied().unwrap_or(0);
         (largest(&self.free_sizes[0]), largest(&self.free_sizes[1]))
+    }
+
+    /// The largest free chunk of any segment.
+    pub fn largest_free_chunk(&self) -> u64 {
+        let (small, large) = self.largest_free();
+        small.max(large)
+    }
+
+    /// Cached free memory (from `books`' statistics: reserved but not active) and its
+    /// largest piece, without a walk over the chunks.
+    pub fn free_space(&self, books: &Books) -> FreeSpace {
+        let stats = &books.stats;
+        let cached = stats.reserved_bytes.all.current - stats.active_bytes.all.current;
+        FreeSpace {
+            cached_bytes: cached.max(0) as u64,
+            largest_free_block_bytes: self.largest_free_chunk(),
+        }
     }
 
     /// Segments with their blocks, states and requested sizes from `books`.

@@ -189,15 +189,11 @@ impl Observer for Contract {
     /// A run seeded with a recording's state at its start: its blocks are live (or pending)
     /// from the first op on, without events of their own.
     fn on_start(&mut self, start: &StartState, _allocator: &dyn Allocator) {
-        for seg in &start.segments {
-            for block in &seg.blocks {
-                let Some(id) = start.id_at(block.address) else { continue };
-                match block.state {
-                    BlockState::ActiveAllocated => drop(self.live.insert(id)),
-                    BlockState::ActivePendingFree => drop(self.pending.insert(id)),
-                    BlockState::Inactive => {}
-                }
-            }
+        for (id, state) in start.active_ids() {
+            match state {
+                BlockState::ActivePendingFree => self.pending.insert(id),
+                _ => self.live.insert(id),
+            };
         }
     }
 
