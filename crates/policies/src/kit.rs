@@ -10,9 +10,10 @@
 //! compare` take any policy registered in [`crate::POLICIES`].
 //!
 //! A policy with its own index over the free chunks (free lists by order: `buddy`) overrides
-//! the hooks that keep it in step. The zoo's others, whose rules reach further (dedicated
-//! segments, per-stream lists, lanes of mapped pages), still use [`Books`] and [`Tiling`]
-//! directly and implement [`Allocator`] themselves.
+//! the hooks that keep it in step. A policy whose search talks to the device on its own terms
+//! (RMM's pool expands and halves, binning carves pool blocks into bins, a stream-ordered pool
+//! synchronizes and trims before it gives up) overrides [`Rules::find`], which gets a [`Cx`]:
+//! the tiling and the device calls, counted by the books.
 
 pub use crate::zoo::common::{round_up, rounded_request, Books, Live, ALIGN_256, PAGE_2MIB};
 pub use crate::zoo::tiling::{Chunk, Seg, Tiling};
@@ -101,6 +102,56 @@ impl Room<'_> {
     }
 }
 
+/// What a policy's own search ([`Rules::find`], [`Rules::empty_cache`]) may do besides cutting
+/// chunks: reserve segments and give them back through the books, so that events and counters
+/// stay right whatever the search does.
+#[derive(Debug)]
+pub struct Cx<'a, 'e, T> {
+    pub tiling: &'a mut Tiling<T>,
+    books: &'a mut Books,
+    env: &'a mut Env<'e>,
+}
+
+impl<T: Copy> Cx<'_, '_, T> {
+    /// A new segment of `size` bytes for `stream` (`cudaMalloc`, within the memory fraction),
+    /// in the tiling as one free chunk tagged `tag`: its base.
+    pub fn reserve(&mut self, size: u64, stream: StreamId, tag: T) -> Option<u64> {
+        let base = self.books.device_malloc(self.env, size, stream)?;
+        self.tiling.add_segment(base, size, stream, tag);
+        Some(base)
+    }
+
+    /// Give the wholly free segment at `base` back to the device (`cudaFree`).
+    pub fn unreserve(&mut self, base: u64) -> Option<Seg> {
+        let seg = self.tiling.remove_segment(base)?;
+        self.books.device_free(self.env, base, seg.size, seg.stream);
+        Some(seg)
+    }
+
+    /// Bytes reserved now.
+    pub fn reserved(&self) -> u64 {
+        self.books.reserved()
+    }
+
+    pub fn room(&self) -> Room<'_> {
+        Room {
+            reserved: self.books.reserved(),
+            allowed: self.books.allowed_bytes,
+            device: &*self.env.device,
+        }
+    }
+
+    /// Count a synchronization of every stream (`num_sync_all_streams`).
+    pub fn synced(&mut self) {
+        self.books.stats.num_sync_all_streams += 1;
+    }
+
+    /// Count a retry after cached memory went back (`num_alloc_retries`).
+    pub fn retried(&mut self) {
+        self.books.stats.num_alloc_retries += 1;
+    }
+}
+
 /// What goes back to the device when a free leaves a segment wholly free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Release {
@@ -170,6 +221,21 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         None
     }
 
+    /// Find a free chunk for a block of `block` bytes on `stream`, cut to `block` (or left
+    /// whole), growing and giving cached memory back as the policy does: its address, or `None`
+    /// for an OOM. Default: [`Rules::take`]; else a new segment ([`Rules::segment_size`],
+    /// [`Rules::smaller_segment`]); else, if [`Rules::may_release`], every wholly free segment
+    /// goes back and the growth is tried once more. A policy whose search reaches further
+    /// overrides this alone.
+    fn find(
+        &mut self,
+        cx: &mut Cx<'_, '_, Self::Tag>,
+        block: u64,
+        stream: StreamId,
+    ) -> Option<u64> {
+        find_or_grow(self, cx, block, stream)
+    }
+
     /// Take a free chunk of at least `block` bytes for `stream` and cut it to `block` (or
     /// leave it whole: the block granted is the chunk): its address. Default:
     /// [`Rules::place`], then the cut.
@@ -207,9 +273,12 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         let _ = (tiling, base);
     }
 
-    /// The block at `addr` is free again: release it in the tiling and merge as the policy
-    /// merges. Default: merge with the free chunks beside it.
-    fn give_back(&mut self, tiling: &mut Tiling<Self::Tag>, addr: u64) {
+    /// The block of a completed free is free again: release it in the tiling and merge as the
+    /// policy merges (`deferred`: the free waited for other streams' work). Default: merge with
+    /// the free chunks beside it.
+    fn give_back(&mut self, tiling: &mut Tiling<Self::Tag>, block: &Live, deferred: bool) {
+        let _ = deferred;
+        let addr = block.addr;
         tiling.release(addr, Self::Tag::default());
         tiling.merge_next(addr);
         if let Some((prev, chunk)) = tiling.prev(addr) {
@@ -240,6 +309,13 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         Release::Nothing
     }
 
+    /// `empty_cache`: give back what the policy does not keep. Default: every wholly free
+    /// segment.
+    fn empty_cache(&mut self, cx: &mut Cx<'_, '_, Self::Tag>) {
+        let free: Vec<u64> = cx.tiling.wholly_free_segments().collect();
+        release(self, cx, &free);
+    }
+
     /// After a settings string applied (`previous` is what was in force, `started` whether any
     /// segment was ever reserved): refuse combinations that make no sense, or put back what
     /// cannot change once memory is in use. On an error nothing changes.
@@ -264,86 +340,85 @@ impl<R: Rules> Kit<R> {
         Ok(kit)
     }
 
-    /// Reserve a segment for a block of `block` bytes, trying smaller ones as the rules say,
-    /// and take the block from it.
-    fn grow(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
-        let room = self.room(env);
-        let mut size = self.rules.segment_size(&self.tiling, block, &room)?.max(block);
-        loop {
-            if let Some(base) = self.books.device_malloc(env, size, stream) {
-                self.tiling.add_segment(base, size, stream, R::Tag::default());
-                self.rules.added(&mut self.tiling, base);
-                return self.rules.take_from(&mut self.tiling, base, block, stream);
-            }
-            match self.rules.smaller_segment(block, size) {
-                Some(smaller) if smaller >= block && smaller < size => size = smaller,
-                _ => return None,
-            }
-        }
-    }
-
-    fn room<'e>(&self, env: &'e Env<'_>) -> Room<'e> {
-        let allowed = self.books.allowed_bytes;
-        Room { reserved: self.books.reserved(), allowed, device: &*env.device }
-    }
-
-    fn wholly_free_segments(&self) -> Vec<u64> {
-        self.tiling.wholly_free_segments().collect()
-    }
-
-    /// Give these wholly free segments back to the device.
-    fn release(&mut self, env: &mut Env<'_>, free: &[u64]) {
-        for &base in free {
-            self.release_segment(env, base);
-        }
-    }
-
-    fn release_segment(&mut self, env: &mut Env<'_>, base: u64) {
-        self.rules.removing(&mut self.tiling, base);
-        if let Some(seg) = self.tiling.remove_segment(base) {
-            self.books.device_free(env, base, seg.size, seg.stream);
-        }
-    }
-
-    /// A free chunk cut to `block`, growing and then releasing what is cached if need be.
-    fn find(&mut self, env: &mut Env<'_>, block: u64, stream: StreamId) -> Option<u64> {
-        // No free chunk holds the block: skip the policy's search (a request that cannot fit
-        // stays O(log n), however many chunks there are).
-        if self.tiling.largest_free_chunk() >= block {
-            if let Some(addr) = self.rules.take(&mut self.tiling, block, stream) {
-                return Some(addr);
-            }
-        }
-        if let Some(addr) = self.grow(env, block, stream) {
-            return Some(addr);
-        }
-        // Refused: what is cached and wholly free goes back, and one more try.
-        let free = self.wholly_free_segments();
-        let bytes = free.iter().filter_map(|&b| self.tiling.seg(b)).map(|s| s.size).sum();
-        let room = self.room(env);
-        if free.is_empty() || !self.rules.may_release(block, bytes, &room) {
-            return None;
-        }
-        self.release(env, &free);
-        self.books.stats.num_alloc_retries += 1;
-        self.grow(env, block, stream)
+    /// The rules, and the context their hooks work in.
+    fn parts<'a, 'e>(&'a mut self, env: &'a mut Env<'e>) -> (&'a mut R, Cx<'a, 'e, R::Tag>) {
+        (&mut self.rules, Cx { tiling: &mut self.tiling, books: &mut self.books, env })
     }
 
     /// The block of a completed free is free memory again.
-    fn take_back(&mut self, env: &mut Env<'_>, block: Live, _deferred: bool) {
-        self.rules.give_back(&mut self.tiling, block.addr);
-        let base = self.tiling.seg_of(block.addr);
-        if let Some(base) = base.filter(|&b| self.tiling.seg(b).is_some_and(Seg::is_wholly_free)) {
-            match self.rules.on_segment_free(&self.tiling, base) {
+    fn take_back(&mut self, env: &mut Env<'_>, block: Live, deferred: bool) {
+        let (rules, mut cx) = self.parts(env);
+        rules.give_back(cx.tiling, &block, deferred);
+        let base = cx.tiling.seg_of(block.addr);
+        if let Some(base) = base.filter(|&b| cx.tiling.seg(b).is_some_and(Seg::is_wholly_free)) {
+            match rules.on_segment_free(cx.tiling, base) {
                 Release::Nothing => {}
-                Release::This => self.release_segment(env, base),
+                Release::This => release(rules, &mut cx, &[base]),
                 Release::KeepingFirst(n) => {
-                    let free = self.wholly_free_segments();
-                    self.release(env, free.get(n..).unwrap_or_default());
+                    let free: Vec<u64> = cx.tiling.wholly_free_segments().skip(n).collect();
+                    release(rules, &mut cx, &free);
                 }
             }
         }
         self.books.sync_inactive_split(self.tiling.inactive_split());
+    }
+}
+
+/// [`Rules::find`]'s default: a free chunk cut to `block`, growing and then releasing what is
+/// cached if need be.
+pub fn find_or_grow<R: Rules>(
+    rules: &mut R,
+    cx: &mut Cx<'_, '_, R::Tag>,
+    block: u64,
+    stream: StreamId,
+) -> Option<u64> {
+    // No free chunk holds the block: skip the policy's search (a request that cannot fit
+    // stays O(log n), however many chunks there are).
+    if cx.tiling.largest_free_chunk() >= block {
+        if let Some(addr) = rules.take(cx.tiling, block, stream) {
+            return Some(addr);
+        }
+    }
+    if let Some(addr) = grow(rules, cx, block, stream) {
+        return Some(addr);
+    }
+    // Refused: what is cached and wholly free goes back, and one more try.
+    let free: Vec<u64> = cx.tiling.wholly_free_segments().collect();
+    let bytes = free.iter().filter_map(|&b| cx.tiling.seg(b)).map(|s| s.size).sum();
+    if free.is_empty() || !rules.may_release(block, bytes, &cx.room()) {
+        return None;
+    }
+    release(rules, cx, &free);
+    cx.retried();
+    grow(rules, cx, block, stream)
+}
+
+/// Reserve a segment for a block of `block` bytes, trying smaller ones as the rules say, and
+/// take the block from it.
+fn grow<R: Rules>(
+    rules: &mut R,
+    cx: &mut Cx<'_, '_, R::Tag>,
+    block: u64,
+    stream: StreamId,
+) -> Option<u64> {
+    let mut size = rules.segment_size(cx.tiling, block, &cx.room())?.max(block);
+    loop {
+        if let Some(base) = cx.reserve(size, stream, R::Tag::default()) {
+            rules.added(cx.tiling, base);
+            return rules.take_from(cx.tiling, base, block, stream);
+        }
+        match rules.smaller_segment(block, size) {
+            Some(smaller) if smaller >= block && smaller < size => size = smaller,
+            _ => return None,
+        }
+    }
+}
+
+/// Give these wholly free segments back to the device, each unindexed first.
+pub fn release<R: Rules>(rules: &mut R, cx: &mut Cx<'_, '_, R::Tag>, free: &[u64]) {
+    for &base in free {
+        rules.removing(cx.tiling, base);
+        cx.unreserve(base);
     }
 }
 
@@ -361,7 +436,12 @@ impl<R: Rules> Allocator for Kit<R> {
     ) -> Result<Granted, OomInfo> {
         let block = self.rules.block_size(size);
         let refused = block < size || self.rules.refuses(block);
-        let found = if refused { None } else { self.find(env, block, stream) };
+        let found = if refused {
+            None
+        } else {
+            let (rules, mut cx) = self.parts(env);
+            rules.find(&mut cx, block, stream)
+        };
         let Some(addr) = found else {
             self.books.sync_inactive_split(self.tiling.inactive_split());
             return Err(self.books.oom(env, id, block, stream, self.tiling.largest_free()));
@@ -375,8 +455,8 @@ impl<R: Rules> Allocator for Kit<R> {
     crate::zoo::common::books_glue!();
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
-        let free = self.wholly_free_segments();
-        self.release(env, &free);
+        let (rules, mut cx) = self.parts(env);
+        rules.empty_cache(&mut cx);
         self.books.sync_inactive_split(self.tiling.inactive_split());
     }
 

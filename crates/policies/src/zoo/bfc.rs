@@ -33,7 +33,7 @@
 //! - `garbage_collection` (bool, default `true`, as GPU TF),
 //! - `fragmentation_fraction` (float in [0, 1], default 0 = use 128 MiB).
 
-use crate::kit::{round_up, Apply, Kit, Room, Rules, Setting, Tiling, ALIGN_256};
+use crate::kit::{round_up, Apply, Kit, Live, Room, Rules, Setting, Tiling, ALIGN_256};
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
@@ -184,7 +184,8 @@ impl Rules for BfcRules {
     }
 
     /// `MarkFree` + `TryToCoalesce` + `InsertFreeChunk`.
-    fn give_back(&mut self, tiling: &mut Tiling<()>, addr: u64) {
+    fn give_back(&mut self, tiling: &mut Tiling<()>, block: &Live, _: bool) {
+        let addr = block.addr;
         tiling.release(addr, ());
         let mut at = addr;
         if let Some((next, c)) = tiling.next(at).filter(|(_, c)| c.is_free()) {

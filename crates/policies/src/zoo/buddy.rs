@@ -15,7 +15,7 @@
 //! - `min_block` (bytes, power of two >= 256, default 512),
 //! - `segment_size` (bytes, power of two >= `min_block`, default 64 MiB).
 
-use crate::kit::{Apply, Kit, Room, Rules, Setting, Tiling};
+use crate::kit::{Apply, Kit, Live, Room, Rules, Setting, Tiling};
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
@@ -108,7 +108,8 @@ impl Rules for BuddyRules {
 
     /// Merge with the buddy (the other half of the parent: flip the size bit of the offset in
     /// the segment) while it is wholly free, repeatedly; then list the result.
-    fn give_back(&mut self, tiling: &mut Tiling<()>, addr: u64) {
+    fn give_back(&mut self, tiling: &mut Tiling<()>, block: &Live, _: bool) {
+        let addr = block.addr;
         tiling.release(addr, ());
         let mut at = addr;
         while let Some(&c) = tiling.get(at) {

@@ -19,92 +19,68 @@
 //! - `blocks_to_preallocate` (default 128): blocks per growth of a bin;
 //! - `preallocate` (bool, default `true`): fill every bin at the first request.
 
-use super::common::{
-    books_glue, parse_bool, parse_bytes, parse_conf, rounded_request, unknown_key, Books, Live,
-    ALIGN_256,
-};
-use super::rmm_pool::{Piece, PoolCore};
-use super::tiling::Tiling;
-use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
-};
+use super::rmm_pool::{pool_settings, Piece, PoolCore};
+use crate::kit::{rounded_request, Apply, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256};
+use allocsim_core::StreamId;
 use std::collections::{BTreeMap, VecDeque};
 
-const NAME: &str = "rmm_binning";
-const KEYS: &[&str] = &[
-    "initial_pool_size",
-    "maximum_pool_size",
-    "min_exp",
-    "max_exp",
-    "blocks_to_preallocate",
-    "preallocate",
-];
-
-#[derive(Debug, Clone, Copy)]
-struct BinningConf {
-    min_exp: u32,
-    max_exp: u32,
-    blocks_to_preallocate: u64,
-    preallocate: bool,
-}
-
 /// One `fixed_size_memory_resource`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Bin {
     block: u64,
     lists: BTreeMap<StreamId, VecDeque<u64>>,
 }
 
-#[derive(Debug)]
-pub struct RmmBinning {
-    books: Books,
-    tiling: Tiling<Piece>,
+#[derive(Debug, Clone)]
+pub struct Binning {
     pool: PoolCore,
     bins: Vec<Bin>,
-    conf: BinningConf,
+    min_exp: u32,
+    max_exp: u32,
+    blocks_to_preallocate: u64,
+    preallocate: bool,
     started: bool,
 }
 
-impl RmmBinning {
-    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
-        let mut me = RmmBinning {
-            books: Books::default(),
-            tiling: Tiling::default(),
+/// RMM's `binning_memory_resource` over a `pool_memory_resource`.
+pub type RmmBinning = Kit<Binning>;
+
+impl Default for Binning {
+    fn default() -> Self {
+        let mut me = Binning {
             pool: PoolCore::default(),
             bins: Vec::new(),
-            conf: BinningConf {
-                min_exp: 18,
-                max_exp: 22,
-                blocks_to_preallocate: 128,
-                preallocate: true,
-            },
+            min_exp: 18,
+            max_exp: 22,
+            blocks_to_preallocate: 128,
+            preallocate: true,
             started: false,
         };
-        me.set_settings(conf)?;
-        Ok(me)
+        me.make_bins();
+        me
     }
+}
 
+impl Binning {
     fn make_bins(&mut self) {
-        self.bins = (self.conf.min_exp..=self.conf.max_exp)
+        self.bins = (self.min_exp..=self.max_exp)
             .map(|e| Bin { block: 1u64 << e, lists: BTreeMap::new() })
             .collect();
     }
 
     /// `blocks_from_upstream`: carve a pool allocation into blocks at the back of `stream`'s list.
-    fn grow_bin(&mut self, env: &mut Env<'_>, bin: usize, stream: StreamId) -> bool {
+    fn grow_bin(&mut self, cx: &mut Cx<'_, '_, Piece>, bin: usize, stream: StreamId) -> bool {
         let block = self.bins[bin].block;
-        let n = self.conf.blocks_to_preallocate;
-        let Some(addr) =
-            self.pool.allocate(&mut self.books, &mut self.tiling, env, block * n, stream)
-        else {
+        let n = self.blocks_to_preallocate;
+        let Some(addr) = self.pool.allocate(cx, block * n, stream) else {
             return false;
         };
-        self.tiling.set_tag(addr, Piece::Bin);
+        cx.tiling.set_tag(addr, Piece::Bin);
         let list = self.bins[bin].lists.entry(stream).or_default();
         for i in 0..n {
             let at = addr + i * block;
             if i + 1 < n {
-                self.tiling.split(at, block, Piece::Bin);
+                cx.tiling.split(at, block, Piece::Bin);
             }
             list.push_back(at);
         }
@@ -112,7 +88,12 @@ impl RmmBinning {
     }
 
     /// `stream_ordered_memory_resource::get_block` over FIFO lists.
-    fn bin_block(&mut self, env: &mut Env<'_>, bin: usize, stream: StreamId) -> Option<u64> {
+    fn bin_block(
+        &mut self,
+        cx: &mut Cx<'_, '_, Piece>,
+        bin: usize,
+        stream: StreamId,
+    ) -> Option<u64> {
         if let Some(addr) = self.bins[bin].lists.get_mut(&stream).and_then(VecDeque::pop_front) {
             return Some(addr);
         }
@@ -125,141 +106,108 @@ impl RmmBinning {
         }
         for &other in &others {
             let Some(mut moved) = self.bins[bin].lists.remove(&other) else { continue };
-            self.books.stats.num_sync_all_streams += 1;
+            cx.synced();
             let own = self.bins[bin].lists.entry(stream).or_default();
             own.append(&mut moved);
             if let Some(addr) = own.pop_front() {
                 return Some(addr);
             }
         }
-        if !self.grow_bin(env, bin, stream) {
+        if !self.grow_bin(cx, bin, stream) {
             return None;
         }
         self.bins[bin].lists.get_mut(&stream).and_then(VecDeque::pop_front)
     }
 
     /// The constructor's preallocation, at the first request.
-    fn start(&mut self, env: &mut Env<'_>) {
-        if std::mem::replace(&mut self.started, true) {
+    fn start(&mut self, cx: &mut Cx<'_, '_, Piece>) {
+        if std::mem::replace(&mut self.started, true) || !self.preallocate {
             return;
         }
-        if self.bins.is_empty() {
-            self.make_bins();
+        for bin in 0..self.bins.len() {
+            self.grow_bin(cx, bin, StreamId(0));
         }
-        if self.conf.preallocate {
-            for bin in 0..self.bins.len() {
-                self.grow_bin(env, bin, StreamId(0));
-            }
+    }
+}
+
+/// An exponent setting, `8..=40` once checked.
+fn exponent(value: u64) -> u32 {
+    value.min(64) as u32
+}
+
+impl Rules for Binning {
+    const NAME: &'static str = "rmm_binning";
+    const SETTINGS: &'static [Setting<Self>] = &{
+        let [initial, maximum] = pool_settings!(Binning, pool);
+        [
+            initial,
+            maximum,
+            Setting {
+                key: "min_exp",
+                help: "the smallest bin is 2^min_exp bytes",
+                apply: Apply::Bytes(|r, v| r.min_exp = exponent(v)),
+            },
+            Setting {
+                key: "max_exp",
+                help: "the largest bin is 2^max_exp bytes",
+                apply: Apply::Bytes(|r, v| r.max_exp = exponent(v)),
+            },
+            Setting {
+                key: "blocks_to_preallocate",
+                help: "blocks per growth of a bin",
+                apply: Apply::Bytes(|r, v| r.blocks_to_preallocate = v),
+            },
+            Setting {
+                key: "preallocate",
+                help: "fill every bin at the first request",
+                apply: Apply::Bool(|r, v| r.preallocate = v),
+            },
+        ]
+    };
+    type Tag = Piece;
+
+    fn block_size(&self, size: u64) -> u64 {
+        rounded_request(size, ALIGN_256)
+    }
+
+    fn find(&mut self, cx: &mut Cx<'_, '_, Piece>, block: u64, stream: StreamId) -> Option<u64> {
+        self.start(cx);
+        match self.bins.iter().position(|b| b.block >= block) {
+            Some(bin) => self.bin_block(cx, bin, stream),
+            None => self.pool.allocate(cx, block, stream),
         }
     }
 
-    fn release(&mut self, addr: u64, size: u64, stream: StreamId) {
-        let is_bin_block = self.tiling.get(addr).is_some_and(|c| c.tag == Piece::Bin);
-        match self.bins.iter().position(|b| b.block == size) {
+    fn give_back(&mut self, tiling: &mut Tiling<Piece>, block: &Live, _: bool) {
+        let (addr, stream) = (block.addr, block.stream);
+        let is_bin_block = tiling.get(addr).is_some_and(|c| c.tag == Piece::Bin);
+        match self.bins.iter().position(|b| b.block == block.size) {
             Some(bin) if is_bin_block => {
-                self.tiling.release(addr, Piece::Bin);
+                tiling.release(addr, Piece::Bin);
                 self.bins[bin].lists.entry(stream).or_default().push_back(addr);
             }
             _ => {
-                self.tiling.release(addr, Piece::Free(stream));
-                self.pool.deallocate(&mut self.tiling, addr, stream);
+                tiling.release(addr, Piece::Free(stream));
+                self.pool.deallocate(tiling, addr, stream);
             }
         }
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-}
-
-impl RmmBinning {
-    /// The block of a completed free is the policy's again (see `books_glue!`).
-    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
-        self.release(b.addr, b.size, b.stream);
-    }
-}
-
-impl Allocator for RmmBinning {
-    fn name(&self) -> &str {
-        NAME
     }
 
-    fn malloc(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        self.start(env);
-        let rounded = rounded_request(size, ALIGN_256);
-        let found = match self.bins.iter().position(|b| b.block >= rounded) {
-            Some(bin) => self.bin_block(env, bin, stream).map(|addr| (addr, self.bins[bin].block)),
-            None => self
-                .pool
-                .allocate(&mut self.books, &mut self.tiling, env, rounded, stream)
-                .map(|a| (a, rounded)),
-        };
-        let result = match found {
-            Some((addr, block)) => {
-                self.tiling.take(addr, id);
-                Ok(self.books.grant(env, id, (addr, block), size, stream))
-            }
-            None => Err(self.books.oom(env, id, rounded, stream, self.tiling.largest_free())),
-        };
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-        result
-    }
-
-    books_glue!();
-
-    fn empty_cache(&mut self, _env: &mut Env<'_>) {}
+    /// Bin blocks never go back to the pool, and the pool gives nothing back.
+    fn empty_cache(&mut self, _: &mut Cx<'_, '_, Piece>) {}
 
     /// Bin settings take effect only before the first request (RMM fixes bins at construction).
-    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
-        let mut c = self.conf;
-        let mut pool = self.pool.conf;
-        for (key, value) in parse_conf(NAME, conf)? {
-            if pool.apply(NAME, &key, &value)? {
-                continue;
-            }
-            match key.as_str() {
-                "min_exp" => c.min_exp = parse_bytes(NAME, &key, &value)?.min(64) as u32,
-                "max_exp" => c.max_exp = parse_bytes(NAME, &key, &value)?.min(64) as u32,
-                "blocks_to_preallocate" => {
-                    c.blocks_to_preallocate = parse_bytes(NAME, &key, &value)?
-                }
-                "preallocate" => c.preallocate = parse_bool(NAME, &key, &value)?,
-                _ => return Err(unknown_key(NAME, &key, KEYS)),
-            }
+    fn check(&mut self, _: &Self, _: bool) -> Result<(), String> {
+        if !(8 <= self.min_exp && self.min_exp <= self.max_exp && self.max_exp <= 40) {
+            return Err("need 8 <= min_exp <= max_exp <= 40".into());
         }
-        if !(8 <= c.min_exp && c.min_exp <= c.max_exp && c.max_exp <= 40) {
-            return Err(ConfigError(format!("policy {NAME}: need 8 <= min_exp <= max_exp <= 40")));
+        if !(1..=1 << 20).contains(&self.blocks_to_preallocate) {
+            return Err("blocks_to_preallocate must be in 1..=2^20".into());
         }
-        if !(1..=1 << 20).contains(&c.blocks_to_preallocate) {
-            return Err(ConfigError(format!(
-                "policy {NAME}: blocks_to_preallocate must be in 1..=2^20"
-            )));
-        }
-        self.conf = c;
-        self.pool.conf = pool;
         if !self.started {
             self.make_bins();
         }
         Ok(())
-    }
-
-    fn snapshot(&self) -> Vec<SnapshotSegment> {
-        self.tiling.snapshot(&self.books)
-    }
-
-    fn free_space(&self) -> FreeSpace {
-        let mut space = self.pool.free_space();
-        for bin in &self.bins {
-            let n: u64 = bin.lists.values().map(|l| l.len() as u64).sum();
-            space.cached_bytes += n * bin.block;
-            if n > 0 {
-                space.largest_free_block_bytes = space.largest_free_block_bytes.max(bin.block);
-            }
-        }
-        space
     }
 }
 

@@ -21,25 +21,19 @@
 //!   reserved at the first request on the legacy stream 0's list, skipped if the device refuses;
 //! - `maximum_pool_size` (bytes, default none).
 
-use super::common::{
-    books_glue, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, Live,
-    ALIGN_256,
+use crate::kit::{
+    round_up, rounded_request, Apply, Chunk, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256,
 };
-use super::tiling::Tiling;
-use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
-};
+use allocsim_core::StreamId;
 use std::collections::{BTreeMap, BTreeSet};
 
-const NAME: &str = "rmm_pool";
-const KEYS: &[&str] = &["initial_pool_size", "maximum_pool_size"];
-
 /// What a chunk is to the pool and the layers above it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Piece {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Piece {
     /// On the pool's free list of this stream.
     Free(StreamId),
     /// Handed out by the pool.
+    #[default]
     Used,
     /// A fixed-size block of a binning bin (carved from a pool block).
     Bin,
@@ -52,21 +46,13 @@ pub(super) struct PoolConf {
 }
 
 impl PoolConf {
-    /// Apply one setting; `false` when `key` is not a pool setting.
-    pub fn apply(&mut self, policy: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
-        match key {
-            "initial_pool_size" => {
-                self.initial_pool_size = round_up(parse_bytes(policy, key, value)?, ALIGN_256)
-            }
-            "maximum_pool_size" => self.maximum_pool_size = Some(parse_bytes(policy, key, value)?),
-            _ => return Ok(false),
-        }
-        Ok(true)
+    pub fn set_initial(&mut self, bytes: u64) {
+        self.initial_pool_size = round_up(bytes, ALIGN_256);
     }
 }
 
 /// The pool itself, on a tiling shared with the layers above (binning).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct PoolCore {
     /// Per stream: free blocks by (size, address).
     lists: BTreeMap<StreamId, BTreeSet<(u64, u64)>>,
@@ -79,30 +65,28 @@ impl PoolCore {
     /// unowned; `None` when the pool cannot grow.
     pub fn allocate(
         &mut self,
-        books: &mut Books,
-        tiling: &mut Tiling<Piece>,
-        env: &mut Env<'_>,
+        cx: &mut Cx<'_, '_, Piece>,
         size: u64,
         stream: StreamId,
     ) -> Option<u64> {
-        self.start(books, tiling, env);
+        self.start(cx);
         if let Some(addr) = self.best_fit(stream, size) {
-            return Some(self.cut(tiling, addr, size, stream));
+            return Some(self.cut(cx.tiling, addr, size, stream));
         }
         let others: Vec<StreamId> = self.lists.keys().copied().filter(|&s| s != stream).collect();
         for &other in &others {
             if let Some(addr) = self.best_fit(other, size) {
-                return Some(self.cut(tiling, addr, size, other));
+                return Some(self.cut(cx.tiling, addr, size, other));
             }
         }
         for &other in &others {
-            self.merge_list(books, tiling, other, stream);
+            self.merge_list(cx, other, stream);
             if let Some(addr) = self.best_fit(stream, size) {
-                return Some(self.cut(tiling, addr, size, stream));
+                return Some(self.cut(cx.tiling, addr, size, stream));
             }
         }
-        let addr = self.expand(books, tiling, env, size, stream)?;
-        Some(self.cut(tiling, addr, size, stream))
+        let addr = self.expand(cx, size, stream)?;
+        Some(self.cut(cx.tiling, addr, size, stream))
     }
 
     /// The unowned chunk at `addr` goes back on `stream`'s list, coalescing.
@@ -111,24 +95,14 @@ impl PoolCore {
         self.insert(tiling, addr, stream);
     }
 
-    /// Free bytes on the lists and the largest free block.
-    pub fn free_space(&self) -> FreeSpace {
-        let mut space = FreeSpace::default();
-        for &(size, _) in self.lists.values().flatten() {
-            space.cached_bytes += size;
-            space.largest_free_block_bytes = space.largest_free_block_bytes.max(size);
-        }
-        space
-    }
-
     /// `initialize_pool`: the initial block on the legacy stream's list.
-    fn start(&mut self, books: &mut Books, tiling: &mut Tiling<Piece>, env: &mut Env<'_>) {
+    fn start(&mut self, cx: &mut Cx<'_, '_, Piece>) {
         if std::mem::replace(&mut self.started, true) || self.conf.initial_pool_size == 0 {
             return;
         }
         let initial = self.conf.initial_pool_size;
-        if let Some(addr) = self.try_to_expand(books, tiling, env, initial, initial, StreamId(0)) {
-            self.deallocate(tiling, addr, StreamId(0));
+        if let Some(addr) = self.try_to_expand(cx, initial, initial, StreamId(0)) {
+            self.deallocate(cx.tiling, addr, StreamId(0));
         }
     }
 
@@ -152,7 +126,7 @@ impl PoolCore {
 
     /// `coalescing_free_list::insert`: merge with contiguous free blocks of the same list.
     fn insert(&mut self, tiling: &mut Tiling<Piece>, addr: u64, stream: StreamId) {
-        let mine = |c: &super::tiling::Chunk<Piece>| c.is_free() && c.tag == Piece::Free(stream);
+        let mine = |c: &Chunk<Piece>| c.is_free() && c.tag == Piece::Free(stream);
         let list = self.lists.entry(stream).or_default();
         let mut at = addr;
         if let Some((next, c)) = tiling.next(at).filter(|(_, c)| mine(c)) {
@@ -170,33 +144,19 @@ impl PoolCore {
     }
 
     /// `merge_lists`: move `other`'s free list into `stream`'s, coalescing.
-    fn merge_list(
-        &mut self,
-        books: &mut Books,
-        tiling: &mut Tiling<Piece>,
-        other: StreamId,
-        stream: StreamId,
-    ) {
+    fn merge_list(&mut self, cx: &mut Cx<'_, '_, Piece>, other: StreamId, stream: StreamId) {
         let Some(blocks) = self.lists.remove(&other) else { return };
-        books.stats.num_sync_all_streams += 1;
+        cx.synced();
         let mut addrs: Vec<u64> = blocks.into_iter().map(|(_, a)| a).collect();
         addrs.sort_unstable();
         for addr in addrs {
-            tiling.set_tag(addr, Piece::Free(stream));
-            self.insert(tiling, addr, stream);
+            self.deallocate(cx.tiling, addr, stream);
         }
     }
 
     /// `expand_pool`: grow by `size_to_grow(size)`, halving on refusal.
-    fn expand(
-        &mut self,
-        books: &mut Books,
-        tiling: &mut Tiling<Piece>,
-        env: &mut Env<'_>,
-        size: u64,
-        stream: StreamId,
-    ) -> Option<u64> {
-        let pool_size = books.reserved();
+    fn expand(&mut self, cx: &mut Cx<'_, '_, Piece>, size: u64, stream: StreamId) -> Option<u64> {
+        let pool_size = cx.reserved();
         let try_size = match self.conf.maximum_pool_size {
             None => size.max(pool_size),
             Some(max) => {
@@ -208,23 +168,20 @@ impl PoolCore {
                 }
             }
         };
-        self.try_to_expand(books, tiling, env, try_size, size, stream)
+        self.try_to_expand(cx, try_size, size, stream)
     }
 
     /// `try_to_expand`: a new segment of `try_size`, halving down to `min_size` on refusal;
     /// returns it as one unlisted free chunk.
     fn try_to_expand(
         &mut self,
-        books: &mut Books,
-        tiling: &mut Tiling<Piece>,
-        env: &mut Env<'_>,
+        cx: &mut Cx<'_, '_, Piece>,
         mut try_size: u64,
         min_size: u64,
         stream: StreamId,
     ) -> Option<u64> {
         while try_size >= min_size && try_size > 0 {
-            if let Some(addr) = books.device_malloc(env, try_size, stream) {
-                tiling.add_segment(addr, try_size, stream, Piece::Used);
+            if let Some(addr) = cx.reserve(try_size, stream, Piece::Used) {
                 return Some(addr);
             }
             if try_size == min_size {
@@ -236,81 +193,54 @@ impl PoolCore {
     }
 }
 
-#[derive(Debug, Default)]
-pub struct RmmPool {
-    books: Books,
-    tiling: Tiling<Piece>,
+/// The pool's rules: every request is a pool allocation.
+#[derive(Debug, Clone, Default)]
+pub struct Pool {
     core: PoolCore,
 }
 
-impl RmmPool {
-    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
-        let mut me = RmmPool::default();
-        me.set_settings(conf)?;
-        Ok(me)
-    }
+/// RMM's `pool_memory_resource`.
+pub type RmmPool = Kit<Pool>;
 
-    fn release(&mut self, addr: u64, stream: StreamId) {
-        self.tiling.release(addr, Piece::Free(stream));
-        self.core.deallocate(&mut self.tiling, addr, stream);
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
+/// A pool setting, for the pool and the layers on it.
+macro_rules! pool_settings {
+    ($rules:ty, $($core:ident).+) => {
+        [
+            Setting {
+                key: "initial_pool_size",
+                help: "bytes reserved at the first request (0: grow on demand)",
+                apply: Apply::Bytes(|r: &mut $rules, v| r.$($core).+.conf.set_initial(v)),
+            },
+            Setting {
+                key: "maximum_pool_size",
+                help: "the most the pool reserves, in bytes",
+                apply: Apply::Bytes(|r: &mut $rules, v| r.$($core).+.conf.maximum_pool_size = Some(v)),
+            },
+        ]
+    };
 }
+pub(super) use pool_settings;
 
-impl RmmPool {
-    /// The block of a completed free is the policy's again (see `books_glue!`).
-    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
-        self.release(b.addr, b.stream);
-    }
-}
+impl Rules for Pool {
+    const NAME: &'static str = "rmm_pool";
+    const SETTINGS: &'static [Setting<Self>] = &pool_settings!(Pool, core);
+    type Tag = Piece;
 
-impl Allocator for RmmPool {
-    fn name(&self) -> &str {
-        NAME
+    fn block_size(&self, size: u64) -> u64 {
+        rounded_request(size, ALIGN_256)
     }
 
-    fn malloc(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        let rounded = rounded_request(size, ALIGN_256);
-        let found = self.core.allocate(&mut self.books, &mut self.tiling, env, rounded, stream);
-        let result = match found {
-            Some(addr) => {
-                self.tiling.take(addr, id);
-                Ok(self.books.grant(env, id, (addr, rounded), size, stream))
-            }
-            None => Err(self.books.oom(env, id, rounded, stream, self.tiling.largest_free())),
-        };
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-        result
+    fn find(&mut self, cx: &mut Cx<'_, '_, Piece>, block: u64, stream: StreamId) -> Option<u64> {
+        self.core.allocate(cx, block, stream)
     }
 
-    books_glue!();
-
-    fn empty_cache(&mut self, _env: &mut Env<'_>) {}
-
-    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
-        let mut c = self.core.conf;
-        for (key, value) in parse_conf(NAME, conf)? {
-            if !c.apply(NAME, &key, &value)? {
-                return Err(unknown_key(NAME, &key, KEYS));
-            }
-        }
-        self.core.conf = c;
-        Ok(())
+    fn give_back(&mut self, tiling: &mut Tiling<Piece>, block: &Live, _: bool) {
+        tiling.release(block.addr, Piece::Free(block.stream));
+        self.core.deallocate(tiling, block.addr, block.stream);
     }
 
-    fn snapshot(&self) -> Vec<SnapshotSegment> {
-        self.tiling.snapshot(&self.books)
-    }
-
-    fn free_space(&self) -> FreeSpace {
-        self.core.free_space()
-    }
+    /// RMM gives upstream memory back only when the resource dies.
+    fn empty_cache(&mut self, _: &mut Cx<'_, '_, Piece>) {}
 }
 
 #[cfg(test)]

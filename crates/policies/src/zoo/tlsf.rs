@@ -26,7 +26,7 @@
 //! - `sl_bits` (second-level bits, 1..=6, default 5 as in TLSF and VMA).
 
 use crate::kit::{
-    round_up, Apply, Kit, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
+    round_up, Apply, Kit, Live, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
 };
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
@@ -267,7 +267,8 @@ impl Rules for TlsfRules {
     }
 
     /// Coalesce with free physical neighbours at once, and list the result first (LIFO).
-    fn give_back(&mut self, tiling: &mut Tiling<Links>, addr: u64) {
+    fn give_back(&mut self, tiling: &mut Tiling<Links>, block: &Live, _: bool) {
+        let addr = block.addr;
         tiling.release(addr, Links::default());
         if tiling.seg_of(addr).is_some_and(|base| self.dedicated.contains(&base)) {
             return;
