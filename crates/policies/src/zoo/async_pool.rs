@@ -27,134 +27,103 @@
 //! - `internal_dependencies` (bool, default `true`),
 //! - `trim_on_empty_cache` (bool, default `true`).
 
-use super::common::{
-    books_glue, parse_bool, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books,
-    Live, PAGE_2MIB,
-};
-use super::tiling::Tiling;
-use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
-};
+use crate::kit::{round_up, Apply, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use allocsim_core::StreamId;
 use std::collections::{BTreeMap, BTreeSet};
 
-const NAME: &str = "async_pool";
-const KEYS: &[&str] =
-    &["release_threshold", "granularity", "internal_dependencies", "trim_on_empty_cache"];
 const ALIGN_512: u64 = 512;
 
 /// Who may reuse a free block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Avail {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Avail {
     /// The free has completed: any stream.
+    #[default]
     Any,
     /// Freed on this stream and not known to be complete: this stream only.
     Stream(StreamId),
 }
 
-#[derive(Debug, Clone, Copy)]
-struct AsyncConf {
+#[derive(Debug, Clone)]
+pub struct Async {
+    /// Free blocks by availability, each by (size, address).
+    free: BTreeMap<Avail, BTreeSet<(u64, u64)>>,
     release_threshold: u64,
     granularity: u64,
     internal_dependencies: bool,
     trim_on_empty_cache: bool,
 }
 
-#[derive(Debug)]
-pub struct AsyncPool {
-    books: Books,
-    tiling: Tiling<Avail>,
-    /// Free blocks by availability, each by (size, address).
-    free: BTreeMap<Avail, BTreeSet<(u64, u64)>>,
-    conf: AsyncConf,
+/// A `cudaMallocAsync`-style stream-ordered pool.
+pub type AsyncPool = Kit<Async>;
+
+impl Default for Async {
+    fn default() -> Self {
+        Async {
+            free: BTreeMap::new(),
+            release_threshold: u64::MAX,
+            granularity: PAGE_2MIB,
+            internal_dependencies: true,
+            trim_on_empty_cache: true,
+        }
+    }
 }
 
-impl AsyncPool {
-    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
-        let mut me = AsyncPool {
-            books: Books::default(),
-            tiling: Tiling::default(),
-            free: BTreeMap::new(),
-            conf: AsyncConf {
-                release_threshold: u64::MAX,
-                granularity: PAGE_2MIB,
-                internal_dependencies: true,
-                trim_on_empty_cache: true,
-            },
-        };
-        me.set_settings(conf)?;
-        Ok(me)
-    }
-
-    /// The best fit among the lists `stream` may use: `(size, addr, list)`.
-    fn best_fit(
-        &self,
-        rounded: u64,
+impl Async {
+    /// The best fit among the lists `stream` may use, cut to `block`: its address.
+    fn take_best_fit(
+        &mut self,
+        tiling: &mut Tiling<Avail>,
+        block: u64,
         stream: StreamId,
         any_stream: bool,
-    ) -> Option<(u64, u64, Avail)> {
-        self.free
+    ) -> Option<u64> {
+        let (chunk, addr, avail) = self
+            .free
             .iter()
             .filter(|(&avail, _)| {
                 any_stream || avail == Avail::Any || avail == Avail::Stream(stream)
             })
-            .filter_map(|(&avail, set)| {
-                set.range((rounded, 0)..).next().map(|&(s, a)| (s, a, avail))
-            })
-            .min()
-    }
-
-    fn take(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        rounded: u64,
-        size: u64,
-        stream: StreamId,
-        fit: (u64, u64, Avail),
-    ) -> Granted {
-        let (chunk, addr, avail) = fit;
+            .filter_map(|(&avail, set)| set.range((block, 0)..).next().map(|&(s, a)| (s, a, avail)))
+            .min()?;
         let set = self.free.entry(avail).or_default();
         set.remove(&(chunk, addr));
-        if let Some(rest) = self.tiling.split(addr, rounded, avail) {
-            set.insert((chunk - rounded, rest));
+        if let Some(rest) = tiling.split(addr, block, avail) {
+            set.insert((chunk - block, rest));
         }
-        self.tiling.take(addr, id);
-        self.books.grant(env, id, (addr, rounded), size, stream)
+        Some(addr)
     }
 
-    fn grow(&mut self, env: &mut Env<'_>, rounded: u64, stream: StreamId) -> bool {
-        let size = round_up(rounded, self.conf.granularity);
-        let Some(addr) = self.books.device_malloc(env, size, stream) else { return false };
-        self.tiling.add_segment(addr, size, stream, Avail::Any);
+    /// A new segment of whole `granularity` units, all free to any stream, then the best fit.
+    fn grow(&mut self, cx: &mut Cx<'_, '_, Avail>, block: u64, stream: StreamId) -> Option<u64> {
+        let size = round_up(block, self.granularity);
+        let addr = cx.reserve(size, stream, Avail::Any)?;
         self.free.entry(Avail::Any).or_default().insert((size, addr));
-        true
+        self.take_best_fit(cx.tiling, block, stream, false)
     }
 
     /// The free chunk at `addr`, tagged `avail`, joins its list, coalescing with contiguous
     /// free chunks of the same list.
-    fn insert(&mut self, addr: u64, avail: Avail) {
+    fn insert(&mut self, tiling: &mut Tiling<Avail>, addr: u64, avail: Avail) {
         let set = self.free.entry(avail).or_default();
         let mut at = addr;
-        if let Some((next, c)) = self.tiling.next(at).filter(|(_, c)| c.is_free() && c.tag == avail)
-        {
+        if let Some((next, c)) = tiling.next(at).filter(|(_, c)| c.is_free() && c.tag == avail) {
             set.remove(&(c.size, next));
-            self.tiling.merge_next(at);
+            tiling.merge_next(at);
         }
-        if let Some((prev, c)) = self.tiling.prev(at).filter(|(_, c)| c.is_free() && c.tag == avail)
-        {
+        if let Some((prev, c)) = tiling.prev(at).filter(|(_, c)| c.is_free() && c.tag == avail) {
             set.remove(&(c.size, prev));
-            self.tiling.merge_next(prev);
+            tiling.merge_next(prev);
             at = prev;
         }
-        if let Some(c) = self.tiling.get(at) {
+        if let Some(c) = tiling.get(at) {
             set.insert((c.size, at));
         }
     }
 
     /// Synchronize: every free has completed, so every free block is usable by any stream;
     /// then release down to the threshold.
-    fn synchronize(&mut self, env: &mut Env<'_>) {
-        self.books.stats.num_sync_all_streams += 1;
+    fn synchronize(&mut self, cx: &mut Cx<'_, '_, Avail>) {
+        cx.synced();
         let mut pending: Vec<u64> = self
             .free
             .iter()
@@ -164,143 +133,96 @@ impl AsyncPool {
         self.free.retain(|&avail, _| avail == Avail::Any);
         pending.sort_unstable();
         for addr in pending {
-            self.tiling.set_tag(addr, Avail::Any);
-            self.insert(addr, Avail::Any);
+            cx.tiling.set_tag(addr, Avail::Any);
+            self.insert(cx.tiling, addr, Avail::Any);
         }
-        self.trim_to(env, self.conf.release_threshold);
+        self.trim_to(cx, self.release_threshold);
     }
 
     /// `cuMemPoolTrimTo`: release wholly free segments while more than `keep` is reserved.
-    fn trim_to(&mut self, env: &mut Env<'_>, keep: u64) {
-        let free: Vec<(u64, u64)> = (self.tiling.wholly_free_segments())
-            .filter_map(|b| self.tiling.seg(b).map(|s| (b, s.size)))
-            .collect();
-        for (base, size) in free {
-            if self.books.reserved() <= keep {
+    fn trim_to(&mut self, cx: &mut Cx<'_, '_, Avail>, keep: u64) {
+        let free: Vec<u64> = cx.tiling.wholly_free_segments().collect();
+        for base in free {
+            if cx.reserved() <= keep {
                 break;
             }
-            let tag = self.tiling.get(base).map_or(Avail::Any, |c| c.tag);
-            if let Some(seg) = self.tiling.remove_segment(base) {
-                if let Some(set) = self.free.get_mut(&tag) {
-                    set.remove(&(size, base));
-                }
-                self.books.device_free(env, base, size, seg.stream);
+            let Some(c) = cx.tiling.get(base).copied() else { continue };
+            if let Some(set) = self.free.get_mut(&c.tag) {
+                set.remove(&(c.size, base));
             }
+            cx.unreserve(base);
         }
-    }
-
-    fn release(&mut self, addr: u64, avail: Avail) {
-        self.tiling.release(addr, avail);
-        self.insert(addr, avail);
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-
-    fn try_paths(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        rounded: u64,
-        size: u64,
-        stream: StreamId,
-    ) -> Option<Granted> {
-        if let Some(fit) = self.best_fit(rounded, stream, false) {
-            return Some(self.take(env, id, rounded, size, stream, fit));
-        }
-        if self.conf.internal_dependencies {
-            if let Some(fit) = self.best_fit(rounded, stream, true) {
-                return Some(self.take(env, id, rounded, size, stream, fit));
-            }
-        }
-        if self.grow(env, rounded, stream) {
-            let fit = self.best_fit(rounded, stream, false)?;
-            return Some(self.take(env, id, rounded, size, stream, fit));
-        }
-        self.synchronize(env);
-        if let Some(fit) = self.best_fit(rounded, stream, false) {
-            return Some(self.take(env, id, rounded, size, stream, fit));
-        }
-        self.books.stats.num_alloc_retries += 1;
-        self.trim_to(env, 0);
-        if self.grow(env, rounded, stream) {
-            let fit = self.best_fit(rounded, stream, false)?;
-            return Some(self.take(env, id, rounded, size, stream, fit));
-        }
-        None
     }
 }
 
-impl AsyncPool {
-    /// The block of a completed free is the policy's again (see `books_glue!`).
-    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, deferred: bool) {
-        let avail = if deferred { Avail::Any } else { Avail::Stream(b.stream) };
-        self.release(b.addr, avail);
-    }
-}
+impl Rules for Async {
+    const NAME: &'static str = "async_pool";
+    const SETTINGS: &'static [Setting<Self>] = &[
+        Setting {
+            key: "release_threshold",
+            help: "bytes the pool keeps at a synchronization (max: everything)",
+            apply: Apply::Bytes(|r, v| r.release_threshold = v),
+        },
+        Setting {
+            key: "granularity",
+            help: "segments are whole units of this many bytes, a power of two >= 512",
+            apply: Apply::Bytes(|r, v| r.granularity = v),
+        },
+        Setting {
+            key: "internal_dependencies",
+            help: "a stream takes another stream's uncompleted free before growing",
+            apply: Apply::Bool(|r, v| r.internal_dependencies = v),
+        },
+        Setting {
+            key: "trim_on_empty_cache",
+            help: "empty_cache gives every wholly free segment back",
+            apply: Apply::Bool(|r, v| r.trim_on_empty_cache = v),
+        },
+    ];
+    type Tag = Avail;
 
-impl Allocator for AsyncPool {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn malloc(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        let rounded = rounded_request(size, ALIGN_512);
-        let found = self.try_paths(env, id, rounded, size, stream);
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-        found.ok_or_else(|| self.books.oom(env, id, rounded, stream, self.tiling.largest_free()))
-    }
-
-    books_glue!();
-
-    fn empty_cache(&mut self, env: &mut Env<'_>) {
-        self.synchronize(env);
-        if self.conf.trim_on_empty_cache {
-            self.trim_to(env, 0);
+    fn find(&mut self, cx: &mut Cx<'_, '_, Avail>, block: u64, stream: StreamId) -> Option<u64> {
+        if let Some(addr) = self.take_best_fit(cx.tiling, block, stream, false) {
+            return Some(addr);
         }
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-    }
-
-    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
-        let mut c = self.conf;
-        for (key, value) in parse_conf(NAME, conf)? {
-            match key.as_str() {
-                "release_threshold" => c.release_threshold = parse_bytes(NAME, &key, &value)?,
-                "granularity" => {
-                    let g = parse_bytes(NAME, &key, &value)?;
-                    if !g.is_power_of_two() || g < ALIGN_512 {
-                        return Err(ConfigError(format!(
-                            "policy {NAME}: granularity {g} is not a power of two >= 512"
-                        )));
-                    }
-                    c.granularity = g;
-                }
-                "internal_dependencies" => {
-                    c.internal_dependencies = parse_bool(NAME, &key, &value)?
-                }
-                "trim_on_empty_cache" => c.trim_on_empty_cache = parse_bool(NAME, &key, &value)?,
-                _ => return Err(unknown_key(NAME, &key, KEYS)),
+        if self.internal_dependencies {
+            if let Some(addr) = self.take_best_fit(cx.tiling, block, stream, true) {
+                return Some(addr);
             }
         }
-        self.conf = c;
+        if let Some(addr) = self.grow(cx, block, stream) {
+            return Some(addr);
+        }
+        self.synchronize(cx);
+        if let Some(addr) = self.take_best_fit(cx.tiling, block, stream, false) {
+            return Some(addr);
+        }
+        cx.retried();
+        self.trim_to(cx, 0);
+        self.grow(cx, block, stream)
+    }
+
+    fn give_back(&mut self, tiling: &mut Tiling<Avail>, block: &Live, deferred: bool) {
+        let avail = if deferred { Avail::Any } else { Avail::Stream(block.stream) };
+        tiling.release(block.addr, avail);
+        self.insert(tiling, block.addr, avail);
+    }
+
+    /// Synchronizes and, like PyTorch's `emptyCache` (`cudaMemPoolTrimTo(pool, 0)`), trims
+    /// every wholly free segment.
+    fn empty_cache(&mut self, cx: &mut Cx<'_, '_, Avail>) {
+        self.synchronize(cx);
+        if self.trim_on_empty_cache {
+            self.trim_to(cx, 0);
+        }
+    }
+
+    fn check(&mut self, _: &Self, _: bool) -> Result<(), String> {
+        let g = self.granularity;
+        if !g.is_power_of_two() || g < ALIGN_512 {
+            return Err(format!("granularity {g} is not a power of two >= 512"));
+        }
         Ok(())
-    }
-
-    fn snapshot(&self) -> Vec<SnapshotSegment> {
-        self.tiling.snapshot(&self.books)
-    }
-
-    fn free_space(&self) -> FreeSpace {
-        let mut space = FreeSpace::default();
-        for &(size, _) in self.free.values().flatten() {
-            space.cached_bytes += size;
-            space.largest_free_block_bytes = space.largest_free_block_bytes.max(size);
-        }
-        space
     }
 }
 

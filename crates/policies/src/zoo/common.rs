@@ -337,14 +337,6 @@ pub(crate) fn parse_value<T>(
     parse(&value.trim().to_ascii_lowercase()).ok_or_else(|| format!("not {what}"))
 }
 
-pub(crate) fn parse_bool(policy: &str, key: &str, value: &str) -> Result<bool, ConfigError> {
-    match value.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" => Ok(true),
-        "false" | "0" | "no" => Ok(false),
-        _ => Err(ConfigError(format!("policy {policy}: {key}:{value} is not true or false"))),
-    }
-}
-
 pub fn unknown_key(policy: &str, key: &str, known: &[&str]) -> ConfigError {
     ConfigError(format!("policy {policy}: unknown setting {key:?}; known: {}", known.join(", ")))
 }
@@ -364,7 +356,6 @@ mod tests {
         assert!(parse_bytes("p", "k", "12xb").is_err());
         assert!(parse_bytes("p", "k", "").is_err());
         assert!(parse_bytes("p", "k", "99999999999999999999").is_err());
-        assert!(parse_bool("p", "k", "maybe").is_err());
     }
 
     #[test]
