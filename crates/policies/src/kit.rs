@@ -100,6 +100,11 @@ impl Room<'_> {
     pub fn device_free(&self) -> u64 {
         self.device.mem_info().free_bytes
     }
+
+    /// Bytes that may still be reserved under the memory fraction (`u64::MAX` without one).
+    pub fn headroom(&self) -> u64 {
+        self.allowed.map_or(u64::MAX, |allowed| allowed.saturating_sub(self.reserved))
+    }
 }
 
 /// What a policy's own search ([`Rules::find`], [`Rules::empty_cache`]) may do besides cutting

@@ -22,18 +22,10 @@
 //! - `arena_size` (bytes, default: half of the device's free memory at the first request),
 //!   capped by the memory fraction, at least 1 MiB.
 
-use super::common::{
-    books_glue, parse_bytes, parse_conf, rounded_request, unknown_key, Books, Live, ALIGN_256,
-};
-use super::tiling::Tiling;
-use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, SnapshotSegment, StreamId,
-    MIB,
-};
+use crate::kit::{rounded_request, Apply, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256};
+use allocsim_core::{StreamId, MIB};
 use std::collections::{BTreeMap, BTreeSet};
 
-const NAME: &str = "rmm_arena";
-const KEYS: &[&str] = &["arena_size"];
 /// `superblock::minimum_size`.
 const SUPERBLOCK_MIN_BYTES: u64 = MIB;
 /// `superblock::maximum_size`.
@@ -54,10 +46,8 @@ struct Superblock {
     max_free: u64,
 }
 
-#[derive(Debug, Default)]
-pub struct RmmArena {
-    books: Books,
-    tiling: Tiling<()>,
+#[derive(Debug, Clone, Default)]
+pub struct Arena {
     sbs: BTreeMap<u64, Superblock>,
     global: BTreeSet<u64>,
     arenas: BTreeMap<StreamId, BTreeSet<u64>>,
@@ -69,39 +59,36 @@ pub struct RmmArena {
     arena_size: Option<u64>,
 }
 
-impl RmmArena {
-    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
-        let mut me = RmmArena::default();
-        me.set_settings(conf)?;
-        Ok(me)
-    }
+/// RMM's `arena_memory_resource`.
+pub type RmmArena = Kit<Arena>;
 
+impl Arena {
     /// The global arena's upstream block, reserved at the first request.
-    fn start(&mut self, env: &mut Env<'_>, stream: StreamId) -> bool {
+    fn start(&mut self, cx: &mut Cx<'_, '_, ()>, stream: StreamId) -> bool {
         if self.upstream.is_some() {
             return true;
         }
-        let wanted = self.arena_size.unwrap_or_else(|| env.device.mem_info().free_bytes / 2);
-        let size = wanted.min(self.books.headroom()) / ALIGN_256 * ALIGN_256;
+        let room = cx.room();
+        let wanted = self.arena_size.unwrap_or_else(|| room.device_free() / 2);
+        let size = wanted.min(room.headroom()) / ALIGN_256 * ALIGN_256;
         if size < SUPERBLOCK_MIN_BYTES {
             return false;
         }
-        let Some(addr) = self.books.device_malloc(env, size, stream) else { return false };
+        let Some(addr) = cx.reserve(size, stream, ()) else { return false };
         self.upstream = Some((addr, size, stream));
-        self.tiling.add_segment(addr, size, stream, ());
         self.sbs.insert(addr, Superblock::whole(addr, size, Owner::Global));
         self.global.insert(addr);
         true
     }
 
     /// `superblock::first_fit`: the first free block that fits, cut to `size`.
-    fn sb_first_fit(&mut self, base: u64, size: u64) -> Option<u64> {
+    fn sb_first_fit(&mut self, tiling: &mut Tiling<()>, base: u64, size: u64) -> Option<u64> {
         let sb = self.sbs.get_mut(&base)?;
         let (&addr, &free) = sb.free.iter().find(|(_, &s)| s >= size)?;
         sb.free.remove(&addr);
         if free > size {
             sb.free.insert(addr + size, free - size);
-            self.tiling.split(addr, size, ());
+            tiling.split(addr, size, ());
         }
         sb.refresh();
         self.sync_open(base);
@@ -122,21 +109,21 @@ impl RmmArena {
     }
 
     /// `superblock::coalesce`: the block at `addr` is free again inside superblock `base`.
-    fn sb_coalesce(&mut self, base: u64, addr: u64, size: u64) {
+    fn sb_coalesce(&mut self, tiling: &mut Tiling<()>, base: u64, addr: u64, size: u64) {
         let Some(sb) = self.sbs.get_mut(&base) else { return };
         let (mut at, mut len) = (addr, size);
         if let Some((&n, &ns)) =
             sb.free.range(addr + size..).next().filter(|(&n, _)| n == addr + size)
         {
             sb.free.remove(&n);
-            self.tiling.merge_next(at);
+            tiling.merge_next(at);
             len += ns;
         }
         if let Some((&p, &ps)) =
             sb.free.range(..addr).next_back().filter(|(&p, &ps)| p + ps == addr)
         {
             sb.free.remove(&p);
-            self.tiling.merge_next(p);
+            tiling.merge_next(p);
             at = p;
             len += ps;
         }
@@ -147,7 +134,7 @@ impl RmmArena {
 
     /// `global_arena::first_fit`: take a superblock that fits `size` out of the global set,
     /// splitting an empty one that is big enough.
-    fn global_first_fit(&mut self, size: u64) -> Option<u64> {
+    fn global_first_fit(&mut self, tiling: &mut Tiling<()>, size: u64) -> Option<u64> {
         let base =
             *self.global.iter().find(|b| self.sbs.get(b).is_some_and(|sb| sb.max_free >= size))?;
         self.global.remove(&base);
@@ -156,7 +143,7 @@ impl RmmArena {
         if sb.is_empty(base) && sb.size >= min_size + SUPERBLOCK_MIN_BYTES {
             let tail = base + min_size;
             let tail_size = sb.size - min_size;
-            self.tiling.split(base, min_size, ());
+            tiling.split(base, min_size, ());
             self.sbs.insert(base, Superblock::whole(base, min_size, Owner::Global));
             self.sbs.insert(tail, Superblock::whole(tail, tail_size, Owner::Global));
             self.global.insert(tail);
@@ -166,7 +153,7 @@ impl RmmArena {
 
     /// `global_arena::coalesce`: superblock `base` joins the global set, merging with empty
     /// contiguous neighbours when it is empty.
-    fn global_release(&mut self, base: u64) {
+    fn global_release(&mut self, tiling: &mut Tiling<()>, base: u64) {
         let Some(sb) = self.sbs.get_mut(&base) else { return };
         sb.owner = Owner::Global;
         if !sb.is_empty(base) {
@@ -181,7 +168,7 @@ impl RmmArena {
             if let Some(next_size) = empty_at(&self.sbs, next).filter(|_| next == base + size) {
                 self.sbs.remove(&next);
                 self.global.remove(&next);
-                self.tiling.merge_next(base);
+                tiling.merge_next(base);
                 size += next_size;
             }
         }
@@ -189,7 +176,7 @@ impl RmmArena {
             if let Some(prev_size) = empty_at(&self.sbs, prev).filter(|&ps| prev + ps == base) {
                 self.sbs.remove(&base);
                 self.global.remove(&prev);
-                self.tiling.merge_next(prev);
+                tiling.merge_next(prev);
                 at = prev;
                 size += prev_size;
             }
@@ -199,13 +186,13 @@ impl RmmArena {
     }
 
     /// `arena::allocate` for `stream`, or the global arena for large requests.
-    fn allocate(&mut self, stream: StreamId, size: u64) -> Option<u64> {
+    fn allocate(&mut self, tiling: &mut Tiling<()>, stream: StreamId, size: u64) -> Option<u64> {
         if size > SUPERBLOCK_MAX_BYTES {
             return None;
         }
         if size > SUPERBLOCK_MIN_BYTES {
-            let base = self.global_first_fit(size)?;
-            let addr = self.sb_first_fit(base, size);
+            let base = self.global_first_fit(tiling, size)?;
+            let addr = self.sb_first_fit(tiling, base, size);
             self.global.insert(base);
             return addr;
         }
@@ -213,49 +200,50 @@ impl RmmArena {
         let found =
             open.into_iter().find(|b| self.sbs.get(b).is_some_and(|sb| sb.max_free >= size));
         if let Some(base) = found {
-            return self.sb_first_fit(base, size);
+            return self.sb_first_fit(tiling, base, size);
         }
-        let base = self.global_first_fit(size)?;
+        let base = self.global_first_fit(tiling, size)?;
         if let Some(sb) = self.sbs.get_mut(&base) {
             sb.owner = Owner::Stream(stream);
         }
         self.arenas.entry(stream).or_default().insert(base);
         self.sync_open(base);
-        self.sb_first_fit(base, size)
+        self.sb_first_fit(tiling, base, size)
     }
 
     /// [`RmmArena::allocate`], skipping its first-fit walks over superblocks when no free
     /// block anywhere is big enough (the tiling knows its largest in O(log n)): a run of
     /// failing requests then costs no walk each.
-    fn allocate_if_room(&mut self, stream: StreamId, size: u64) -> Option<u64> {
-        (size <= self.tiling.largest_free_chunk()).then(|| self.allocate(stream, size)).flatten()
+    fn allocate_if_room(
+        &mut self,
+        tiling: &mut Tiling<()>,
+        stream: StreamId,
+        size: u64,
+    ) -> Option<u64> {
+        (size <= tiling.largest_free_chunk()).then(|| self.allocate(tiling, stream, size)).flatten()
     }
 
     /// Free the block `[addr, addr+size)` in whichever superblock holds it.
-    fn deallocate(&mut self, addr: u64, size: u64) {
+    fn deallocate(&mut self, tiling: &mut Tiling<()>, addr: u64, size: u64) {
         let Some((&base, sb)) = self.sbs.range(..=addr).next_back() else { return };
         let owner = sb.owner;
-        self.tiling.release(addr, ());
-        self.sb_coalesce(base, addr, size);
+        tiling.release(addr, ());
+        self.sb_coalesce(tiling, base, addr, size);
         if owner == Owner::Global && self.sbs.get(&base).is_some_and(|sb| sb.is_empty(base)) {
             self.global.remove(&base);
-            self.global_release(base);
+            self.global_release(tiling, base);
         }
     }
 
     /// `defragment`: every arena's superblocks back to the global arena (`clean`).
-    fn defragment(&mut self) {
-        self.books.stats.num_sync_all_streams += 1;
+    fn defragment(&mut self, cx: &mut Cx<'_, '_, ()>) {
+        cx.synced();
         self.open.clear();
         for (_, arena) in std::mem::take(&mut self.arenas) {
             for base in arena {
-                self.global_release(base);
+                self.global_release(cx.tiling, base);
             }
         }
-    }
-
-    fn sync(&mut self) {
-        self.books.sync_inactive_split(self.tiling.inactive_split());
     }
 }
 
@@ -273,82 +261,47 @@ impl Superblock {
     }
 }
 
-impl RmmArena {
-    /// The block of a completed free is the policy's again (see `books_glue!`).
-    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
-        self.deallocate(b.addr, b.size);
-        self.sync();
-    }
-}
+impl Rules for Arena {
+    const NAME: &'static str = "rmm_arena";
+    const SETTINGS: &'static [Setting<Self>] = &[Setting {
+        key: "arena_size",
+        help:
+            "bytes of the one upstream allocation (default: half the free memory), at least 1 MiB",
+        apply: Apply::Bytes(|r, v| r.arena_size = Some(v)),
+    }];
+    type Tag = ();
 
-impl Allocator for RmmArena {
-    fn name(&self) -> &str {
-        NAME
+    fn block_size(&self, size: u64) -> u64 {
+        rounded_request(size, ALIGN_256)
     }
 
-    fn malloc(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        let rounded = rounded_request(size, ALIGN_256);
-        let mut found = None;
-        if self.start(env, stream) {
-            found = self.allocate_if_room(stream, rounded);
-            if found.is_none() {
-                self.defragment();
-                found = self.allocate_if_room(stream, rounded);
-            }
+    fn find(&mut self, cx: &mut Cx<'_, '_, ()>, block: u64, stream: StreamId) -> Option<u64> {
+        if !self.start(cx, stream) {
+            return None;
         }
-        let result = match found {
-            Some(addr) => {
-                self.tiling.take(addr, id);
-                Ok(self.books.grant(env, id, (addr, rounded), size, stream))
-            }
-            None => Err(self.books.oom(env, id, rounded, stream, self.tiling.largest_free())),
-        };
-        self.sync();
-        result
+        self.allocate_if_room(cx.tiling, stream, block).or_else(|| {
+            self.defragment(cx);
+            self.allocate_if_room(cx.tiling, stream, block)
+        })
     }
 
-    books_glue!();
+    fn give_back(&mut self, tiling: &mut Tiling<()>, block: &Live, _: bool) {
+        self.deallocate(tiling, block.addr, block.size);
+    }
 
-    fn empty_cache(&mut self, _env: &mut Env<'_>) {
-        self.defragment();
-        self.sync();
+    /// `defragment`; no memory goes to the device.
+    fn empty_cache(&mut self, cx: &mut Cx<'_, '_, ()>) {
+        self.defragment(cx);
     }
 
     /// `arena_size` takes effect only before the first request.
-    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
-        let mut arena_size = self.arena_size;
-        for (key, value) in parse_conf(NAME, conf)? {
-            match key.as_str() {
-                "arena_size" => arena_size = Some(parse_bytes(NAME, &key, &value)?),
-                _ => return Err(unknown_key(NAME, &key, KEYS)),
+    fn check(&mut self, _: &Self, _: bool) -> Result<(), String> {
+        match self.arena_size {
+            Some(s) if s < SUPERBLOCK_MIN_BYTES => {
+                Err("arena_size below the 1 MiB superblock".into())
             }
+            _ => Ok(()),
         }
-        if arena_size.is_some_and(|s| s < SUPERBLOCK_MIN_BYTES) {
-            return Err(ConfigError(format!(
-                "policy {NAME}: arena_size below the 1 MiB superblock"
-            )));
-        }
-        self.arena_size = arena_size;
-        Ok(())
-    }
-
-    fn snapshot(&self) -> Vec<SnapshotSegment> {
-        self.tiling.snapshot(&self.books)
-    }
-
-    fn free_space(&self) -> FreeSpace {
-        let mut space = FreeSpace::default();
-        for &size in self.sbs.values().flat_map(|sb| sb.free.values()) {
-            space.cached_bytes += size;
-            space.largest_free_block_bytes = space.largest_free_block_bytes.max(size);
-        }
-        space
     }
 }
 
