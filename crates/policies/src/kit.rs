@@ -20,8 +20,8 @@ pub use crate::zoo::tiling::{Chunk, Seg, Tiling};
 
 use crate::zoo::common::parse_conf;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Device, Env, FreeSpace, Granted, OomInfo, SnapshotSegment,
-    StreamId,
+    AllocId, Allocator, ConfigError, Device, Env, FreeSpace, Granted, OomInfo, Pool,
+    SnapshotSegment, StreamId,
 };
 
 /// One setting of a policy: its key in `key:value,...` strings, what it means, and how a value
@@ -101,6 +101,11 @@ impl Room<'_> {
         self.device.mem_info().free_bytes
     }
 
+    /// The device's total memory.
+    pub fn device_total(&self) -> u64 {
+        self.device.mem_info().total_bytes
+    }
+
     /// Bytes that may still be reserved under the memory fraction (`u64::MAX` without one).
     pub fn headroom(&self) -> u64 {
         self.allowed.map_or(u64::MAX, |allowed| allowed.saturating_sub(self.reserved))
@@ -124,6 +129,34 @@ impl<T: Copy> Cx<'_, '_, T> {
         let base = self.books.device_malloc(self.env, size, stream)?;
         self.tiling.add_segment(base, size, stream, tag);
         Some(base)
+    }
+
+    /// Map physical pages at `[addr, addr+size)` of an address reservation (`cuMemMap`, within
+    /// the memory fraction), in the tiling as an expandable segment of `pool`, one free chunk
+    /// tagged `tag`.
+    pub fn map(&mut self, (addr, size): (u64, u64), stream: StreamId, pool: Pool, tag: T) -> bool {
+        if !self.books.device_map(self.env, (addr, size), stream, pool) {
+            return false;
+        }
+        self.tiling.add_segment_in(addr, size, stream, pool, true, tag);
+        true
+    }
+
+    /// The free chunk at `addr` leaves the tiling and its pages are unmapped (`cuMemUnmap`).
+    pub fn unmap(&mut self, addr: u64, stream: StreamId, pool: Pool) {
+        if let Some(size) = self.tiling.cut_out(addr) {
+            self.books.device_unmap(self.env, (addr, size), stream, pool);
+        }
+    }
+
+    /// Reserve `size` bytes of address space aligned to `alignment` (`cuMemAddressReserve`).
+    pub fn reserve_address(&mut self, size: u64, alignment: u64) -> Option<u64> {
+        self.env.device.reserve_address(size, alignment).ok()
+    }
+
+    /// Give an address reservation back (`cuMemAddressFree`).
+    pub fn release_address(&mut self, addr: u64, size: u64) {
+        self.env.device.release_address(addr, size);
     }
 
     /// Give the wholly free segment at `base` back to the device (`cudaFree`).

@@ -68,23 +68,11 @@
 //! - `reserve_size` (bytes, default: the device's total memory): address space per
 //!   reservation, rounded up to 2 MiB.
 
-use super::common::{
-    books_glue, parse_bytes, parse_conf, round_up, rounded_request, unknown_key, Books, Live,
-    PAGE_2MIB,
-};
-use super::tiling::Tiling;
-use allocsim_core::{
-    AllocId, Allocator, ConfigError, Env, FreeSpace, Granted, OomInfo, Pool, SnapshotSegment,
-    StreamId, MIB,
-};
+use crate::kit::{round_up, Apply, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use allocsim_core::{Pool, StreamId, MIB};
 use std::collections::{BTreeMap, BTreeSet};
 
-const NAME: &str = "allocsim";
-const KEYS: &[&str] =
-    &["headroom", "grow_step", "reclaim_min", "candidates", "small_max", "reserve_size"];
 const PAGE: u64 = PAGE_2MIB;
-/// Block granularity and alignment, as PyTorch's.
-const ALIGN: u64 = 512;
 const MAX_REQUEST_BYTES: u64 = 1 << 50;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -111,7 +99,7 @@ struct Hole {
 }
 
 /// The address space of one lane.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct Lane {
     /// Address reservations: base -> size.
     ranges: BTreeMap<u64, u64>,
@@ -146,10 +134,8 @@ struct Conf {
     reserve_size: Option<u64>,
 }
 
-#[derive(Debug)]
-pub struct Allocsim {
-    books: Books,
-    tiling: Tiling<()>,
+#[derive(Debug, Clone)]
+pub struct Lanes {
     lanes: BTreeMap<LaneKey, Lane>,
     /// Mapped bytes wholly inside holes: reserved minus what live blocks touch.
     cached: u64,
@@ -169,11 +155,12 @@ fn interior(start: u64, end: u64) -> (u64, u64) {
     (lo, (end / PAGE * PAGE).max(lo))
 }
 
-impl Allocsim {
-    pub fn from_conf(conf: &str) -> Result<Self, ConfigError> {
-        let mut me = Allocsim {
-            books: Books::default(),
-            tiling: Tiling::default(),
+/// Our own policy.
+pub type Allocsim = Kit<Lanes>;
+
+impl Default for Lanes {
+    fn default() -> Self {
+        Lanes {
             lanes: BTreeMap::new(),
             cached: 0,
             need_peak: 0,
@@ -185,22 +172,22 @@ impl Allocsim {
                 small_max: MIB,
                 reserve_size: None,
             },
-        };
-        me.set_settings(conf)?;
-        Ok(me)
+        }
     }
+}
 
-    fn need(&self) -> u64 {
-        self.books.reserved() - self.cached
+impl Lanes {
+    fn need(&self, cx: &Cx<'_, '_, ()>) -> u64 {
+        cx.reserved() - self.cached
     }
 
     /// Mapped bytes of `[start, end)`.
-    fn mapped_in(&self, (start, end): (u64, u64)) -> u64 {
-        self.tiling.segments_in_rev(start, end).map(|(b, s)| (b + s).min(end) - b.max(start)).sum()
+    fn mapped_in(tiling: &Tiling<()>, (start, end): (u64, u64)) -> u64 {
+        tiling.segments_in_rev(start, end).map(|(b, s)| (b + s).min(end) - b.max(start)).sum()
     }
 
-    fn add_hole(&mut self, key: LaneKey, start: u64, end: u64) {
-        let cached = self.mapped_in(interior(start, end));
+    fn add_hole(&mut self, tiling: &Tiling<()>, key: LaneKey, start: u64, end: u64) {
+        let cached = Self::mapped_in(tiling, interior(start, end));
         self.cached += cached;
         let lane = self.lanes.entry(key).or_default();
         lane.holes.insert(start, Hole { end, cached });
@@ -216,7 +203,7 @@ impl Allocsim {
     }
 
     /// `[start, end)` of `key` is free again: merge it with the holes beside it.
-    fn free_range(&mut self, key: LaneKey, start: u64, end: u64) {
+    fn free_range(&mut self, tiling: &Tiling<()>, key: LaneKey, start: u64, end: u64) {
         let Some(lane) = self.lanes.get(&key) else { return };
         let Some((base, limit)) = lane.range_of(start) else { return };
         let before = lane.holes.range(..start).next_back().map(|(&s, h)| (s, h.end));
@@ -230,12 +217,17 @@ impl Allocsim {
         if let Some(next) = after {
             e = self.remove_hole(key, next).unwrap_or(end);
         }
-        self.add_hole(key, s, e);
+        self.add_hole(tiling, key, s, e);
     }
 
     /// The hole for `size` bytes: among the best fits and the frontier, the one needing the
     /// fewest new pages, then the smallest; a new reservation when none fits.
-    fn find_hole(&mut self, env: &mut Env<'_>, key: LaneKey, size: u64) -> Option<(u64, u64)> {
+    fn find_hole(
+        &mut self,
+        cx: &mut Cx<'_, '_, ()>,
+        key: LaneKey,
+        size: u64,
+    ) -> Option<(u64, u64)> {
         let lane = self.lanes.entry(key).or_default();
         let mut fits: Vec<(u64, u64)> = lane
             .by_size
@@ -251,7 +243,7 @@ impl Allocsim {
         let mut best: Option<(u64, u64, u64)> = None;
         for (len, start) in fits {
             let span = page_span(start, start + size);
-            let new = span.1 - span.0 - self.mapped_in(span);
+            let new = span.1 - span.0 - Self::mapped_in(cx.tiling, span);
             if best.is_none_or(|(n, _, _)| new < n) {
                 best = Some((new, len, start));
             }
@@ -262,24 +254,24 @@ impl Allocsim {
         if let Some((_, len, start)) = best {
             return Some((start, start + len));
         }
-        let wanted = self.conf.reserve_size.unwrap_or_else(|| env.device.mem_info().total_bytes);
+        let wanted = self.conf.reserve_size.unwrap_or_else(|| cx.room().device_total());
         let bytes = round_up(wanted.max(size), PAGE);
-        let base = env.device.reserve_address(bytes, PAGE).ok()?;
+        let base = cx.reserve_address(bytes, PAGE)?;
         self.lanes.entry(key).or_default().ranges.insert(base, bytes);
-        self.add_hole(key, base, base + bytes);
+        self.add_hole(cx.tiling, key, base, base + bytes);
         Some((base, base + bytes))
     }
 
     /// The parts of `[start, end)` that no mapped range covers.
-    fn unmapped_gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+    fn unmapped_gaps(tiling: &Tiling<()>, start: u64, end: u64) -> Vec<(u64, u64)> {
         let mut gaps = Vec::new();
         let mut at = start;
         while at < end {
-            if let Some(base) = self.tiling.seg_of(at) {
-                at = base + self.tiling.seg(base).map_or(PAGE, |s| s.size);
+            if let Some(base) = tiling.seg_of(at) {
+                at = base + tiling.seg(base).map_or(PAGE, |s| s.size);
                 continue;
             }
-            let next = self.tiling.next_segment_from(at).unwrap_or(end).min(end);
+            let next = tiling.next_segment_from(at).unwrap_or(end).min(end);
             gaps.push((at, next));
             at = next;
         }
@@ -290,65 +282,63 @@ impl Allocsim {
     /// ranges beside it.
     fn map_gap(
         &mut self,
-        env: &mut Env<'_>,
+        cx: &mut Cx<'_, '_, ()>,
         key: LaneKey,
         gap: (u64, u64),
         range: (u64, u64),
     ) -> bool {
         let (start, end) = gap;
-        if !self.books.device_map(env, (start, end - start), key.stream, key.pool()) {
+        if !cx.map((start, end - start), key.stream, key.pool(), ()) {
             return false;
         }
-        self.tiling.add_segment_in(start, end - start, key.stream, key.pool(), true, ());
         let mut base = start;
         if start > range.0 {
-            if let Some(left) = self.tiling.seg_of(start - 1) {
-                self.join_runs(left, start);
+            if let Some(left) = cx.tiling.seg_of(start - 1) {
+                Self::join_runs(cx.tiling, left, start);
                 base = left;
             }
         }
-        if end < range.1 && self.tiling.seg_of(end) == Some(end) {
-            self.join_runs(base, end);
+        if end < range.1 && cx.tiling.seg_of(end) == Some(end) {
+            Self::join_runs(cx.tiling, base, end);
         }
         true
     }
 
     /// Join the mapped range at `right` onto the one at `left`, merging free chunks that meet.
-    fn join_runs(&mut self, left: u64, right: u64) {
-        if !self.tiling.join(left, right) {
+    fn join_runs(tiling: &mut Tiling<()>, left: u64, right: u64) {
+        if !tiling.join(left, right) {
             return;
         }
-        let before = self.tiling.chunk_at(right - 1);
-        let after = self.tiling.get(right);
+        let before = tiling.chunk_at(right - 1);
+        let after = tiling.get(right);
         if let (Some((prev, p)), Some(n)) = (before, after) {
             if p.is_free() && n.is_free() {
-                self.tiling.merge_next(prev);
+                tiling.merge_next(prev);
             }
         }
     }
 
     /// Unmap the mapped pages of `[start, end)`, which lies inside a hole of `key`.
-    fn unmap_range(&mut self, env: &mut Env<'_>, key: LaneKey, start: u64, end: u64) -> u64 {
+    fn unmap_range(&mut self, cx: &mut Cx<'_, '_, ()>, key: LaneKey, start: u64, end: u64) -> u64 {
         let mut released = 0;
         let mut at = start;
         while at < end {
-            let Some(base) = self.tiling.seg_of(at) else {
-                at = self.tiling.next_segment_from(at).unwrap_or(end).min(end);
+            let Some(base) = cx.tiling.seg_of(at) else {
+                at = cx.tiling.next_segment_from(at).unwrap_or(end).min(end);
                 continue;
             };
-            let stop = end.min(base + self.tiling.seg(base).map_or(0, |s| s.size));
-            let Some((chunk, c)) = self.tiling.chunk_at(at).filter(|(_, c)| c.is_free()) else {
+            let stop = end.min(base + cx.tiling.seg(base).map_or(0, |s| s.size));
+            let Some((chunk, c)) = cx.tiling.chunk_at(at).filter(|(_, c)| c.is_free()) else {
                 return released;
             };
             if chunk + c.size < stop {
                 return released;
             }
             if chunk < at {
-                self.tiling.split(chunk, at - chunk, ());
+                cx.tiling.split(chunk, at - chunk, ());
             }
-            self.tiling.split(at, stop - at, ());
-            self.tiling.cut_out(at);
-            self.books.device_unmap(env, (at, stop - at), key.stream, key.pool());
+            cx.tiling.split(at, stop - at, ());
+            cx.unmap(at, key.stream, key.pool());
             released += stop - at;
             at = stop;
         }
@@ -359,12 +349,12 @@ impl Allocsim {
     /// the highest first.
     fn unmap_top(
         &mut self,
-        env: &mut Env<'_>,
+        cx: &mut Cx<'_, '_, ()>,
         key: LaneKey,
         (a, b): (u64, u64),
         budget: u64,
     ) -> u64 {
-        let pieces: Vec<(u64, u64)> = self
+        let pieces: Vec<(u64, u64)> = cx
             .tiling
             .segments_in_rev(a, b)
             .map(|(base, size)| (base.max(a), (base + size).min(b)))
@@ -375,7 +365,7 @@ impl Allocsim {
                 break;
             }
             let from = hi.saturating_sub(budget - released).max(lo);
-            released += self.unmap_range(env, key, from, hi);
+            released += self.unmap_range(cx, key, from, hi);
         }
         released
     }
@@ -383,7 +373,7 @@ impl Allocsim {
     /// Unmap cached pages, largest holes first and from their high end, until `target` bytes
     /// (at least `reclaim_min`; `u64::MAX`: all) are released, never inside `keep` nor, unless
     /// releasing all, a frontier's pages mapped ahead. Returns what was released.
-    fn reclaim(&mut self, env: &mut Env<'_>, target: u64, keep: (u64, u64)) -> u64 {
+    fn reclaim(&mut self, cx: &mut Cx<'_, '_, ()>, target: u64, keep: (u64, u64)) -> u64 {
         let all = target == u64::MAX;
         let target = target.max(self.conf.reclaim_min);
         let mut holes: Vec<(u64, u64, u64, LaneKey)> = self
@@ -413,19 +403,18 @@ impl Allocsim {
             let mut got = 0;
             for (a, b) in [(lo.max(keep.1), hi), (lo, hi.min(keep.0))] {
                 if a < b && released + got < target {
-                    got +=
-                        self.unmap_top(env, key, (a, b), round_up(target - released - got, PAGE));
+                    got += self.unmap_top(cx, key, (a, b), round_up(target - released - got, PAGE));
                 }
             }
             if got > 0 {
                 released += got;
                 // Its cached bytes changed: re-enter the hole to recount them.
                 self.remove_hole(key, start);
-                self.add_hole(key, start, end);
+                self.add_hole(cx.tiling, key, start, end);
             }
         }
         if released > 0 {
-            self.books.stats.num_sync_all_streams += 1;
+            cx.synced();
         }
         released
     }
@@ -435,36 +424,36 @@ impl Allocsim {
     /// pass the peak need plus `headroom`.
     fn ensure_mapped(
         &mut self,
-        env: &mut Env<'_>,
+        cx: &mut Cx<'_, '_, ()>,
         key: LaneKey,
         span: (u64, u64),
         hole: (u64, u64),
         range: (u64, u64),
     ) -> bool {
-        let gaps = self.unmapped_gaps(span.0, span.1);
+        let gaps = Self::unmapped_gaps(cx.tiling, span.0, span.1);
         let new: u64 = gaps.iter().map(|&(a, b)| b - a).sum();
-        let line = self.need_peak.max(self.need() + new).saturating_add(self.conf.headroom);
+        let line = self.need_peak.max(self.need(cx) + new).saturating_add(self.conf.headroom);
         let mut gaps = gaps;
         if hole.1 == range.1 {
             let step_end = range.0 + round_up(span.1 - range.0, self.conf.grow_step);
             let ahead = (span.1, step_end.min(hole.1 / PAGE * PAGE));
-            let extra = self.unmapped_gaps(ahead.0, ahead.1);
+            let extra = Self::unmapped_gaps(cx.tiling, ahead.0, ahead.1);
             let extra_bytes: u64 = extra.iter().map(|&(a, b)| b - a).sum();
-            if self.books.reserved() + new + extra_bytes <= line {
+            if cx.reserved() + new + extra_bytes <= line {
                 gaps.extend(extra);
             }
         }
-        let after = self.books.reserved() + gaps.iter().map(|&(a, b)| b - a).sum::<u64>();
+        let after = cx.reserved() + gaps.iter().map(|&(a, b)| b - a).sum::<u64>();
         if after > line {
-            self.reclaim(env, after - line, span);
+            self.reclaim(cx, after - line, span);
         }
         for gap in gaps {
-            if !self.map_gap(env, key, gap, range) {
+            if !self.map_gap(cx, key, gap, range) {
                 if gap.0 >= span.1 {
                     break; // mapping ahead is optional
                 }
-                self.books.stats.num_alloc_retries += 1;
-                if self.reclaim(env, u64::MAX, span) == 0 || !self.map_gap(env, key, gap, range) {
+                cx.retried();
+                if self.reclaim(cx, u64::MAX, span) == 0 || !self.map_gap(cx, key, gap, range) {
                     return false;
                 }
             }
@@ -472,29 +461,29 @@ impl Allocsim {
         true
     }
 
-    fn place(&mut self, env: &mut Env<'_>, key: LaneKey, size: u64) -> Option<u64> {
+    fn place(&mut self, cx: &mut Cx<'_, '_, ()>, key: LaneKey, size: u64) -> Option<u64> {
         let reservations = self.lanes.get(&key).map_or(0, |lane| lane.ranges.len());
-        let (start, end) = self.find_hole(env, key, size)?;
+        let (start, end) = self.find_hole(cx, key, size)?;
         let range = self.lanes.get(&key)?.range_of(start)?;
-        if !self.ensure_mapped(env, key, page_span(start, start + size), (start, end), range) {
+        if !self.ensure_mapped(cx, key, page_span(start, start + size), (start, end), range) {
             // A reservation made for this request and left unmapped goes back: kept, it would
             // become the lane's frontier, and each failed request would add one more.
             let fresh = self.lanes.get(&key).map_or(0, |lane| lane.ranges.len()) > reservations;
-            if fresh && self.mapped_in(range) == 0 {
+            if fresh && Self::mapped_in(cx.tiling, range) == 0 {
                 self.remove_hole(key, range.0);
                 if let Some(lane) = self.lanes.get_mut(&key) {
                     lane.ranges.remove(&range.0);
                 }
-                env.device.release_address(range.0, range.1 - range.0);
+                cx.release_address(range.0, range.1 - range.0);
             }
             return None;
         }
-        self.tiling.split(start, size, ());
+        cx.tiling.split(start, size, ());
         self.remove_hole(key, start);
         if end > start + size {
-            self.add_hole(key, start + size, end);
+            self.add_hole(cx.tiling, key, start + size, end);
         }
-        self.need_peak = self.need_peak.max(self.need());
+        self.need_peak = self.need_peak.max(self.need(cx));
         Some(start)
     }
 
@@ -503,92 +492,82 @@ impl Allocsim {
     }
 
     /// The block at `addr` is free: coalesce its chunk and its hole; its pages stay cached.
-    fn release(&mut self, addr: u64, size: u64, stream: StreamId) {
-        self.tiling.release(addr, ());
-        if self.tiling.next(addr).is_some_and(|(_, c)| c.is_free()) {
-            self.tiling.merge_next(addr);
+    fn release(&mut self, tiling: &mut Tiling<()>, addr: u64, size: u64, stream: StreamId) {
+        tiling.release(addr, ());
+        if tiling.next(addr).is_some_and(|(_, c)| c.is_free()) {
+            tiling.merge_next(addr);
         }
-        if let Some((prev, _)) = self.tiling.prev(addr).filter(|(_, c)| c.is_free()) {
-            self.tiling.merge_next(prev);
+        if let Some((prev, _)) = tiling.prev(addr).filter(|(_, c)| c.is_free()) {
+            tiling.merge_next(prev);
         }
-        self.free_range(self.lane_key(size, stream), addr, addr + size);
-        self.books.sync_inactive_split(self.tiling.inactive_split());
+        self.free_range(tiling, self.lane_key(size, stream), addr, addr + size);
     }
 }
 
-impl Allocsim {
-    /// The block of a completed free is the policy's again (see `books_glue!`).
-    fn take_back(&mut self, _env: &mut Env<'_>, b: Live, _deferred: bool) {
-        self.release(b.addr, b.size, b.stream);
+impl Rules for Lanes {
+    const NAME: &'static str = "allocsim";
+    const SETTINGS: &'static [Setting<Self>] = &[
+        Setting {
+            key: "headroom",
+            help: "how far reserved may exceed the peak need, in bytes (max: cache until OOM)",
+            apply: Apply::Bytes(|r, v| r.conf.headroom = v),
+        },
+        Setting {
+            key: "grow_step",
+            help: "map-ahead granularity at a lane's frontier, in bytes",
+            apply: Apply::Bytes(|r, v| {
+                r.conf.grow_step = round_up(v.clamp(1, MAX_REQUEST_BYTES), PAGE)
+            }),
+        },
+        Setting {
+            key: "reclaim_min",
+            help: "the least to unmap once unmapping, in bytes",
+            apply: Apply::Bytes(|r, v| r.conf.reclaim_min = v),
+        },
+        Setting {
+            key: "candidates",
+            help: "best-fit holes weighed by the pages they would need",
+            apply: Apply::Bytes(|r, v| r.conf.candidates = v.clamp(1, 1 << 20)),
+        },
+        Setting {
+            key: "small_max",
+            help: "the largest block of the small lanes, in bytes (0: one lane per stream)",
+            apply: Apply::Bytes(|r, v| r.conf.small_max = v),
+        },
+        Setting {
+            key: "reserve_size",
+            help: "address space per reservation, in bytes (default: the device's memory)",
+            apply: Apply::Bytes(|r, v| r.conf.reserve_size = Some(v)),
+        },
+    ];
+    type Tag = ();
+
+    fn refuses(&self, block: u64) -> bool {
+        block > MAX_REQUEST_BYTES
     }
-}
 
-impl Allocator for Allocsim {
-    fn name(&self) -> &str {
-        NAME
+    fn find(&mut self, cx: &mut Cx<'_, '_, ()>, block: u64, stream: StreamId) -> Option<u64> {
+        self.place(cx, self.lane_key(block, stream), block)
     }
 
-    fn malloc(
-        &mut self,
-        env: &mut Env<'_>,
-        id: AllocId,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Granted, OomInfo> {
-        let rounded = rounded_request(size, ALIGN);
-        let key = self.lane_key(rounded, stream);
-        let found = if rounded <= MAX_REQUEST_BYTES { self.place(env, key, rounded) } else { None };
-        let result = match found {
-            Some(addr) => {
-                self.tiling.take(addr, id);
-                Ok(self.books.grant(env, id, (addr, rounded), size, stream))
-            }
-            None => Err(self.books.oom(env, id, rounded, stream, self.tiling.largest_free())),
-        };
-        self.books.sync_inactive_split(self.tiling.inactive_split());
-        result
+    fn give_back(&mut self, tiling: &mut Tiling<()>, block: &Live, _: bool) {
+        self.release(tiling, block.addr, block.size, block.stream);
     }
 
-    books_glue!();
-
-    fn empty_cache(&mut self, env: &mut Env<'_>) {
-        self.reclaim(env, u64::MAX, (0, 0));
-        self.books.sync_inactive_split(self.tiling.inactive_split());
+    /// Every cached page is unmapped.
+    fn empty_cache(&mut self, cx: &mut Cx<'_, '_, ()>) {
+        self.reclaim(cx, u64::MAX, (0, 0));
     }
 
     /// `small_max` takes effect only before the first request.
-    fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
-        let mut c = self.conf;
-        for (key, value) in parse_conf(NAME, conf)? {
-            let bytes = parse_bytes(NAME, &key, &value)?;
-            match key.as_str() {
-                "headroom" => c.headroom = bytes,
-                "grow_step" => c.grow_step = round_up(bytes.clamp(1, MAX_REQUEST_BYTES), PAGE),
-                "reclaim_min" => c.reclaim_min = bytes,
-                "candidates" => c.candidates = bytes.clamp(1, 1 << 20),
-                "small_max" => c.small_max = bytes,
-                "reserve_size" => c.reserve_size = Some(bytes),
-                _ => return Err(unknown_key(NAME, &key, KEYS)),
-            }
-        }
-        if c.reserve_size.is_some_and(|r| r == 0 || r > MAX_REQUEST_BYTES) {
-            return Err(ConfigError(format!("policy {NAME}: reserve_size must be in 1..=2^50")));
+    fn check(&mut self, previous: &Self, _: bool) -> Result<(), String> {
+        if self.conf.reserve_size.is_some_and(|r| r == 0 || r > MAX_REQUEST_BYTES) {
+            return Err("reserve_size must be in 1..=2^50".into());
         }
         if !self.lanes.is_empty() {
-            c.small_max = self.conf.small_max;
+            self.conf.small_max = previous.conf.small_max;
         }
-        self.conf = c;
         Ok(())
-    }
-
-    fn snapshot(&self) -> Vec<SnapshotSegment> {
-        self.tiling.snapshot(&self.books)
-    }
-
-    /// From the statistics and the tiling's largest free chunk, not from a snapshot: the
-    /// metrics ask on every OOM.
-    fn free_space(&self) -> FreeSpace {
-        self.tiling.free_space(&self.books)
     }
 }
 
