@@ -142,10 +142,15 @@ impl<T: Copy> Cx<'_, '_, T> {
         true
     }
 
-    /// The free chunk at `addr` leaves the tiling and its pages are unmapped (`cuMemUnmap`).
-    pub fn unmap(&mut self, addr: u64, stream: StreamId, pool: Pool) {
+    /// The free chunk at `addr` leaves the tiling (its segment splits around it) and its pages
+    /// are unmapped (`cuMemUnmap`).
+    pub fn unmap(&mut self, addr: u64) {
+        let Some(seg) = self.tiling.seg_of(addr).and_then(|base| self.tiling.seg(base).copied())
+        else {
+            return;
+        };
         if let Some(size) = self.tiling.cut_out(addr) {
-            self.books.device_unmap(self.env, (addr, size), stream, pool);
+            self.books.device_unmap(self.env, (addr, size), seg.stream, seg.pool);
         }
     }
 

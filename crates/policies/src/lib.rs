@@ -1,6 +1,6 @@
 //! Allocation policies behind [`allocsim_core::Allocator`]: the faithful PyTorch caching
-//! allocator clone (`pytorch`), the uncached baseline, the policy zoo, and the policies
-//! written on the [`kit`]. Every policy is registered once, in [`POLICIES`]: the CLI, the
+//! allocator clone (`pytorch`), and the uncached baseline, the policy zoo and the kit's
+//! example (`best_fit`), all written on the [`kit`]. Every policy is registered once, in [`POLICIES`]: the CLI, the
 //! checker suites, the property tests and the fuzzers take it from there.
 
 pub mod best_fit;

@@ -318,8 +318,8 @@ impl Lanes {
         }
     }
 
-    /// Unmap the mapped pages of `[start, end)`, which lies inside a hole of `key`.
-    fn unmap_range(&mut self, cx: &mut Cx<'_, '_, ()>, key: LaneKey, start: u64, end: u64) -> u64 {
+    /// Unmap the mapped pages of `[start, end)`, which lies inside a hole.
+    fn unmap_range(cx: &mut Cx<'_, '_, ()>, start: u64, end: u64) -> u64 {
         let mut released = 0;
         let mut at = start;
         while at < end {
@@ -338,22 +338,16 @@ impl Lanes {
                 cx.tiling.split(chunk, at - chunk, ());
             }
             cx.tiling.split(at, stop - at, ());
-            cx.unmap(at, key.stream, key.pool());
+            cx.unmap(at);
             released += stop - at;
             at = stop;
         }
         released
     }
 
-    /// Unmap up to `budget` bytes of the mapped pages of `[a, b)` (inside a hole of `key`),
-    /// the highest first.
-    fn unmap_top(
-        &mut self,
-        cx: &mut Cx<'_, '_, ()>,
-        key: LaneKey,
-        (a, b): (u64, u64),
-        budget: u64,
-    ) -> u64 {
+    /// Unmap up to `budget` bytes of the mapped pages of `[a, b)` (inside a hole), the highest
+    /// first.
+    fn unmap_top(cx: &mut Cx<'_, '_, ()>, (a, b): (u64, u64), budget: u64) -> u64 {
         let pieces: Vec<(u64, u64)> = cx
             .tiling
             .segments_in_rev(a, b)
@@ -365,7 +359,7 @@ impl Lanes {
                 break;
             }
             let from = hi.saturating_sub(budget - released).max(lo);
-            released += self.unmap_range(cx, key, from, hi);
+            released += Self::unmap_range(cx, from, hi);
         }
         released
     }
@@ -403,7 +397,7 @@ impl Lanes {
             let mut got = 0;
             for (a, b) in [(lo.max(keep.1), hi), (lo, hi.min(keep.0))] {
                 if a < b && released + got < target {
-                    got += self.unmap_top(cx, key, (a, b), round_up(target - released - got, PAGE));
+                    got += Self::unmap_top(cx, (a, b), round_up(target - released - got, PAGE));
                 }
             }
             if got > 0 {
