@@ -1,7 +1,7 @@
-cd python
+cd python/allocsim
 python3 - <<'PY'
 import os, torch
-from capture_snapshot import capture
+from capture import capture
 out = os.environ["OUT"]
 def set_md(s):
     f = getattr(torch.cuda.memory, "_set_memory_metadata", None) or torch._C._cuda_setMemoryMetadata
@@ -15,7 +15,7 @@ with capture(f"{out}/c_annotated.pickle.gz", compile_context=True):
         loss.backward()
     set_md("")
 PY
-cd ..
+cd ../..
 python3 -c "
 import pickle,gzip,collections
 t=pickle.load(gzip.open('$OUT/c_annotated.pickle.gz'))['device_traces'][0]

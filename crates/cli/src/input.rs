@@ -6,24 +6,31 @@ use allocsim_core::Trace;
 use anyhow::Context;
 use std::path::Path;
 
-/// How every command reads its trace files: set once from the command line.
-pub static READ_OPTIONS: std::sync::OnceLock<allocsim_trace::ReadOptions> =
-    std::sync::OnceLock::new();
+/// How every command reads its trace files: set from the command line.
+static READ_OPTIONS: std::sync::Mutex<Option<allocsim_trace::ReadOptions>> =
+    std::sync::Mutex::new(None);
+
+pub fn set_read_options(options: allocsim_trace::ReadOptions) {
+    *READ_OPTIONS.lock().unwrap_or_else(|e| e.into_inner()) = Some(options);
+}
+
+/// The options the command line set (the defaults if none).
+pub fn read_options() -> allocsim_trace::ReadOptions {
+    READ_OPTIONS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default()
+}
 
 /// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
 fn read_trace(path: &Path) -> anyhow::Result<Trace> {
     use allocsim_trace::{pickle::PickleErrorKind, TraceError};
-    allocsim_trace::read_trace_with(path, READ_OPTIONS.get_or_init(Default::default)).map_err(|e| {
-        match &e {
-            TraceError::Pickle { error, .. }
-                if matches!(error.kind, PickleErrorKind::MemoryLimit(_)) =>
-            {
-                anyhow::anyhow!(
-                    "{e} (if the file is trusted, raise the limit with --max-reader-memory)"
-                )
-            }
-            _ => e.into(),
+    allocsim_trace::read_trace_with(path, &read_options()).map_err(|e| match &e {
+        TraceError::Pickle { error, .. }
+            if matches!(error.kind, PickleErrorKind::MemoryLimit(_)) =>
+        {
+            anyhow::anyhow!(
+                "{e} (if the file is trusted, raise the limit with --max-reader-memory)"
+            )
         }
+        _ => e.into(),
     })
 }
 

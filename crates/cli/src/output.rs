@@ -266,9 +266,27 @@ macro_rules! outln {
 }
 pub(crate) use outln;
 
-/// Write a finished report to stdout. A reader that went away is not an error.
+thread_local! {
+    /// Where [`emit`] writes while [`capture`] runs on this thread.
+    static CAPTURED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run `f`, keeping what [`emit`] writes on this thread meanwhile instead of printing it.
+pub fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
+    let outer = CAPTURED.with(|c| c.replace(Some(String::new())));
+    let result = f();
+    let text = CAPTURED.with(|c| c.replace(outer)).unwrap_or_default();
+    (result, text)
+}
+
+/// Write a finished report to stdout (or to [`capture`]'s buffer). A reader that went away is
+/// not an error.
 pub fn emit(text: &str) -> anyhow::Result<()> {
     use std::io::Write;
+    let kept = CAPTURED.with(|c| c.borrow_mut().as_mut().map(|buf| buf.push_str(text)).is_some());
+    if kept {
+        return Ok(());
+    }
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),

@@ -378,6 +378,11 @@ fn json_report(
             "refused_settings": r.skipped.refused_settings,
         },
         "checker_violations": r.check.as_ref().map(|c| c.total_violations()),
+        "timeline": {
+            "op": m.timeline.iter().map(|p| p.op_index).collect::<Vec<_>>(),
+            "allocated_bytes": m.timeline.iter().map(|p| p.allocated_bytes).collect::<Vec<_>>(),
+            "reserved_bytes": m.timeline.iter().map(|p| p.reserved_bytes).collect::<Vec<_>>(),
+        },
     })
 }
 
@@ -518,7 +523,7 @@ fn print_report(
     }
     // The GPU the snapshot was read for (`--cuda-device`; else the one with entries, which a
     // single-GPU recording names as 0).
-    let device = crate::input::READ_OPTIONS.get().and_then(|o| o.cuda_device).unwrap_or(0);
+    let device = crate::input::read_options().cuda_device.unwrap_or(0);
     outln!(out, "{}", memory_summary(&r.stats, device as u32));
     out
 }

@@ -2,13 +2,13 @@
 
 As a context manager around your own code:
 
-    from capture_snapshot import capture
-    with capture("run.pickle.gz", max_entries=100_000):
+    import allocsim
+    with allocsim.capture("run.pickle.gz", max_entries=100_000):
         train()
 
 or around a whole script:
 
-    python capture_snapshot.py run.pickle.gz -- train.py --epochs 1
+    python -m allocsim.capture run.pickle.gz -- train.py --epochs 1
 
 writes `run.pickle.gz` (`torch.cuda.memory._snapshot()`, gzip-compressed) and `run.json`
 (`memory_stats()` at the end, the settings in force, `mem_get_info()` at the start and the
@@ -70,12 +70,12 @@ def capture(path, max_entries=100_000, stacks="python", device=None, **history):
         stem = str(path).removesuffix(".gz").removesuffix(".pickle")
         with open(stem + ".json", "w") as f:
             json.dump(sidecar, f, indent=1)
-        print(f"capture_snapshot: wrote {path} and {stem}.json", file=sys.stderr)
+        print(f"allocsim.capture: wrote {path} and {stem}.json", file=sys.stderr)
 
 
 def main(argv):
     if len(argv) < 3 or argv[1] != "--":
-        sys.exit("usage: capture_snapshot.py OUT.pickle.gz -- SCRIPT.py [ARGS...]")
+        sys.exit("usage: python -m allocsim.capture OUT.pickle.gz -- SCRIPT.py [ARGS...]")
     out, script = argv[0], argv[2]
     sys.argv = argv[2:]
     with capture(out):

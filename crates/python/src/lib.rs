@@ -1,0 +1,75 @@
+//! `allocsim._allocsim`: the Python package's door into the command-line tool's library. Every
+//! Python function runs an `allocsim` command in-process ([`allocsim_cli::execute`]) and reads
+//! the JSON it would print, so the package and the CLI cannot disagree: there is no second
+//! implementation to drift.
+
+use pyo3::prelude::*;
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+/// Commands read the reader options the command line set (a process-wide setting), so calls
+/// from several Python threads take turns.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// What kind of failure an error is, for the Python exception it becomes: `trace` (a file
+/// that cannot be read as a trace: the message names the file and the place), `settings` (an
+/// allocator setting or policy refused), `usage` (arguments the command line refuses), `io`
+/// (a file that is not there or may not be opened, or a write that failed), or `error`.
+fn kind(e: &anyhow::Error) -> &'static str {
+    use std::io::ErrorKind::{IsADirectory, NotFound, PermissionDenied};
+    let unopenable = |c: &(dyn std::error::Error + 'static)| {
+        let io = match c.downcast_ref::<allocsim_trace::TraceError>() {
+            Some(allocsim_trace::TraceError::Io { error, .. }) => Some(error),
+            _ => c.downcast_ref::<std::io::Error>(),
+        };
+        io.is_some_and(|io| matches!(io.kind(), NotFound | PermissionDenied | IsADirectory))
+    };
+    if e.chain().any(unopenable) {
+        return "io";
+    }
+    for cause in e.chain() {
+        if cause.is::<allocsim_trace::TraceError>() {
+            return "trace";
+        }
+        if cause.is::<allocsim_core::ConfigError>() {
+            return "settings";
+        }
+        if cause.is::<std::io::Error>() {
+            return "io";
+        }
+    }
+    "error"
+}
+
+/// Run `allocsim ARGV...` (without the program name) and return (exit status, what it wrote
+/// to stdout, `None`) or, when it fails, (1, "", (kind, message)).
+#[pyfunction]
+fn run(py: Python<'_>, argv: Vec<String>) -> (i32, String, Option<(String, String)>) {
+    py.detach(move || {
+        let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let args = std::iter::once("allocsim".to_string()).chain(argv);
+        let cli = match <allocsim_cli::Cli as clap::Parser>::try_parse_from(args) {
+            Ok(cli) => cli,
+            Err(e) => return (2, String::new(), Some(("usage".into(), e.to_string()))),
+        };
+        let (result, out) = allocsim_cli::capturing_stdout(|| allocsim_cli::execute(cli));
+        match result {
+            Ok(code) => (i32::from(code != ExitCode::SUCCESS), out, None),
+            Err(e) => (1, out, Some((kind(&e).into(), format!("{e:#}")))),
+        }
+    })
+}
+
+/// Every policy name, in the order reports list them.
+#[pyfunction]
+fn policies() -> Vec<&'static str> {
+    allocsim_policies::names()
+}
+
+#[pymodule]
+fn _allocsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(policies, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

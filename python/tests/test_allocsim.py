@@ -1,0 +1,195 @@
+"""The Python package against the CLI it wraps: same numbers, key for key; errors as exceptions
+that name the file and the place; sweeps on a local Ray instance equal to `allocsim compare`.
+
+Needs the `allocsim` binary of the same checkout (`cargo build --release -p allocsim-cli`, or
+ALLOCSIM_BIN): the CLI is the reference the package is held to.
+"""
+
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import allocsim
+from allocsim.sweep import columns as sweep_columns
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT / "traces"
+GPT2 = TRACES / "pytorch-2.11-h100" / "gpt2_train.pickle.gz"
+OOM = TRACES / "pytorch-2.11-h100-user" / "c_train_oom.pickle.gz"
+
+
+def cli_json(*argv):
+    binary = os.environ.get("ALLOCSIM_BIN", str(ROOT / "target" / "release" / "allocsim"))
+    if not Path(binary).exists():
+        pytest.fail(f"no allocsim binary at {binary}: cargo build --release -p allocsim-cli")
+    out = subprocess.run([binary, *map(str, argv), "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_replay_is_the_cli_key_for_key():
+    for conf in ["", "expandable_segments:True"]:
+        result = allocsim.replay(str(GPT2), alloc_conf=conf or None, check=True)
+        argv = ["replay", GPT2, "--check"] + (["--alloc-conf", conf] if conf else [])
+        expected = cli_json(*argv)
+        assert result.raw == expected
+        assert result.memory_stats == expected["memory_stats"]
+        assert len(result.memory_stats) == 122
+        assert result.memory_stats["reserved_bytes.all.peak"] == result.peak_reserved_bytes
+
+
+def test_a_replay_with_ooms_explains_them():
+    result = allocsim.replay(allocsim.load(OOM))
+    assert result.ooms, "the recording ran out of memory"
+    first = result.ooms[0]
+    for key in ["rounded_bytes", "device_free_bytes", "reserved_but_unallocated_bytes"]:
+        assert key in first
+    explained = allocsim.explain_oom(OOM)
+    assert explained == cli_json("explain-oom", OOM)
+
+
+def test_timeline_and_html():
+    result = allocsim.replay(GPT2, policy="bfc")
+    t = result.timeline
+    assert t["op"].dtype.kind == "i" and len(t["op"]) == len(t["reserved_bytes"]) > 100
+    assert t["reserved_bytes"].max() == result.peak_reserved_bytes
+    assert (t["allocated_bytes"] <= t["reserved_bytes"]).all()
+    page = result._repr_html_()
+    assert "<svg" in page and "bfc" in page
+    assert "gpt2_train" in allocsim.load(GPT2)._repr_html_()
+
+
+def test_load_says_what_info_says():
+    trace = allocsim.load(GPT2)
+    assert dict(trace.info) == cli_json("info", GPT2)
+    assert trace.format == "pytorch-snapshot" and trace.ops == 12355
+    assert os.fspath(trace) == str(GPT2)
+
+
+def test_capacity_and_advise_are_the_cli():
+    small = TRACES / "pytorch-2.11-h100" / "resnet50_train.pickle.gz"
+    assert allocsim.capacity(small) == cli_json("capacity", small)
+    got = allocsim.advise(small, device_free="3GiB")
+    assert got == cli_json("advise", small, "--device-free", "3GiB")
+
+
+def test_compare_is_the_cli():
+    cols = ["pytorch", "bfc[allow_growth:false]"]
+    assert allocsim.compare([GPT2], cols) == cli_json("compare", GPT2, "--policy", ",".join(cols))
+
+
+def test_errors_are_exceptions_naming_the_file_and_place(tmp_path):
+    damaged = tmp_path / "damaged.pickle.gz"
+    good = gzip.open(GPT2).read()
+    damaged.write_bytes(gzip.compress(good[: len(good) // 2]))
+    with pytest.raises(allocsim.TraceError) as e:
+        allocsim.load(damaged)
+    assert str(damaged) in str(e.value) and "byte" in str(e.value)
+
+    with pytest.raises(allocsim.FileError):
+        allocsim.load(tmp_path / "missing.pickle")
+    with pytest.raises(allocsim.SettingsError) as e:
+        allocsim.replay(GPT2, alloc_conf="max_split_size_mb:banana")
+    assert "max_split_size_mb" in str(e.value)
+    with pytest.raises(allocsim.SettingsError) as e:
+        allocsim.replay(GPT2, policy="no_such_policy")
+    assert "known policies: pytorch" in str(e.value)
+    with pytest.raises(allocsim.UsageError) as e:
+        allocsim.replay(GPT2, device_free="lots")
+    assert "lots" in str(e.value)
+    assert issubclass(allocsim.TraceError, allocsim.AllocsimError)
+
+
+class Boom:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_hostile_pickle_raises_and_never_executes(tmp_path):
+    marker = tmp_path / "executed"
+    hostile = tmp_path / "hostile.pickle"
+    hostile.write_bytes(pickle.dumps({"segments": [], "device_traces": [[Boom(marker)]]}))
+    with pytest.raises(allocsim.TraceError):
+        allocsim.replay(hostile)
+    assert not marker.exists()
+
+
+def test_importing_allocsim_needs_no_torch():
+    code = "import sys, allocsim; assert 'torch' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+SETTINGS = {
+    "pytorch": ["", "expandable_segments:True", "max_split_size_mb:128"],
+    "bfc": ["", "allow_growth:false", "garbage_collection:false"],
+    "allocsim": ["", "headroom:0", "headroom:max"],
+}
+KEYS = ["peak_reserved_bytes", "peak_allocated_bytes", "ooms", "min_feasible_capacity_bytes",
+        "device_calls", "fragmentation_at_peak", "checker_violations"]
+
+
+def table(rows):
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    return {(r["path"], r["column"]): r for r in rows}
+
+
+def test_sweep_on_local_ray_equals_compare():
+    pytest.importorskip("ray", reason="ray is not installed (pip install ./python[test])")
+    traces = sorted(str(p) for p in TRACES.glob("*/*.pickle.gz"))
+    assert len(traces) >= 38
+    columns = sweep_columns(list(SETTINGS), SETTINGS)
+    assert len(columns) == 9
+    got = table(allocsim.sweep(traces, SETTINGS, list(SETTINGS), engine="ray"))
+    assert len(got) == len(traces) * 9
+    expected = cli_json("compare", *traces, "--policy", ",".join(columns))
+    assert len(expected) == len(got)
+    by_cell = {}
+    for row in expected:
+        by_cell.setdefault(row["trace"], []).append(row)
+    for t in traces:
+        name = Path(t).name.removesuffix(".pickle.gz")
+        for column, want in zip(columns, by_cell[name]):
+            have = got[(t, column)]
+            assert "error" not in have, have
+            for key in KEYS:
+                assert have[key] == want[key], (t, column, key)
+
+
+def test_a_failed_cell_is_reported_not_lost():
+    rows = table(allocsim.sweep([GPT2, "/no/such.pickle"], {"bfc": ["", "nonsense:1"]}, ["bfc"]))
+    assert len(rows) == 4
+    assert "error" not in rows[(str(GPT2), "bfc")]
+    assert "nonsense" in rows[(str(GPT2), "bfc[nonsense:1]")]["error"]
+    assert "/no/such.pickle" in rows[("/no/such.pickle", "bfc")]["error"]
+
+
+def test_capture_reproduces_exactly_on_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch", reason="capture needs torch: run on the GPU machine")
+    if not torch.cuda.is_available():
+        pytest.skip("capture needs a CUDA GPU: run on the GPU machine")
+    out = tmp_path / "captured.pickle.gz"
+    with allocsim.capture(out, max_entries=100_000):
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                    torch.nn.Linear(4096, 1024)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(5):
+            loss = model(torch.randn(256, 1024, device="cuda")).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        del model, opt, loss
+        torch.cuda.empty_cache()
+    assert (tmp_path / "captured.json").exists()
+    result = allocsim.replay(out)
+    assert result.recorded_stats_match is True, result.recorded_stats_differences
+    assert allocsim.fidelity(out).strip().endswith("exact")
