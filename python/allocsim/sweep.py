@@ -51,7 +51,8 @@ def sweep(
     `engine="local"` runs the cells here one after another (each `compare` already uses every
     core); `engine="ray"` runs them as Ray tasks, on the cluster at `address` if given
     (`"auto"`, `"ray://host:10001"`), else on a local Ray instance started for the sweep. The
-    table is a pandas DataFrame if pandas is installed, else a list of dicts."""
+    table is a pandas DataFrame if pandas is installed (nullable dtypes: a failed cell's
+    figures are `<NA>`), else a list of dicts."""
     paths = [os.fspath(t) for t in traces]
     cells = [(t, c) for t in paths for c in columns(policies, settings)]
     if engine == "local":
@@ -65,7 +66,9 @@ def sweep(
         import pandas as pd
     except ImportError:
         return rows
-    return pd.DataFrame(rows)
+    # Nullable dtypes: a failed cell leaves its figures missing without turning every other
+    # cell's integers into floats.
+    return pd.DataFrame(rows).convert_dtypes()
 
 
 def _on_ray(cells: list[tuple[str, str]], address: Optional[str]) -> list[list[dict[str, Any]]]:
