@@ -60,6 +60,7 @@ def capture(path, max_entries=100_000, stacks="python", device=None, **history):
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             "total_memory": total,
             "free_at_start": free_at_start,
+            "free_at_end": free_at_end,
             "outside_allocator_bytes": max(free_at_start - free_at_end - reserved, 0),
             "gpu": torch.cuda.get_device_name(device),
             "torch": torch.__version__,
