@@ -50,7 +50,8 @@ def sweep(
 
     `engine="local"` runs the cells here one after another (each `compare` already uses every
     core); `engine="ray"` runs them as Ray tasks, on the cluster at `address` if given
-    (`"auto"`, `"ray://host:10001"`), else on a local Ray instance started for the sweep. The
+    (`"auto"`, `"ray://host:10001"`; the trace paths must be readable on every node, as on a
+    shared file system), else on a local Ray instance started for the sweep. The
     table is a pandas DataFrame if pandas is installed (nullable dtypes: a failed cell's
     figures are `<NA>`), else a list of dicts."""
     paths = [os.fspath(t) for t in traces]
