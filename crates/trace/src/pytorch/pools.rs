@@ -108,7 +108,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     };
     // The instance each allocation landed in, by op; the instance each segment free ended;
     // every allocation's place.
-    let mut alloc_in: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut alloc_in: Vec<(u64, usize)> = Vec::new();
     let mut freed: Vec<(usize, usize)> = Vec::new(); // (recorded index, instance)
     let mut sites: Vec<Site> = Vec::new();
     for (r, e) in trace.recorded.iter().enumerate() {
@@ -125,7 +125,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
             }
             RecordedKind::Alloc => {
                 if let Some((start, size, i)) = segment_of(&live, e.addr) {
-                    alloc_in.insert(e.op, i);
+                    alloc_in.push((e.op, i));
                     let empty = blocks[i] == 0;
                     sites.push(Site { r, instance: i, segment: (start, size), empty });
                     blocks[i] += 1;
@@ -139,6 +139,15 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
             _ => {}
         }
     }
+    // By op, as recorded; an op allocates once (the last record wins if not).
+    alloc_in.sort_by_key(|&(op, _)| op);
+    alloc_in.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            earlier.1 = later.1;
+        }
+        same
+    });
     for seg in last {
         if let Some(&(_, i)) = live.get(&seg.address) {
             instances[i].pool = Some(seg.pool_id);
@@ -150,7 +159,10 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     }
     let restored = place_restored_blocks(trace, &sites, &instances);
     let pool_of_op =
-        |op: u64| alloc_in.get(&op).and_then(|&i| instances[i].pool).unwrap_or(MemPoolId::DEFAULT);
+        |op: u64| match alloc_in.binary_search_by_key(&op, |&(o, _)| o) {
+            Ok(at) => instances[alloc_in[at].1].pool.unwrap_or(MemPoolId::DEFAULT),
+            Err(_) => MemPoolId::DEFAULT,
+        };
     let mut edits = Edits::default();
     let mut context: Option<MemPoolId> = None;
     let mut last_in_context = 0usize;
@@ -243,7 +255,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
 fn infer_released_pools(
     trace: &Trace,
     freed: &[(usize, usize)],
-    alloc_in: &BTreeMap<u64, usize>,
+    alloc_in: &[(u64, usize)],
     instances: &mut [Instance],
     known: &BTreeSet<MemPoolId>,
 ) -> Vec<(MemPoolId, usize)> {
@@ -275,9 +287,11 @@ fn infer_released_pools(
     let exclusive = |walk: &[(usize, usize)]| {
         let mine: BTreeSet<usize> = walk.iter().map(|&(_, i)| i).collect();
         let ops: Vec<u64> =
-            alloc_in.iter().filter(|(_, i)| mine.contains(i)).map(|(&op, _)| op).collect();
+            alloc_in.iter().filter(|(_, i)| mine.contains(i)).map(|&(op, _)| op).collect();
         let (Some(&first), Some(&last)) = (ops.first(), ops.last()) else { return false };
-        ops.len() > 1 && alloc_in.range(first..=last).all(|(_, i)| mine.contains(i))
+        let from = alloc_in.partition_point(|&(op, _)| op < first);
+        let to = alloc_in.partition_point(|&(op, _)| op <= last);
+        ops.len() > 1 && alloc_in[from..to].iter().all(|(_, i)| mine.contains(i))
     };
     // Under these settings an allocation frees segments in other orders too (oversize ones
     // largest first, garbage collection in passes): only `empty_cache` runs are read then.

@@ -15,13 +15,17 @@ use std::rc::Rc;
 #[derive(Default)]
 pub struct Stacks {
     by_ptr: AddrMap<usize, u32>,
-    /// Each frame dict read so far, by pointer: PyTorch writes a frame once and every later
-    /// stack that holds it refers to it (a pickle GET, one `Rc` here).
+    /// Each stack read so far, by the addresses of the frame dicts it lists: PyTorch writes a
+    /// frame once and every later stack refers to it (a pickle GET, one `Rc` here), so a new
+    /// list of frames seen before costs one hash, not one per frame.
+    by_frame_ptrs: AddrMap<Box<[usize]>, u32>,
+    /// Each frame dict read so far, by pointer.
     frames_by_ptr: AddrMap<usize, [u32; 3]>,
     /// Keeps every frame dict looked up by pointer alive, so its address names it.
     held_frames: Vec<Value>,
-    /// Each distinct stack as the ids of its strings and its lines.
-    by_content: AddrMap<Vec<[u32; 3]>, u32>,
+    /// Each distinct stack as the ids of its strings and its lines, three per frame (flat, so
+    /// a key hashes as one run of bytes).
+    by_content: AddrMap<Box<[u32]>, u32>,
     strings: Strings,
     pub stacks: Vec<Stack>,
 }
@@ -80,11 +84,22 @@ impl Stacks {
         if let Some(&idx) = self.by_ptr.get(&key) {
             return Ok(Some(idx));
         }
+        let ptrs: Option<Box<[usize]>> = list
+            .iter()
+            .map(|f| match f {
+                Value::Dict(d) => Some(Rc::as_ptr(d) as usize),
+                _ => None,
+            })
+            .collect();
+        if let Some(&idx) = ptrs.as_ref().and_then(|p| self.by_frame_ptrs.get(p)) {
+            self.by_ptr.insert(key, idx);
+            return Ok(Some(idx));
+        }
         let mut ids = Vec::with_capacity(list.len());
         for (j, f) in list.iter().enumerate() {
             ids.push(self.frame(ctx, f, &|| format!("{}[{j}]", place()))?);
         }
-        let idx = match self.by_content.get(&ids) {
+        let idx = match self.by_content.get(ids.as_flattened()) {
             Some(&idx) => idx,
             None => {
                 let idx = u32::try_from(self.stacks.len())
@@ -96,11 +111,16 @@ impl Stacks {
                     line,
                 });
                 self.stacks.push(Stack { frames: frames.collect() });
-                self.by_content.insert(ids, idx);
+                self.by_content.insert(ids.as_flattened().into(), idx);
                 idx
             }
         };
         self.by_ptr.insert(key, idx);
+        // Every frame dict of the list is held now (`frame` keeps them), so their addresses
+        // name them for as long as the table lives.
+        if let Some(ptrs) = ptrs {
+            self.by_frame_ptrs.insert(ptrs, idx);
+        }
         Ok(Some(idx))
     }
 
