@@ -10,6 +10,8 @@ use std::path::Path;
 static READ_OPTIONS: std::sync::Mutex<Option<allocsim_trace::ReadOptions>> =
     std::sync::Mutex::new(None);
 
+/// Set how trace files are read from here on (the command line's `--cuda-device` and
+/// `--max-reader-memory`).
 pub fn set_read_options(options: allocsim_trace::ReadOptions) {
     *READ_OPTIONS.lock().unwrap_or_else(|e| e.into_inner()) = Some(options);
 }

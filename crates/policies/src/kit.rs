@@ -113,8 +113,8 @@ impl Room<'_> {
 }
 
 /// What a policy's own search ([`Rules::find`], [`Rules::empty_cache`]) may do besides cutting
-/// chunks: reserve segments and give them back through the books, so that events and counters
-/// stay right whatever the search does.
+/// chunks: the device calls (segments, page maps, address reservations), each made through the
+/// books, so that events and counters stay right whatever the search does.
 #[derive(Debug)]
 pub struct Cx<'a, 'e, T> {
     pub tiling: &'a mut Tiling<T>,
@@ -176,6 +176,7 @@ impl<T: Copy> Cx<'_, '_, T> {
         self.books.reserved()
     }
 
+    /// What growth may use now: reserved bytes, the memory fraction's cap, the device.
     pub fn room(&self) -> Room<'_> {
         Room {
             reserved: self.books.reserved(),
