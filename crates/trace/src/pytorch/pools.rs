@@ -158,11 +158,10 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
         return Vec::new();
     }
     let restored = place_restored_blocks(trace, &sites, &instances);
-    let pool_of_op =
-        |op: u64| match alloc_in.binary_search_by_key(&op, |&(o, _)| o) {
-            Ok(at) => instances[alloc_in[at].1].pool.unwrap_or(MemPoolId::DEFAULT),
-            Err(_) => MemPoolId::DEFAULT,
-        };
+    let pool_of_op = |op: u64| match alloc_in.binary_search_by_key(&op, |&(o, _)| o) {
+        Ok(at) => instances[alloc_in[at].1].pool.unwrap_or(MemPoolId::DEFAULT),
+        Err(_) => MemPoolId::DEFAULT,
+    };
     let mut edits = Edits::default();
     let mut context: Option<MemPoolId> = None;
     let mut last_in_context = 0usize;
