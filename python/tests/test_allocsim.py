@@ -11,6 +11,7 @@ import os
 import pickle
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,9 @@ def test_timeline_and_html():
     assert t["reserved_bytes"].max() == result.peak_reserved_bytes
     assert (t["allocated_bytes"] <= t["reserved_bytes"]).all()
     page = result._repr_html_()
-    assert "<svg" in page and "bfc" in page
+    assert "bfc" in page
+    svg = ET.fromstring(page[page.index("<svg"):])  # well-formed: the plot draws
+    assert [c.tag.split("}")[1] for c in svg] == ["title", "polygon", "polyline"]
     assert "gpt2_train" in allocsim.load(GPT2)._repr_html_()
 
 
