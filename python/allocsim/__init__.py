@@ -29,6 +29,7 @@ __all__ = [
     "TraceError",
     "SettingsError",
     "UsageError",
+    "FileError",
     "Trace",
     "ReplayResult",
     "load",
@@ -78,8 +79,10 @@ Size = Union[int, float, str]
 
 
 def _cli(*argv: object) -> str:
-    """Run `allocsim ARGV...` in-process and return what it printed; raise on failure."""
-    code, out, error = _allocsim.run([str(a) for a in argv])
+    """Run `allocsim ARGV...` in-process and return what it printed; raise on failure. (A
+    replay whose checker found violations exits 1 and still prints its report: the result
+    says so in `checker_violations`.)"""
+    _status, out, error = _allocsim.run([str(a) for a in argv])
     if error is not None:
         kind, message = error
         raise _ERRORS.get(kind, AllocsimError)(message)
