@@ -126,6 +126,22 @@ def test_a_hostile_pickle_raises_and_never_executes(tmp_path):
     assert not marker.exists()
 
 
+def test_the_readme_names_what_the_package_has():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## From Python", 1)[1].split("\n## ", 1)[0]
+    listed = section.split("returns what its `--json` prints:", 1)[1].split(".\n", 1)[0]
+    names = [n for n in listed.replace("`", " ").replace(",", " ").split() if n.isidentifier()]
+    functions = [n for n in names if n in allocsim.__all__ or hasattr(allocsim, n)]
+    assert {"load", "replay", "compare", "capacity", "advise", "explain_oom", "fidelity"} <= set(
+        functions
+    ), names
+    for error in ["TraceError", "SettingsError", "UsageError", "FileError", "AllocsimError"]:
+        assert f"`{error}`" in section or f"`allocsim.{error}`" in section
+        assert error in allocsim.__all__
+    for name in ["sweep", "capture"]:
+        assert f"allocsim.{name}" in readme and callable(getattr(allocsim, name))
+
+
 def test_importing_allocsim_needs_no_torch():
     code = "import sys, allocsim; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
