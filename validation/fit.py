@@ -18,7 +18,10 @@ capture_user_patterns.py, step for step) or `gpt2_train` (GPT-2 small, 8 steps o
    PyTorch's allocator, then runs the workload. A try fails on an OOM or on any other error
    (cuDNN's attention fails so when its memory outside the allocator runs out). The free memory a try
    really had is `mem_get_info()` after the ballast (the ballast rounds to 2 MiB pages).
-With FIT_DEADLINE (unix time) set, stops bisecting before a try could run past it.
+With FIT_DEADLINE (unix time) set, stops bisecting before a try could run past it. With
+FIT_PERTURB=SEED, each try first takes six buffers of 2-40 MiB (sizes drawn from SEED) and gives
+every other one back, so the driver places the run's segments around other chunks than it
+would; `free_at_start` is measured after, so thresholds stay comparable.
 Prints one JSON line per try and a summary line {"real_oom_free", "real_fits_free", ...}, both
 ends observed on the GPU. The snapshots of the tightest fitting try and the loosest failing
 one are kept as OUTDIR/NAME.fit.pickle.gz and OUTDIR/NAME.oom.pickle.gz.
@@ -86,6 +89,13 @@ def one_try(workload, target, snapshot_path, out):
     torch.cuda.mem_get_info()  # the context, as in a recording, before the ballast
     free0, total = torch.cuda.mem_get_info()
     ballast = cupy.cuda.runtime.malloc(free0 - target) if target is not None else None
+    held = []
+    if os.environ.get("FIT_PERTURB"):
+        rng = random.Random(int(os.environ["FIT_PERTURB"]))
+        bufs = [cupy.cuda.runtime.malloc(rng.choice([2, 4, 6, 20, 22, 40]) * MIB) for _ in range(6)]
+        for b in bufs[::2]:
+            cupy.cuda.runtime.free(b)
+        held = bufs[1::2]
     free1, _ = torch.cuda.mem_get_info()
     profile = []
 
@@ -109,8 +119,8 @@ def one_try(workload, target, snapshot_path, out):
     free_end, _ = torch.cuda.mem_get_info()
     torch.cuda.memory._dump_snapshot(snapshot_path)
     torch.cuda.memory._record_memory_history(enabled=None)
-    if ballast is not None:
-        cupy.cuda.runtime.free(ballast)
+    for b in held + ([ballast] if ballast is not None else []):
+        cupy.cuda.runtime.free(b)
     out.put({
         "target_free": target, "free_at_start": free1, "fits": fits, "failure": failure, "seconds": round(seconds, 2),
         "total_memory": total, "free_at_end": free_end, "reserved_at_end": stats["reserved_bytes.all.current"],
