@@ -88,14 +88,15 @@ def one_try(workload, target, snapshot_path, out):
     """One run in a fresh CUDA context; `target` None means all free memory (the recording)."""
     torch.cuda.mem_get_info()  # the context, as in a recording, before the ballast
     free0, total = torch.cuda.mem_get_info()
-    ballast = cupy.cuda.runtime.malloc(free0 - target) if target is not None else None
     held = []
-    if os.environ.get("FIT_PERTURB"):
+    if os.environ.get("FIT_PERTURB"):  # before the ballast, so the try has `target` free
         rng = random.Random(int(os.environ["FIT_PERTURB"]))
         bufs = [cupy.cuda.runtime.malloc(rng.choice([2, 4, 6, 20, 22, 40]) * MIB) for _ in range(6)]
         for b in bufs[::2]:
             cupy.cuda.runtime.free(b)
         held = bufs[1::2]
+        free0, _ = torch.cuda.mem_get_info()
+    ballast = cupy.cuda.runtime.malloc(free0 - target) if target is not None else None
     free1, _ = torch.cuda.mem_get_info()
     profile = []
 
