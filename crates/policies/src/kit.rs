@@ -20,7 +20,7 @@ pub use crate::zoo::tiling::{Chunk, Seg, Tiling};
 
 use crate::zoo::common::parse_conf;
 use allocsim_core::{
-    AllocId, Allocator, ConfigError, Device, Env, FreeSpace, Granted, OomInfo, Pool,
+    AllocId, Allocator, ConfigError, Device, Env, FreeSpace, Granted, MemoryStats, OomInfo, Pool,
     SnapshotSegment, StreamId,
 };
 
@@ -496,7 +496,29 @@ impl<R: Rules> Allocator for Kit<R> {
         Ok(self.books.grant(env, id, (addr, block), size, stream))
     }
 
-    crate::zoo::common::books_glue!();
+    fn free(&mut self, env: &mut Env<'_>, id: AllocId) {
+        if let Some(block) = self.books.free_requested(env, id) {
+            self.take_back(env, block, false);
+        }
+    }
+
+    fn record_stream(&mut self, id: AllocId, stream: StreamId) {
+        self.books.record_stream(id, stream);
+    }
+
+    fn free_completed(&mut self, env: &mut Env<'_>, id: AllocId) {
+        if let Some(block) = self.books.free_completed(env, id) {
+            self.take_back(env, block, true);
+        }
+    }
+
+    fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
+        self.books.set_fraction(env, fraction)
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.books.stats.clone()
+    }
 
     fn empty_cache(&mut self, env: &mut Env<'_>) {
         let (rules, mut cx) = self.parts(env);

@@ -104,20 +104,7 @@ impl Async {
     /// The free chunk at `addr`, tagged `avail`, joins its list, coalescing with contiguous
     /// free chunks of the same list.
     fn insert(&mut self, tiling: &mut Tiling<Avail>, addr: u64, avail: Avail) {
-        let set = self.free.entry(avail).or_default();
-        let mut at = addr;
-        if let Some((next, c)) = tiling.next(at).filter(|(_, c)| c.is_free() && c.tag == avail) {
-            set.remove(&(c.size, next));
-            tiling.merge_next(at);
-        }
-        if let Some((prev, c)) = tiling.prev(at).filter(|(_, c)| c.is_free() && c.tag == avail) {
-            set.remove(&(c.size, prev));
-            tiling.merge_next(prev);
-            at = prev;
-        }
-        if let Some(c) = tiling.get(at) {
-            set.insert((c.size, at));
-        }
+        tiling.merge_alike(addr, self.free.entry(avail).or_default());
     }
 
     /// Synchronize: every free has completed, so every free block is usable by any stream;

@@ -14,44 +14,6 @@ use allocsim_core::{
 };
 use std::collections::BTreeMap;
 
-/// The `Allocator` methods that every zoo policy implements the same way, through its
-/// `books: Books`: `free`, `record_stream`, `free_completed`, `set_memory_fraction` and
-/// `stats`. Used inside `impl Allocator for P`; `P` has an inherent
-/// `fn take_back(&mut self, env: &mut Env<'_>, block: Live, deferred: bool)`, which gets back
-/// the block of a completed free (`deferred`: the free waited for other streams' work).
-macro_rules! books_glue {
-    () => {
-        fn free(&mut self, env: &mut allocsim_core::Env<'_>, id: allocsim_core::AllocId) {
-            if let Some(block) = self.books.free_requested(env, id) {
-                self.take_back(env, block, false);
-            }
-        }
-
-        fn record_stream(&mut self, id: allocsim_core::AllocId, stream: allocsim_core::StreamId) {
-            self.books.record_stream(id, stream);
-        }
-
-        fn free_completed(&mut self, env: &mut allocsim_core::Env<'_>, id: allocsim_core::AllocId) {
-            if let Some(block) = self.books.free_completed(env, id) {
-                self.take_back(env, block, true);
-            }
-        }
-
-        fn set_memory_fraction(
-            &mut self,
-            env: &mut allocsim_core::Env<'_>,
-            fraction: f64,
-        ) -> Result<(), allocsim_core::ConfigError> {
-            self.books.set_fraction(env, fraction)
-        }
-
-        fn stats(&self) -> allocsim_core::MemoryStats {
-            self.books.stats.clone()
-        }
-    };
-}
-pub(crate) use books_glue;
-
 /// `rmm::CUDA_ALLOCATION_ALIGNMENT`, BFC's `kMinAllocationSize`.
 pub const ALIGN_256: u64 = 256;
 /// What `cudaMalloc` rounds segments to.
@@ -103,11 +65,6 @@ impl Books {
     /// Whether `extra` more reserved bytes stay within the memory fraction.
     pub fn within_cap(&self, extra: u64) -> bool {
         self.allowed_bytes.is_none_or(|allowed| self.reserved().saturating_add(extra) <= allowed)
-    }
-
-    /// Bytes that may still be reserved under the cap (`u64::MAX` without one).
-    pub fn headroom(&self) -> u64 {
-        self.allowed_bytes.map_or(u64::MAX, |allowed| allowed.saturating_sub(self.reserved()))
     }
 
     /// Ask the device for a segment of `size` bytes (`cudaMalloc`), respecting the cap. On

@@ -211,7 +211,7 @@ impl Arena {
         self.sb_first_fit(tiling, base, size)
     }
 
-    /// [`RmmArena::allocate`], skipping its first-fit walks over superblocks when no free
+    /// [`Arena::allocate`], skipping its first-fit walks over superblocks when no free
     /// block anywhere is big enough (the tiling knows its largest in O(log n)): a run of
     /// failing requests then costs no walk each.
     fn allocate_if_room(

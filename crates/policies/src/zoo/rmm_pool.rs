@@ -22,7 +22,7 @@
 //! - `maximum_pool_size` (bytes, default none).
 
 use crate::kit::{
-    round_up, rounded_request, Apply, Chunk, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256,
+    round_up, rounded_request, Apply, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256,
 };
 use allocsim_core::StreamId;
 use std::collections::{BTreeMap, BTreeSet};
@@ -126,21 +126,7 @@ impl PoolCore {
 
     /// `coalescing_free_list::insert`: merge with contiguous free blocks of the same list.
     fn insert(&mut self, tiling: &mut Tiling<Piece>, addr: u64, stream: StreamId) {
-        let mine = |c: &Chunk<Piece>| c.is_free() && c.tag == Piece::Free(stream);
-        let list = self.lists.entry(stream).or_default();
-        let mut at = addr;
-        if let Some((next, c)) = tiling.next(at).filter(|(_, c)| mine(c)) {
-            list.remove(&(c.size, next));
-            tiling.merge_next(at);
-        }
-        if let Some((prev, c)) = tiling.prev(at).filter(|(_, c)| mine(c)) {
-            list.remove(&(c.size, prev));
-            tiling.merge_next(prev);
-            at = prev;
-        }
-        if let Some(c) = tiling.get(at) {
-            list.insert((c.size, at));
-        }
+        tiling.merge_alike(addr, self.lists.entry(stream).or_default());
     }
 
     /// `merge_lists`: move `other`'s free list into `stream`'s, coalescing.

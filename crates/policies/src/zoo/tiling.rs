@@ -455,6 +455,29 @@ impl<T: Copy> Tiling<T> {
     }
 }
 
+impl<T: Copy + PartialEq> Tiling<T> {
+    /// Merge the free chunk at `addr` with the free chunks beside it that carry its tag (a
+    /// coalescing free list: one list per tag), keeping `index` (that list's chunks by
+    /// (size, address)) in step; the merged chunk joins it.
+    pub fn merge_alike(&mut self, addr: u64, index: &mut BTreeSet<(u64, u64)>) {
+        let Some(tag) = self.get(addr).map(|c| c.tag) else { return };
+        let alike = |c: &Chunk<T>| c.is_free() && c.tag == tag;
+        let mut at = addr;
+        if let Some((next, c)) = self.next(at).filter(|(_, c)| alike(c)) {
+            index.remove(&(c.size, next));
+            self.merge_next(at);
+        }
+        if let Some((prev, c)) = self.prev(at).filter(|(_, c)| alike(c)) {
+            index.remove(&(c.size, prev));
+            self.merge_next(prev);
+            at = prev;
+        }
+        if let Some(c) = self.get(at) {
+            index.insert((c.size, at));
+        }
+    }
+}
+
 /// A snapshot block for the chunk at `addr`, its state taken from the books.
 pub(crate) fn snapshot_block(
     books: &Books,
