@@ -19,6 +19,9 @@ mod report;
 mod validate;
 mod workload;
 
+pub use export::write_snapshot;
+pub use output::memory_summary;
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 

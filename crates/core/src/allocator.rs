@@ -250,6 +250,10 @@ pub trait Allocator {
     /// Current statistics under PyTorch's names.
     fn stats(&self) -> MemoryStats;
 
+    /// `torch.cuda.reset_peak_memory_stats()`: every peak in [`Allocator::stats`] becomes its
+    /// current value.
+    fn reset_peak_stats(&mut self);
+
     /// Every segment with its blocks, sorted by address.
     fn snapshot(&self) -> Vec<SnapshotSegment>;
 
@@ -334,6 +338,9 @@ impl Allocator for DynAllocator<'_> {
     }
     fn stats(&self) -> MemoryStats {
         self.0.stats()
+    }
+    fn reset_peak_stats(&mut self) {
+        self.0.reset_peak_stats();
     }
     fn snapshot(&self) -> Vec<SnapshotSegment> {
         self.0.snapshot()

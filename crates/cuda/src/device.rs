@@ -95,10 +95,21 @@ impl CudaDevice {
 
     /// Read `cuMemGetInfo` now (also what `mem_info` returns until the next refresh).
     pub fn refresh_mem_info(&self) -> Result<MemInfo, CudaError> {
+        let _scope = self.gpu.scope()?;
         let (free_bytes, total_bytes) = self.gpu.mem_info()?;
         let info = MemInfo { free_bytes, total_bytes };
         self.last_mem_info.set(info);
         Ok(info)
+    }
+
+    /// A function that waits for all work queued on a stream of this GPU (a `cudaStream_t` of
+    /// its primary context), from any thread; it holds the GPU open while it lives.
+    pub fn stream_waiter(&self) -> impl Fn(u64) -> Result<(), CudaError> {
+        let gpu = self.gpu.clone();
+        move |stream| {
+            let _scope = gpu.scope()?;
+            driver::synchronize_stream(stream)
+        }
     }
 
     /// Segments, reserved ranges and mapped chunks currently held.
@@ -135,7 +146,7 @@ impl CudaDevice {
         f: impl FnOnce(&mut Self) -> Result<T, CudaError>,
     ) -> Result<T, CudaError> {
         let start = Instant::now();
-        let result = f(self);
+        let result = self.gpu.clone().scope().and_then(|_scope| f(self));
         let ns = start.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
         self.calls.record(kind, result.is_ok(), ns);
         result
@@ -265,6 +276,10 @@ impl Device for CudaDevice {
         }
         let chunks: Vec<u64> = self.mappings.range(addr..addr + size).map(|(&a, _)| a).collect();
         let result = self.timed(CallKind::Unmap, |me| {
+            // Unlike cuMemFree, cuMemUnmap does not wait for kernels still using the memory (a
+            // block freed by the program may still be in use by queued work on its stream):
+            // wait for them first, as PyTorch's expandable segments wait for their stream.
+            driver::synchronize_context()?;
             for a in &chunks {
                 me.mappings.remove(a);
             }

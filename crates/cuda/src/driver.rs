@@ -43,6 +43,24 @@ impl PrimaryContext {
     }
 }
 
+/// The primary context made current on this thread for as long as this lives, if it was not
+/// already: a device may be called from threads the caller's framework made (PyTorch frees on
+/// autograd threads), whose current context is theirs to keep.
+#[derive(Debug)]
+pub struct ContextScope(bool);
+
+impl Drop for ContextScope {
+    fn drop(&mut self) {
+        if self.0 {
+            let mut popped = ptr::null_mut();
+            // SAFETY: balances the push in `Gpu::scope`; `popped` is a live local.
+            unsafe {
+                sys::cuCtxPopCurrent_v2(&mut popped);
+            }
+        }
+    }
+}
+
 impl Drop for PrimaryContext {
     fn drop(&mut self) {
         // SAFETY: balances the retain in `PrimaryContext::retain`; nothing of ours uses the
@@ -141,6 +159,20 @@ impl Gpu {
         })?;
         gpu.granularity = granularity as u64;
         Ok(gpu)
+    }
+
+    /// Make this GPU's primary context current on the calling thread until the scope ends
+    /// (nothing to do on the thread that opened it, or where the caller already made it so).
+    pub fn scope(&self) -> Result<ContextScope, CudaError> {
+        let mut current = ptr::null_mut();
+        // SAFETY: `current` is a live local.
+        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut current) })?;
+        if current == self._ctx.ctx {
+            return Ok(ContextScope(false));
+        }
+        // SAFETY: the context is retained for as long as `self` lives, which outlives the scope.
+        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(self._ctx.ctx) })?;
+        Ok(ContextScope(true))
     }
 
     pub fn stream(&self) -> sys::CUstream {
@@ -371,6 +403,19 @@ pub unsafe fn launch(
             ptr::null_mut(),
         )
     })
+}
+
+/// Wait for all work of the current context, on every stream.
+pub fn synchronize_context() -> Result<(), CudaError> {
+    // SAFETY: plain FFI call with no pointers.
+    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+}
+
+/// Wait for all work queued on `stream`, a handle of the caller's (PyTorch's `cudaStream_t`;
+/// 0 is the legacy default stream).
+pub fn synchronize_stream(stream: u64) -> Result<(), CudaError> {
+    // SAFETY: the caller passes a live stream handle of the current context (or 0).
+    check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) })
 }
 
 /// Copy `out.len()` 64-bit words from device memory at `src` (synchronous).

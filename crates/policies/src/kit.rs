@@ -520,6 +520,10 @@ impl<R: Rules> Allocator for Kit<R> {
         self.books.stats.clone()
     }
 
+    fn reset_peak_stats(&mut self) {
+        self.books.stats.reset_peak();
+    }
+
     fn empty_cache(&mut self, env: &mut Env<'_>) {
         let (rules, mut cx) = self.parts(env);
         rules.empty_cache(&mut cx);

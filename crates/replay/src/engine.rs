@@ -245,6 +245,11 @@ impl<'a, A: Allocator, D: Device> Engine<'a, A, D> {
         }
     }
 
+    /// `torch.cuda.reset_peak_memory_stats()` on the allocator (not an op: no trace records it).
+    pub fn reset_peak_stats(&mut self) {
+        self.allocator.reset_peak_stats();
+    }
+
     /// Why settings ops were refused (the first few).
     pub fn refusals(&self) -> &[String] {
         &self.refusals

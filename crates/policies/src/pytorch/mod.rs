@@ -358,6 +358,10 @@ impl Allocator for PyTorchAllocator {
         self.stats_view()
     }
 
+    fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
     fn snapshot(&self) -> Vec<SnapshotSegment> {
         self.snapshot_impl()
     }

@@ -599,6 +599,10 @@ impl Allocator for Reference {
         self.stats.clone()
     }
 
+    fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
     fn snapshot(&self) -> Vec<SnapshotSegment> {
         self.segments
             .iter()

@@ -1,0 +1,527 @@
+//! The allocator PyTorch talks to, in safe code: one policy instance per device, each driven by
+//! the replay engine as a recorded trace is, so a live run makes the same calls into the policy
+//! that `allocsim replay` makes for its recording.
+//!
+//! PyTorch hands out pointers and frees by pointer; the policies speak in allocation ids. A
+//! [`Slot`] keeps the map between them, turns each call into an [`Op`], steps the engine and,
+//! when asked to, keeps the ops and the events (the recording that `allocsim replay` reads
+//! back, and the history of a snapshot).
+
+use allocsim_core::{
+    AllocId, Allocator, Device, DynAllocator, DynDevice, MemoryStats, OomInfo, Op, SnapshotSegment,
+    StreamId, Trace, TraceMeta,
+};
+use allocsim_replay::{Engine, Observer, OpOutcome, Recorder};
+use std::collections::{BTreeMap, HashMap};
+
+/// Which policy, under which settings, and whether to keep the op stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub policy: String,
+    /// In the policy's syntax (for `pytorch`, a `PYTORCH_CUDA_ALLOC_CONF` string).
+    pub conf: String,
+    /// Keep every op and event, for [`Hub::recording`] and the snapshot's history.
+    pub record: bool,
+}
+
+/// Opens device `n`: the real GPU, or a simulated one in tests.
+pub type Opener = Box<dyn Fn(u32) -> Result<Opened, String>>;
+
+/// Waits for all work queued on a stream of the device.
+pub type StreamWaiter = Box<dyn Fn(u64) -> Result<(), String>>;
+
+/// A device as opened, with how to wait for its streams (for blocks used on several).
+pub struct Opened {
+    pub device: Box<dyn Device>,
+    pub wait: StreamWaiter,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened").finish_non_exhaustive()
+    }
+}
+
+impl Opened {
+    /// A device whose streams have no work to wait for (the simulated one).
+    pub fn without_streams(device: Box<dyn Device>) -> Opened {
+        Opened { device, wait: Box::new(|_| Ok(())) }
+    }
+}
+
+/// What a call that returns a pointer may fail with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AllocError {
+    /// The policy could not serve the request: PyTorch's "CUDA out of memory", explained.
+    OutOfMemory(String),
+    /// The device could not be opened or the policy could not be built.
+    Setup(String),
+}
+
+/// Every device's slot, opened on first use with the same settings.
+pub struct Hub {
+    settings: Settings,
+    opener: Opener,
+    slots: BTreeMap<u32, Slot>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("settings", &self.settings)
+            .field("devices", &self.slots.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    /// A hub that builds each device's policy from `settings` (refused here if the policy or
+    /// its settings are unknown, before any device is touched).
+    pub fn new(settings: Settings, opener: Opener) -> Result<Hub, String> {
+        allocsim_policies::by_name(&settings.policy, Some(&settings.conf))
+            .map_err(|e| format!("policy {:?}: {e}", settings.policy))?;
+        Ok(Hub { settings, opener, slots: BTreeMap::new() })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The slot of `device`, opened now if this is its first call.
+    fn slot(&mut self, device: u32) -> Result<&mut Slot, String> {
+        if !self.slots.contains_key(&device) {
+            let opened = (self.opener)(device)?;
+            let policy =
+                allocsim_policies::by_name(&self.settings.policy, Some(&self.settings.conf))
+                    .map_err(|e| e.to_string())?;
+            self.slots.insert(device, Slot::new(policy, opened, &self.settings));
+        }
+        Ok(self.slots.get_mut(&device).expect("inserted above"))
+    }
+
+    /// PyTorch's `alloc(size, device, stream)`. A request of 0 bytes gets the null pointer
+    /// without reaching the policy, as under PyTorch's own allocator.
+    pub fn malloc(&mut self, size: u64, device: u32, stream: u64) -> Result<u64, AllocError> {
+        if size == 0 {
+            return Ok(0);
+        }
+        let slot = self.slot(device).map_err(AllocError::Setup)?;
+        slot.malloc(size, StreamId(stream)).map_err(|info| {
+            let message = oom_message(size, device, &info);
+            slot.last_oom = Some(message.clone());
+            AllocError::OutOfMemory(message)
+        })
+    }
+
+    /// PyTorch's `free(ptr, size, device, stream)`. False for a pointer this hub did not hand
+    /// out (kept as a note; nothing else happens). A block used on other streams
+    /// ([`Hub::record_stream`]) stays the policy's pending free until the work queued on those
+    /// streams is done: the hub waits for them, then completes the free.
+    pub fn free(&mut self, ptr: u64, device: u32) -> Result<bool, String> {
+        if ptr == 0 {
+            return Ok(true);
+        }
+        match self.slots.get_mut(&device) {
+            Some(slot) => slot.free(ptr),
+            None => Ok(false),
+        }
+    }
+
+    /// `Tensor.record_stream(stream)`: the block at `ptr` is also used on `stream`. False for a
+    /// pointer this hub did not hand out.
+    pub fn record_stream(&mut self, ptr: u64, stream: u64) -> bool {
+        for slot in self.slots.values_mut() {
+            if let Some(&id) = slot.live.get(&ptr) {
+                slot.step(Op::RecordStream { id, stream: StreamId(stream) });
+                slot.used_on.entry(id).or_default().push(stream);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `torch.cuda.empty_cache()` on every device opened.
+    pub fn empty_cache(&mut self) {
+        for slot in self.slots.values_mut() {
+            slot.step(Op::EmptyCache);
+        }
+    }
+
+    /// `torch.cuda.set_per_process_memory_fraction(fraction, device)`.
+    pub fn set_memory_fraction(&mut self, fraction: f64, device: u32) -> Result<(), String> {
+        let slot = self.slot(device)?;
+        slot.step(Op::SetMemoryFraction { fraction });
+        match slot.engine.refusals().get(slot.refusals_seen) {
+            Some(refusal) => {
+                slot.refusals_seen += 1;
+                Err(refusal.clone())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The policy's statistics under `torch.cuda.memory_stats()`'s names; all zero for a device
+    /// not used yet.
+    pub fn stats(&self, device: u32) -> MemoryStats {
+        self.slots.get(&device).map(|s| s.engine.allocator().stats()).unwrap_or_default()
+    }
+
+    pub fn reset_peak_stats(&mut self, device: u32) {
+        if let Some(slot) = self.slots.get_mut(&device) {
+            slot.engine.reset_peak_stats();
+        }
+    }
+
+    /// Every segment with its blocks, as `torch.cuda.memory._snapshot()` lists them.
+    pub fn segments(&self, device: u32) -> Vec<SnapshotSegment> {
+        self.slots.get(&device).map(|s| s.engine.allocator().snapshot()).unwrap_or_default()
+    }
+
+    /// Pointers handed out and not yet freed, on `device`.
+    pub fn live(&self, device: u32) -> usize {
+        self.slots.get(&device).map_or(0, |s| s.live.len())
+    }
+
+    /// Frees of pointers this hub never handed out, on `device`.
+    pub fn unknown_frees(&self, device: u32) -> u64 {
+        self.slots.get(&device).map_or(0, |s| s.unknown_frees)
+    }
+
+    /// Why the last request that failed on `device` failed.
+    pub fn last_oom(&self, device: u32) -> Option<&str> {
+        self.slots.get(&device).and_then(|s| s.last_oom.as_deref())
+    }
+
+    pub fn devices(&self) -> Vec<u32> {
+        self.slots.keys().copied().collect()
+    }
+
+    /// The op stream so far and the events it caused, as a trace `allocsim replay` reads:
+    /// `meta` holds the settings, the device's memory when it was opened and the statistics
+    /// now (so a replay says whether it comes to the same). `None` without recording.
+    pub fn recording(&self, device: u32) -> Option<Trace> {
+        let slot = self.slots.get(&device)?;
+        let rec = slot.recording.as_ref()?;
+        let stats = slot.engine.allocator().stats();
+        Some(Trace {
+            meta: TraceMeta {
+                source_format: "allocsim-torch".into(),
+                alloc_conf: Some(self.settings.conf.clone()),
+                device_total_bytes: Some(slot.opened_with.total_bytes),
+                device_free_bytes: Some(slot.opened_with.free_bytes),
+                expected_stats: Some(stats.flat()),
+                ..TraceMeta::default()
+            },
+            ops: rec.ops.clone(),
+            recorded: rec.events.events.clone(),
+            ..Trace::default()
+        })
+    }
+}
+
+/// The ops and events of one device, while recording.
+#[derive(Debug, Default)]
+struct Recording {
+    ops: Vec<Op>,
+    events: Recorder,
+}
+
+/// One device: its policy under the engine, and the pointer-to-id map.
+struct Slot {
+    /// Holds the policy and the device, leaked: each lives as long as the process, as
+    /// PyTorch's own per-device allocators do, and PyTorch may free into them until the very
+    /// end of interpreter shutdown.
+    engine: Engine<'static>,
+    live: HashMap<u64, AllocId>,
+    /// The other streams each block was recorded on.
+    used_on: HashMap<AllocId, Vec<u64>>,
+    wait: StreamWaiter,
+    next_id: u64,
+    recording: Option<Recording>,
+    last_oom: Option<String>,
+    unknown_frees: u64,
+    refusals_seen: usize,
+    opened_with: allocsim_core::MemInfo,
+}
+
+impl Slot {
+    fn new(policy: Box<dyn Allocator>, opened: Opened, settings: &Settings) -> Slot {
+        let opened_with = opened.device.mem_info();
+        let policy: &'static mut dyn Allocator = Box::leak(policy);
+        let device: &'static mut dyn Device = Box::leak(opened.device);
+        let allocator = Box::leak(Box::new(DynAllocator(policy)));
+        let device = Box::leak(Box::new(DynDevice(device)));
+        Slot {
+            engine: Engine::new(allocator, device),
+            live: HashMap::new(),
+            used_on: HashMap::new(),
+            wait: opened.wait,
+            next_id: 0,
+            recording: settings.record.then(Recording::default),
+            last_oom: None,
+            unknown_frees: 0,
+            refusals_seen: 0,
+            opened_with,
+        }
+    }
+
+    /// Run `op` and say what came of it; recorded when recording.
+    fn step(&mut self, op: Op) -> OpOutcome {
+        let mut tap = Tap {
+            outcome: OpOutcome::Done,
+            recorder: self.recording.as_mut().map(|r| &mut r.events),
+        };
+        self.engine.step_with(&op, &mut tap);
+        let outcome = tap.outcome;
+        if let Some(r) = &mut self.recording {
+            r.ops.push(op);
+        }
+        outcome
+    }
+
+    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<u64, OomInfo> {
+        let id = AllocId(self.next_id);
+        self.next_id += 1;
+        match self.step(Op::Alloc { id, size, stream }) {
+            OpOutcome::Allocated(granted) => {
+                self.live.insert(granted.addr, id);
+                Ok(granted.addr)
+            }
+            OpOutcome::OutOfMemory(info) => Err(info),
+            other => unreachable!("an alloc of a fresh id ends as {other:?}"),
+        }
+    }
+
+    fn free(&mut self, ptr: u64) -> Result<bool, String> {
+        let Some(id) = self.live.remove(&ptr) else {
+            self.unknown_frees += 1;
+            return Ok(false);
+        };
+        self.step(Op::FreeRequested { id });
+        if let Some(streams) = self.used_on.remove(&id) {
+            // Waiting now rather than polling events later: the block is never handed out
+            // while a stream may still use it, at the cost of a host stall per such free.
+            let waited = streams.iter().try_for_each(|&s| (self.wait)(s));
+            self.step(Op::FreeCompleted { id });
+            waited?;
+        }
+        Ok(true)
+    }
+}
+
+/// The observer of one step: keeps its outcome, and passes events to the recorder.
+struct Tap<'a> {
+    outcome: OpOutcome,
+    recorder: Option<&'a mut Recorder>,
+}
+
+impl Observer for Tap<'_> {
+    fn on_event(&mut self, event_index: u64, op_index: u64, event: &allocsim_core::Event) -> bool {
+        if let Some(r) = &mut self.recorder {
+            r.on_event(event_index, op_index, event);
+        }
+        true
+    }
+
+    fn on_op(
+        &mut self,
+        _op_index: u64,
+        _op: &Op,
+        outcome: &OpOutcome,
+        _allocator: &dyn Allocator,
+        _device: &dyn Device,
+    ) -> bool {
+        self.outcome = *outcome;
+        true
+    }
+}
+
+/// PyTorch's OOM message, with the figures the policy gave.
+pub fn oom_message(size: u64, device: u32, info: &OomInfo) -> String {
+    let gib = |b: u64| format_size(b);
+    let mut text = format!(
+        "CUDA out of memory (allocsim). Tried to allocate {} ({} after rounding). GPU {device} \
+         has a total capacity of {} of which {} is free. Of the memory the policy holds, {} is \
+         allocated and {} is reserved but unallocated; its largest free block is {} (large \
+         pool) and {} (small pool).",
+        gib(size),
+        gib(info.rounded_bytes),
+        gib(info.device_total_bytes),
+        gib(info.device_free_bytes),
+        gib(info.allocated_bytes),
+        gib(info.cached_bytes()),
+        gib(info.largest_free_large_bytes),
+        gib(info.largest_free_small_bytes),
+    );
+    if let Some(allowed) = info.allowed_bytes {
+        text.push_str(&format!(" The memory fraction allows {}.", gib(allowed)));
+    }
+    text
+}
+
+/// `1.50 GiB`, `20.00 MiB`, `512 bytes`: PyTorch's `format_size`.
+fn format_size(bytes: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let b = bytes as f64;
+    if bytes <= 1024 {
+        format!("{bytes} bytes")
+    } else if b <= KIB * KIB {
+        format!("{:.2} KiB", b / KIB)
+    } else if b <= KIB * KIB * KIB {
+        format!("{:.2} MiB", b / KIB / KIB)
+    } else {
+        format!("{:.2} GiB", b / KIB / KIB / KIB)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allocsim_sim::SimDevice;
+
+    const GIB: u64 = 1 << 30;
+
+    fn hub(policy: &str, conf: &str, total: u64) -> Hub {
+        let settings = Settings { policy: policy.into(), conf: conf.into(), record: true };
+        let opener: Opener =
+            Box::new(move |_| Ok(Opened::without_streams(Box::new(SimDevice::for_tests(total)))));
+        Hub::new(settings, opener).unwrap()
+    }
+
+    #[test]
+    fn unknown_policies_and_settings_are_refused_before_any_device_opens() {
+        let opener: Opener = Box::new(|_| panic!("no device may open"));
+        let bad = Settings { policy: "nope".into(), conf: String::new(), record: false };
+        assert!(Hub::new(bad, opener).unwrap_err().contains("nope"));
+        let opener: Opener = Box::new(|_| panic!("no device may open"));
+        let bad = Settings { policy: "pytorch".into(), conf: "bogus:1".into(), record: false };
+        assert!(Hub::new(bad, opener).unwrap_err().contains("bogus"));
+    }
+
+    #[test]
+    fn pointers_map_to_allocations_and_back() {
+        let mut h = hub("pytorch", "", 8 * GIB);
+        let a = h.malloc(1000, 0, 7).unwrap();
+        let b = h.malloc(3 << 20, 0, 7).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(h.malloc(0, 0, 7).unwrap(), 0, "0 bytes: the null pointer");
+        assert_eq!(h.live(0), 2);
+        let s = h.stats(0);
+        assert_eq!(s.allocated_bytes.all.current, 1024 + (3 << 20), "1000 rounds up to 1024");
+        assert!(h.free(a, 0).unwrap());
+        assert!(!h.free(a, 0).unwrap(), "a second free of the same pointer is refused");
+        assert_eq!(h.unknown_frees(0), 1);
+        assert!(h.free(b, 0).unwrap());
+        assert_eq!(h.stats(0).allocated_bytes.all.current, 0);
+        assert!(h.free(0, 0).unwrap(), "freeing null is a no-op");
+    }
+
+    #[test]
+    fn a_block_used_on_another_stream_waits_for_it_before_it_is_reused() {
+        let waits = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let seen = waits.clone();
+        let opener: Opener = Box::new(move |_| {
+            let seen = seen.clone();
+            Ok(Opened {
+                device: Box::new(SimDevice::for_tests(GIB)),
+                wait: Box::new(move |s| {
+                    seen.borrow_mut().push(s);
+                    Ok(())
+                }),
+            })
+        });
+        let settings = Settings { policy: "pytorch".into(), conf: String::new(), record: true };
+        let mut h = Hub::new(settings, opener).unwrap();
+        let a = h.malloc(4 << 20, 0, 1).unwrap();
+        assert!(h.record_stream(a, 2));
+        assert!(!h.record_stream(a + 512, 2), "not a block of ours");
+        h.free(a, 0).unwrap();
+        assert_eq!(*waits.borrow(), vec![2], "the free waited for stream 2");
+        assert_eq!(h.stats(0).active_bytes.all.current, 0, "and then completed");
+        let ops = h.recording(0).unwrap().ops;
+        let actions: Vec<_> = ops.iter().map(Op::action).collect();
+        assert_eq!(actions, ["alloc", "record_stream", "free_requested", "free_completed"]);
+        let b = h.malloc(1 << 20, 0, 1).unwrap();
+        h.free(b, 0).unwrap();
+        assert_eq!(waits.borrow().len(), 1, "a block used on its own stream waits for nothing");
+    }
+
+    #[test]
+    fn each_device_has_its_own_policy() {
+        let mut h = hub("pytorch", "", 8 * GIB);
+        let a = h.malloc(1 << 20, 0, 0).unwrap();
+        h.malloc(5 << 20, 1, 0).unwrap();
+        assert_eq!(h.stats(0).allocated_bytes.all.current, 1 << 20);
+        assert_eq!(h.stats(1).allocated_bytes.all.current, 5 << 20);
+        assert!(!h.free(a + 4096, 1).unwrap(), "a pointer device 1 never handed out");
+        assert!(h.free(a, 0).unwrap());
+        assert_eq!(h.stats(0).allocated_bytes.all.current, 0);
+        assert_eq!(h.stats(1).allocated_bytes.all.current, 5 << 20);
+        assert_eq!(h.devices(), vec![0, 1]);
+    }
+
+    #[test]
+    fn an_oom_is_explained_and_the_next_request_goes_on() {
+        let mut h = hub("pytorch", "", GIB);
+        let big = h.malloc(800 << 20, 0, 0).unwrap();
+        let err = h.malloc(600 << 20, 0, 0).unwrap_err();
+        let AllocError::OutOfMemory(text) = err else { panic!("{err:?}") };
+        assert!(text.contains("Tried to allocate 600.00 MiB"), "{text}");
+        assert_eq!(h.last_oom(0), Some(text.as_str()));
+        assert_eq!(h.stats(0).num_ooms, 1);
+        assert!(h.free(big, 0).unwrap());
+        h.malloc(600 << 20, 0, 0).unwrap();
+    }
+
+    #[test]
+    fn empty_cache_peaks_and_fraction_reach_the_policy() {
+        let mut h = hub("pytorch", "", 8 * GIB);
+        let a = h.malloc(100 << 20, 0, 0).unwrap();
+        h.free(a, 0).unwrap();
+        assert_eq!(h.stats(0).reserved_bytes.all.current, 100 << 20);
+        h.empty_cache();
+        assert_eq!(h.stats(0).reserved_bytes.all.current, 0);
+        assert_eq!(h.stats(0).allocated_bytes.all.peak, 100 << 20);
+        h.reset_peak_stats(0);
+        assert_eq!(h.stats(0).allocated_bytes.all.peak, 0);
+        h.set_memory_fraction(0.01, 0).unwrap();
+        assert!(h.malloc(100 << 20, 0, 0).is_err(), "1 % of 8 GiB is less than 100 MiB");
+        assert!(h.set_memory_fraction(2.0, 0).is_err());
+    }
+
+    /// The recording replays offline to the same statistics, for every policy.
+    #[test]
+    fn the_recording_replays_to_the_same_statistics() {
+        for name in allocsim_policies::names() {
+            let mut h = hub(name, "", 4 * GIB);
+            let mut live = Vec::new();
+            let mut rng = 12345u64;
+            for i in 0..2000u64 {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let size = 1 + (rng >> 33) % (if i.is_multiple_of(7) { 64 << 20 } else { 2 << 20 });
+                let stream = if i.is_multiple_of(5) { 2 } else { 1 };
+                if let Ok(p) = h.malloc(size, 0, stream) {
+                    live.push(p);
+                }
+                if live.len() > 40 || (rng >> 20).is_multiple_of(3) && !live.is_empty() {
+                    let at = (rng >> 40) as usize % live.len();
+                    assert!(h.free(live.swap_remove(at), 0).unwrap());
+                }
+                if i == 1500 {
+                    h.empty_cache();
+                }
+            }
+            let trace = h.recording(0).unwrap();
+            let opts = allocsim_run::RunOptions {
+                policy: name.to_string(),
+                alloc_conf: Some(String::new()),
+                ..allocsim_run::RunOptions::default()
+            };
+            let mut device = SimDevice::for_tests(4 * GIB);
+            let report =
+                allocsim_run::run_trace_on(&trace, &opts, &mut device, "sim", &mut [], |_| {})
+                    .unwrap();
+            assert_eq!(report.stats, h.stats(0), "{name}: the offline replay's statistics");
+        }
+    }
+}
