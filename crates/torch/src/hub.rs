@@ -150,14 +150,13 @@ impl Hub {
     /// `torch.cuda.set_per_process_memory_fraction(fraction, device)`.
     pub fn set_memory_fraction(&mut self, fraction: f64, device: u32) -> Result<(), String> {
         let slot = self.slot(device)?;
+        let refused = slot.engine.skipped().refused_settings;
         slot.step(Op::SetMemoryFraction { fraction });
-        match slot.engine.refusals().get(slot.refusals_seen) {
-            Some(refusal) => {
-                slot.refusals_seen += 1;
-                Err(refusal.clone())
-            }
-            None => Ok(()),
+        if slot.engine.skipped().refused_settings == refused {
+            return Ok(());
         }
+        let why = slot.engine.refusals().last().cloned();
+        Err(why.unwrap_or_else(|| format!("memory fraction {fraction} refused")))
     }
 
     /// The policy's statistics under `torch.cuda.memory_stats()`'s names; all zero for a device
@@ -240,7 +239,6 @@ struct Slot {
     recording: Option<Recording>,
     last_oom: Option<String>,
     unknown_frees: u64,
-    refusals_seen: usize,
     opened_with: allocsim_core::MemInfo,
 }
 
@@ -260,7 +258,6 @@ impl Slot {
             recording: settings.record.then(Recording::default),
             last_oom: None,
             unknown_frees: 0,
-            refusals_seen: 0,
             opened_with,
         }
     }
