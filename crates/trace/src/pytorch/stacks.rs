@@ -26,6 +26,9 @@ pub struct Stacks {
     /// Each distinct stack as the ids of its strings and its lines, three per frame (flat, so
     /// a key hashes as one run of bytes).
     by_content: AddrMap<Box<[u32]>, u32>,
+    /// The frame addresses of the list being looked up: reused, so that a lookup allocates
+    /// nothing.
+    scratch: Vec<usize>,
     strings: Strings,
     pub stacks: Vec<Stack>,
 }
@@ -84,14 +87,15 @@ impl Stacks {
         if let Some(&idx) = self.by_ptr.get(&key) {
             return Ok(Some(idx));
         }
-        let ptrs: Option<Box<[usize]>> = list
-            .iter()
-            .map(|f| match f {
-                Value::Dict(d) => Some(Rc::as_ptr(d) as usize),
-                _ => None,
-            })
-            .collect();
-        if let Some(&idx) = ptrs.as_ref().and_then(|p| self.by_frame_ptrs.get(p)) {
+        self.scratch.clear();
+        let all_dicts = list.iter().all(|f| match f {
+            Value::Dict(d) => {
+                self.scratch.push(Rc::as_ptr(d) as usize);
+                true
+            }
+            _ => false,
+        });
+        if let Some(&idx) = self.by_frame_ptrs.get(&self.scratch[..]).filter(|_| all_dicts) {
             self.by_ptr.insert(key, idx);
             return Ok(Some(idx));
         }
@@ -118,8 +122,8 @@ impl Stacks {
         self.by_ptr.insert(key, idx);
         // Every frame dict of the list is held now (`frame` keeps them), so their addresses
         // name them for as long as the table lives.
-        if let Some(ptrs) = ptrs {
-            self.by_frame_ptrs.insert(ptrs, idx);
+        if all_dicts {
+            self.by_frame_ptrs.insert(self.scratch[..].into(), idx);
         }
         Ok(Some(idx))
     }
