@@ -1,21 +1,21 @@
 //! Any allocsim policy as PyTorch's CUDA allocator.
 //!
-//! Built as a shared library (`liballocsim_torch.so`) that PyTorch loads with
-//! `torch.cuda.memory.CUDAPluggableAllocator(path, "allocsim_malloc", "allocsim_free")`;
-//! `crates/torch/python/allocsim_torch.py` does that and wraps the rest of this ABI. The policy
-//! is chosen by [`allocsim_configure`] before the first allocation, or else by the environment:
-//! `ALLOCSIM_POLICY` (default `pytorch`), `ALLOCSIM_CONF` (default: `PYTORCH_CUDA_ALLOC_CONF`
-//! for the `pytorch` policy), `ALLOCSIM_RECORD=1` to keep the op stream, and
-//! `ALLOCSIM_TORCH_DEVICE=sim` for the simulated H100 instead of the GPU.
+//! Built as a shared library (`liballocsim_torch.so`). `crates/torch/python/allocsim_torch.py`
+//! installs it and wraps the rest of this ABI. The policy is chosen by [`allocsim_configure`]
+//! before the first allocation, or else by the environment: `ALLOCSIM_POLICY` (default
+//! `pytorch`), `ALLOCSIM_CONF` (default: `PYTORCH_CUDA_ALLOC_CONF` for the `pytorch` policy),
+//! `ALLOCSIM_RECORD=1` to keep the op stream, and `ALLOCSIM_TORCH_DEVICE=sim` for the simulated
+//! H100 instead of the GPU.
 //!
-//! PyTorch 2.11's Python API gives a pluggable allocator its `alloc` and `free` only: it never
-//! calls this library for `empty_cache`, `record_stream`, memory fractions or private pools
-//! (`CUDAPluggableAllocator`'s hooks for those are set from C++ alone). So `record_stream` is
-//! not seen, and a block used on a second stream must be kept alive by the program until that
-//! stream's work is done, as PyTorch documents for every pluggable allocator; `empty_cache`,
-//! the memory fraction and peak resets are this library's own calls (the Python module's
-//! `empty_cache()` and so on), and statistics are [`allocsim_memory_stats_json`], since
-//! `torch.cuda.memory_stats()` refuses a pluggable allocator.
+//! PyTorch 2.11's Python API (`torch.cuda.memory.CUDAPluggableAllocator(path, "allocsim_malloc",
+//! "allocsim_free")`) passes a pluggable allocator `alloc` and `free` only, and takes a null
+//! block for a valid one. `python/allocsim_torch_hooks.cpp` installs the library from C++
+//! instead: it throws `c10::OutOfMemoryError` when [`allocsim_malloc`] returns null for a
+//! non-empty request, and sets PyTorch's hooks for `empty_cache` ([`allocsim_empty_cache`]),
+//! memory fractions ([`allocsim_set_memory_fraction`]) and `record_stream`
+//! ([`allocsim_record_stream`]). Private pools (`MemPool`, CUDA graphs) are not hooked.
+//! `torch.cuda.memory_stats()` refuses a pluggable allocator: [`allocsim_memory_stats_json`]
+//! stands in.
 //!
 //! Calls come from any thread (the autograd engine frees on its own): one mutex guards the
 //! [`hub::Hub`], and the CUDA device makes its context current for each driver call. A panic
