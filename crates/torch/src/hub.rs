@@ -3,7 +3,7 @@
 //! that `allocsim replay` makes for its recording.
 //!
 //! PyTorch hands out pointers and frees by pointer; the policies speak in allocation ids. A
-//! [`Slot`] keeps the map between them, turns each call into an [`Op`], steps the engine and,
+//! `Slot` keeps the map between them, turns each call into an [`Op`], steps the engine and,
 //! when asked to, keeps the ops and the events (the recording that `allocsim replay` reads
 //! back, and the history of a snapshot).
 
