@@ -259,3 +259,14 @@ fn writer_round_trips_and_shares() {
     };
     assert!(Rc::ptr_eq(a, b), "a shared list is written once and read back shared");
 }
+
+/// An empty APPENDS or SETITEMS is a no-op on whatever lies below its mark, as in CPython
+/// (`pickle.loads(b'\x80\x04\x8c\x01a(u.') == 'a'`); with items, only a list or dict takes them.
+/// The generic reader once refused the empty case the record streamer took (found by the
+/// `snapshot_file` fuzz target).
+#[test]
+fn empty_appends_and_setitems_change_nothing() {
+    assert_eq!(pickle::from_slice(b"\x80\x04\x8c\x01a(u.").unwrap(), Value::str("a"));
+    assert_eq!(pickle::from_slice(b"\x80\x04K\x05(e.").unwrap(), Value::Int(5));
+    assert!(pickle::from_slice(b"\x80\x04\x8c\x01a(K\x01K\x02u.").is_err());
+}

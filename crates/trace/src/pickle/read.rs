@@ -398,6 +398,11 @@ impl<'l, R: Read> Vm<'l, R> {
             return Err(self.underflow().into());
         };
         let n = self.stack.len() - from;
+        if n == 0 {
+            // An empty APPENDS/SETITEMS changes nothing, whatever lies below the mark: CPython
+            // returns before it looks at the target, and so does the record streamer.
+            return Ok(());
+        }
         if dict && n & 1 != 0 {
             return Err(self.err(K::OddItems).into());
         }
