@@ -181,6 +181,12 @@ impl Hub {
         self.slots.get(&device).map_or(0, |s| s.live.len())
     }
 
+    /// How many times a free waited for another stream on `device`, and for how long in all
+    /// (nanoseconds).
+    pub fn stream_waits(&self, device: u32) -> (u64, u64) {
+        self.slots.get(&device).map_or((0, 0), |s| s.stream_waits)
+    }
+
     /// Frees of pointers this hub never handed out, on `device`.
     pub fn unknown_frees(&self, device: u32) -> u64 {
         self.slots.get(&device).map_or(0, |s| s.unknown_frees)
@@ -239,6 +245,8 @@ struct Slot {
     recording: Option<Recording>,
     last_oom: Option<String>,
     unknown_frees: u64,
+    /// Waits for other streams before a free completed, and their total nanoseconds.
+    stream_waits: (u64, u64),
     opened_with: allocsim_core::MemInfo,
 }
 
@@ -258,6 +266,7 @@ impl Slot {
             recording: settings.record.then(Recording::default),
             last_oom: None,
             unknown_frees: 0,
+            stream_waits: (0, 0),
             opened_with,
         }
     }
@@ -298,7 +307,10 @@ impl Slot {
         if let Some(streams) = self.used_on.remove(&id) {
             // Waiting now rather than polling events later: the block is never handed out
             // while a stream may still use it, at the cost of a host stall per such free.
+            let start = std::time::Instant::now();
             let waited = streams.iter().try_for_each(|&s| (self.wait)(s));
+            self.stream_waits.0 += streams.len() as u64;
+            self.stream_waits.1 += start.elapsed().as_nanos() as u64;
             self.step(Op::FreeCompleted { id });
             waited?;
         }
@@ -434,6 +446,7 @@ mod tests {
         assert!(!h.record_stream(a + 512, 2), "not a block of ours");
         h.free(a, 0).unwrap();
         assert_eq!(*waits.borrow(), vec![2], "the free waited for stream 2");
+        assert_eq!(h.stream_waits(0).0, 1);
         assert_eq!(h.stats(0).active_bytes.all.current, 0, "and then completed");
         let ops = h.recording(0).unwrap().ops;
         let actions: Vec<_> = ops.iter().map(Op::action).collect();

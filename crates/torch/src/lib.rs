@@ -264,8 +264,9 @@ pub extern "C" fn allocsim_reset_peak_stats(device: c_int) {
 }
 
 /// `torch.cuda.memory_stats(device)` as a JSON object under PyTorch's key names, plus
-/// `allocsim.*` keys: policy, settings, live blocks, frees of unknown pointers, and the calls
-/// of `allocsim_malloc` and `allocsim_free` on all devices with their total wall time.
+/// `allocsim.*` keys: policy, settings, live blocks, frees of unknown pointers, waits for
+/// other streams before a free (`record_stream`) and their time, and the calls of
+/// `allocsim_malloc` and `allocsim_free` on all devices with their total wall time.
 #[no_mangle]
 pub extern "C" fn allocsim_memory_stats_json(device: c_int) -> *mut c_char {
     with_hub(std::ptr::null_mut(), |hub| {
@@ -277,6 +278,9 @@ pub extern "C" fn allocsim_memory_stats_json(device: c_int) -> *mut c_char {
         map.insert("allocsim.conf".into(), s.conf.clone().into());
         map.insert("allocsim.live_blocks".into(), hub.live(d).into());
         map.insert("allocsim.unknown_frees".into(), hub.unknown_frees(d).into());
+        let (waits, wait_ns) = hub.stream_waits(d);
+        map.insert("allocsim.stream_waits".into(), waits.into());
+        map.insert("allocsim.stream_wait_ns".into(), wait_ns.into());
         for (name, (calls, ns)) in ["malloc", "free"].iter().zip(&CALLS) {
             map.insert(format!("allocsim.{name}_calls"), calls.load(Relaxed).into());
             map.insert(format!("allocsim.{name}_ns"), ns.load(Relaxed).into());
