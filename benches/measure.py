@@ -1,14 +1,16 @@
 """The measurements of benches/README.md (issue 7), on one machine, alternating commands.
 
-    python3 benches/measure.py [import] [native] [compare]
+    python3 benches/measure.py [import] [gunzip] [native] [compare]
 
 Run from the repository root after `cargo build --release -p allocsim-cli -p allocsim-benches`
 (or point ALLOCSIM_BIN / MAKE_NATIVE_BIN at carried binaries). ROUNDS (default 15),
 NATIVE_ROUNDS (default 7) and COMPARE_ROUNDS (default 2) set the repetitions; NATIVE_CPU
 (default 2) is the core the native replays are pinned to. `import` reads IMPORT_TRACE
 (default: the Llama snapshot) and, with BASE_BIN set, runs that binary too in every round
-(alternating which goes first) and prints the median of the rounds' wall-time ratios. Wall times from perf_counter, CPU times (user +
-system, all threads) from getrusage of the child.
+(alternating which goes first) and prints the median of the rounds' wall-time ratios.
+`gunzip` times `allocsim replay` of each of GUNZIP_TRACES (default: the two GPT-2 snapshots
+with stacks) against `gzip -dc FILE > /dev/null` in the same rounds (issue 21's floor). Wall
+times from perf_counter, CPU times (user + system, all threads) from getrusage of the child.
 """
 import gzip, os, pickle, resource, statistics, subprocess, sys, time
 
@@ -97,6 +99,22 @@ if "import" in what:
         show(f"import: BASE_BIN replay {name} wall ms", bw)
         print("wall time / BASE_BIN's, median of the rounds' own ratios: %.3f" % statistics.median(
             a / b for a, b in zip(rw, bw)), flush=True)
+
+if "gunzip" in what:
+    traces = os.environ.get("GUNZIP_TRACES", "traces/pytorch-2.11-h100/gpt2_train.pickle.gz "
+                            "../shared/traces/pytorch-2.11-h100-user/d_gpt2_blog.pickle.gz").split()
+    for trace in traces:
+        name = os.path.basename(trace).split(".")[0]
+        gz, al = [], []
+        for r in range(int(os.environ.get("ROUNDS", 15))):
+            first, second = (gz, al) if r % 2 == 0 else (al, gz)
+            for xs in (first, second):
+                cmd = ["gzip", "-dc", trace] if xs is gz else [BIN, "replay", trace]
+                xs.append(run(cmd)[1])
+        show(f"gunzip: gzip -dc {name} wall ms", gz)
+        show(f"gunzip: allocsim replay {name} wall ms", al)
+        print("gunzip: allocsim / gzip -dc, median of the rounds' own ratios: %.2f" % statistics.median(
+            a / g for a, g in zip(al, gz)), flush=True)
 
 if "native" in what:
     out = "/tmp/llama10m.allocsim"
