@@ -181,12 +181,20 @@ impl SyntheticFinder {
     }
 }
 
+/// An entry's stack as the converter gets it: its `frames` list, or the index a table on the
+/// reading thread gave it ([`Stacks::adopt`]: frames are pickle values tied to that thread).
+#[derive(Debug, Clone)]
+pub enum Frames {
+    Listed(crate::pickle::Value),
+    Interned(u32),
+}
+
 /// A deferred `free_completed` waiting for its op: its block's id, its recorded event, and its
 /// stack and entry index.
 struct Completion {
     id: AllocId,
     recorded: usize,
-    frames: Option<crate::pickle::Value>,
+    frames: Option<Frames>,
     entry: usize,
 }
 
@@ -213,7 +221,7 @@ struct Builder<'a> {
     run: Vec<usize>,
     run_has_alloc_side: bool,
     /// Stack and entry index of the run's first device free (an inferred empty_cache's call).
-    run_frames: Option<(crate::pickle::Value, usize)>,
+    run_frames: Option<(Frames, usize)>,
     /// The FreeRequested op of the free whose completion may come next, and its address.
     direct: Option<(u64, u64)>,
     /// Frees requested and not yet completed (blocks used on another stream).
@@ -236,7 +244,7 @@ pub fn convert(
     with_stacks: bool,
 ) -> Result<Converted, TraceError> {
     let entries = &all.list[..];
-    let frames = |e: &Entry| all.frames.get(e.frames as usize);
+    let frames = |e: &Entry| all.frames.get(e.frames as usize).cloned().map(Frames::Listed);
     let any = |a: Action| entries.iter().any(|e| e.action == a);
     // `skip_actions=["free_completed"]` drops every completion: then frees complete at once.
     let frees_complete_at_once = !any(Action::FreeCompleted) && any(Action::FreeRequested);
@@ -269,7 +277,7 @@ pub fn convert(
             continue;
         }
         let next = entries[i + 1..].iter().find(|n| n.action != Action::Snapshot);
-        b.step(i, e, frames(e), next, frees_complete_at_once)?;
+        b.step(i, e, frames(e).as_ref(), next, frees_complete_at_once)?;
     }
     b.finish(start, frees_complete_at_once)
 }
@@ -443,7 +451,7 @@ pub struct StreamConvert<'a> {
     builder: Builder<'a>,
     /// The last entry that is not a `snapshot`, waiting for the next one (a free needs to
     /// know whether its completion comes right after).
-    waiting: Option<(usize, Entry, Option<crate::pickle::Value>)>,
+    waiting: Option<(usize, Entry, Option<Frames>)>,
     /// Every stack seen, kept alive: stacks are told apart by their `Rc`'s address.
     frames: Vec<crate::pickle::Value>,
     seen_free_requested: bool,
@@ -463,10 +471,16 @@ impl<'a> StreamConvert<'a> {
         }
     }
 
-    /// Entry `i`; false when the trace needs [`convert`].
-    pub fn push(&mut self, i: usize, mut e: Entry, extras: super::entries::Extras<'_>) -> bool {
-        let frames = extras.frames;
-        if let Some(a) = extras.annotation() {
+    /// Entry `i` with its stack and its annotation (when not PyTorch's default); false when
+    /// the trace needs [`convert`].
+    pub fn push(
+        &mut self,
+        i: usize,
+        mut e: Entry,
+        frames: Option<Frames>,
+        annotation: Option<allocsim_core::Annotation>,
+    ) -> bool {
+        if let Some(a) = annotation {
             e.annotation = self.builder.annotations.len() as u32;
             self.builder.annotations.push(a);
         }
@@ -484,15 +498,20 @@ impl<'a> StreamConvert<'a> {
                 return false;
             }
         }
-        if let Some(f) = frames {
+        if let Some(Frames::Listed(f)) = &frames {
             self.frames.push(f.clone());
         }
-        self.waiting = Some((i, e, frames.cloned()));
+        self.waiting = Some((i, e, frames));
         true
     }
 
-    /// The conversion, or `None` when the trace needs [`convert`].
-    pub fn finish(mut self, last: &[SnapshotSegment]) -> Option<Converted> {
+    /// The conversion, or `None` when the trace needs [`convert`]. `interned`: the stacks
+    /// [`Frames::Interned`] indexes (none if every stack came listed).
+    pub fn finish(
+        mut self,
+        last: &[SnapshotSegment],
+        interned: Vec<allocsim_core::Stack>,
+    ) -> Option<Converted> {
         if !self.seen_free_completed && self.seen_free_requested {
             return None;
         }
@@ -501,6 +520,9 @@ impl<'a> StreamConvert<'a> {
         }
         if !self.finder.finish(last).is_empty() {
             return None;
+        }
+        if let Some(stacks) = &mut self.builder.stacks {
+            stacks.take_adopted(interned);
         }
         self.builder.finish(None, false).ok()
     }
@@ -613,12 +635,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Push an op, attaching the entry's stack if stacks are kept.
-    fn push_op(
-        &mut self,
-        op: Op,
-        frames: Option<&crate::pickle::Value>,
-        i: usize,
-    ) -> Result<u64, TraceError> {
+    fn push_op(&mut self, op: Op, frames: Option<&Frames>, i: usize) -> Result<u64, TraceError> {
         let index = self.ops.len() as u64;
         self.ops.push(op);
         if let Some(&t) = self.entry_times.get(i).filter(|&&t| t != super::entries::NO_TIME) {
@@ -628,8 +645,14 @@ impl<'a> Builder<'a> {
             self.op_annotations.push((index, a));
         }
         if let (Some(stacks), Some(frames)) = (self.stacks.as_mut(), frames) {
-            let place = || format!("{}.frames", self.ctx.entry_place(i));
-            if let Some(s) = stacks.intern(self.ctx, frames, &place)? {
+            let stack = match frames {
+                Frames::Listed(list) => {
+                    let place = || format!("{}.frames", self.ctx.entry_place(i));
+                    stacks.intern(self.ctx, list, &place)?
+                }
+                &Frames::Interned(theirs) => Some(stacks.adopt(theirs)),
+            };
+            if let Some(s) = stack {
                 self.op_stacks.push((index, s));
             }
         }
@@ -679,7 +702,7 @@ impl<'a> Builder<'a> {
         &mut self,
         i: usize,
         e: &Entry,
-        frames: Option<&crate::pickle::Value>,
+        frames: Option<&Frames>,
         next: Option<&Entry>,
         frees_complete_at_once: bool,
     ) -> Result<(), TraceError> {
@@ -736,7 +759,7 @@ impl<'a> Builder<'a> {
     }
 
     /// A device call joins the pending run; its op is known when the run ends.
-    fn device_event(&mut self, i: usize, e: &Entry, frames: Option<&crate::pickle::Value>) {
+    fn device_event(&mut self, i: usize, e: &Entry, frames: Option<&Frames>) {
         let kind = match e.action {
             Action::SegmentAlloc => RecordedKind::SegmentAlloc,
             Action::SegmentMap => RecordedKind::SegmentMap,
@@ -753,12 +776,7 @@ impl<'a> Builder<'a> {
     }
 
     /// `alloc` or `oom`: an allocation attempt, which the pending device calls belong to.
-    fn alloc(
-        &mut self,
-        i: usize,
-        e: &Entry,
-        frames: Option<&crate::pickle::Value>,
-    ) -> Result<(), TraceError> {
+    fn alloc(&mut self, i: usize, e: &Entry, frames: Option<&Frames>) -> Result<(), TraceError> {
         // A successful allocation's release path ends with its retry's segment_alloc/map: a
         // run of device frees alone before an `alloc` was an `empty_cache` before it.
         if e.action == Action::Alloc && self.run_has_release && !self.run_has_alloc_side {
@@ -790,7 +808,7 @@ impl<'a> Builder<'a> {
         &mut self,
         i: usize,
         e: &Entry,
-        frames: Option<&crate::pickle::Value>,
+        frames: Option<&Frames>,
         completes_next: bool,
         frees_complete_at_once: bool,
     ) -> Result<u64, TraceError> {

@@ -77,10 +77,6 @@ pub struct Extras<'v> {
 }
 
 impl Extras<'_> {
-    pub fn is_empty(&self) -> bool {
-        self.frames.is_none() && self.annotation.is_none()
-    }
-
     /// The annotation, owned.
     pub fn annotation(&self) -> Option<allocsim_core::Annotation> {
         self.annotation.map(|(c, u)| allocsim_core::Annotation {

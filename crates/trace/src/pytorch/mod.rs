@@ -130,48 +130,74 @@ enum Pass {
     NeedsEntries,
     /// For the generic reader.
     Unusual,
-    /// An entry with a stack: not for [`pipelined_pass`].
+    /// A stack the reading thread's table refused: for [`stream_pass`], which says why.
     NotPlain,
     /// A limit of the reader was reached: the generic reader would reach it too.
     Refused(pickle::PickleError),
 }
 
+/// An entry as the reading thread of [`pipelined_pass`] hands it over: with the index of its
+/// stack in the reading thread's table, and its annotation if it is not PyTorch's default.
+type ReadEntry = (entries::Entry, Option<u32>, Option<allocsim_core::Annotation>);
+
 /// What the reading thread of [`pipelined_pass`] hands over.
 enum Read2Convert {
-    Entries(Vec<entries::Entry>),
-    /// The file is read: the rest of the snapshot, or how the pass ends.
-    End(Result<Head, Pass>),
+    Entries(Vec<ReadEntry>),
+    /// The file is read: the rest of the snapshot, or how the pass ends; and the stacks the
+    /// entries' indices name.
+    End(Result<Head, Pass>, Vec<allocsim_core::Stack>),
 }
 
-/// Entries per message of [`pipelined_pass`].
+/// Entries per message of [`pipelined_pass`], and in its first.
 const BATCH: usize = 4096;
+const FIRST_BATCH: usize = 64;
 
 /// [`stream_pass`] converting as the entries come, with the reading (inflating and the pickle)
 /// on one thread and the conversion on this one. Reading is most of the work and converting
-/// the rest, so side by side they take about as long as reading alone. Entries with stacks
-/// (`frames`, pickle values tied to the reading thread) end it with [`Pass::NotPlain`], for
-/// [`stream_pass`]; every other outcome is the same as [`stream_pass`]'s.
+/// the rest, so side by side they take about as long as reading alone. Stacks (`frames`, pickle
+/// values tied to the reading thread) are interned there, and the entries carry their index
+/// ([`convert::Frames::Interned`]); a stack the table refuses ends the pass with
+/// [`Pass::NotPlain`], for [`stream_pass`] to say why. Every other outcome is the same as
+/// [`stream_pass`]'s.
 fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
     let source = open(path)?;
     let ctx = Ctx { path, device: 0 };
     let (send, received) = sync_channel(4);
+    // Set when the converter gives up: the reader stops at its next entry rather than at its
+    // next full batch (up to five batches of reading and interning for nothing).
+    let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
+        let stop = &stop;
         let reader = scope.spawn(move || {
             let mut batch = Vec::with_capacity(BATCH);
             let (mut count, mut not_plain) = (0, false);
+            let mut stacks = opts.stacks.then(stacks::Stacks::default);
             let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
-                let entry = match streamed_entry(ctx, count, fields) {
-                    Some((entry, extras)) if extras.is_empty() => entry,
-                    Some(_) => {
-                        not_plain = true;
-                        return false;
-                    }
-                    None => return false,
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return false;
+                }
+                let Some((entry, extras)) = streamed_entry(ctx, count, fields) else {
+                    return false;
                 };
-                batch.push(entry);
+                let stack = match (extras.frames, stacks.as_mut()) {
+                    (Some(list), Some(table)) => {
+                        let place = || format!("{}.frames", ctx.entry_place(count));
+                        match table.intern(ctx, list, &place) {
+                            Ok(stack) => stack,
+                            Err(_) => {
+                                not_plain = true;
+                                return false;
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                batch.push((entry, stack, extras.annotation()));
                 count += 1;
-                // A converter that stopped has dropped its end: stop reading too.
-                batch.len() < BATCH
+                // The first batch is small: what decides that the converter gives up (a history
+                // that starts mid-run) comes in the first entries. A converter that stopped has
+                // dropped its end: stop reading too.
+                batch.len() < if count <= FIRST_BATCH { FIRST_BATCH } else { BATCH }
                     || send.send(Read2Convert::Entries(std::mem::take(&mut batch))).is_ok()
             });
             let end = match records {
@@ -184,9 +210,10 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
                 Ok(_) => Err(Pass::Unusual),
             };
             let _ = send.send(Read2Convert::Entries(batch));
-            let _ = send.send(Read2Convert::End(end));
+            let _ = send.send(Read2Convert::End(end, stacks.map(|s| s.stacks).unwrap_or_default()));
         });
         let pass = convert_received(ctx, opts.stacks, received);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         // A reading thread that panicked said nothing: the generic reader decides.
         Ok(if reader.join().is_ok() { pass } else { Pass::Unusual })
     })
@@ -200,8 +227,9 @@ fn convert_received(ctx: Ctx<'_>, stacks: bool, received: Receiver<Read2Convert>
     for message in received {
         match message {
             Read2Convert::Entries(entries) => {
-                for entry in entries {
-                    if !conv.push(count, entry, entries::Extras::default()) {
+                for (entry, stack, annotation) in entries {
+                    let frames = stack.map(convert::Frames::Interned);
+                    if !conv.push(count, entry, frames, annotation) {
                         return Pass::NeedsEntries;
                     }
                     count += 1;
@@ -209,8 +237,8 @@ fn convert_received(ctx: Ctx<'_>, stacks: bool, received: Receiver<Read2Convert>
             }
             // An error from here on is left to the generic reader too, so every message comes
             // from one place.
-            Read2Convert::End(Ok(head)) => return finish_streamed(conv, head),
-            Read2Convert::End(Err(pass)) => return pass,
+            Read2Convert::End(Ok(head), stacks) => return finish_streamed(conv, head, stacks),
+            Read2Convert::End(Err(pass), _) => return pass,
         }
     }
     Pass::Unusual
@@ -248,7 +276,8 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
         count += 1;
         match conv.as_mut() {
             Some(conv) => {
-                needs_entries = !conv.push(count - 1, entry, extras);
+                let frames = extras.frames.cloned().map(convert::Frames::Listed);
+                needs_entries = !conv.push(count - 1, entry, frames, extras.annotation());
                 !needs_entries
             }
             None => {
@@ -271,7 +300,7 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     // one place.
     Ok(match conv {
         Some(conv) => match head_of(ctx, &records.root, count, opts) {
-            Ok(head) => finish_streamed(conv, head),
+            Ok(head) => finish_streamed(conv, head, Vec::new()),
             Err(_) => Pass::Unusual,
         },
         None => match convert_root(&records.root, path, opts, Some(entries)) {
@@ -327,8 +356,13 @@ fn read_root(
 }
 
 /// The trace of a conversion done as the entries came, or [`Pass::NeedsEntries`].
-fn finish_streamed(conv: convert::StreamConvert<'_>, head: Head) -> Pass {
-    match conv.finish(&head.last) {
+/// `interned`: the stacks of the reading thread's table, if it had one.
+fn finish_streamed(
+    conv: convert::StreamConvert<'_>,
+    head: Head,
+    interned: Vec<allocsim_core::Stack>,
+) -> Pass {
+    match conv.finish(&head.last, interned) {
         Some(converted) => Pass::Done(Box::new(trace_of(head, converted))),
         None => Pass::NeedsEntries,
     }

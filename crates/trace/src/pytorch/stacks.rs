@@ -31,6 +31,10 @@ pub struct Stacks {
     scratch: Vec<usize>,
     strings: Strings,
     pub stacks: Vec<Stack>,
+    /// Stacks another table interned ([`Stacks::adopt`]): their index there by ours.
+    adopted: Vec<u32>,
+    /// Our index of each of theirs seen so far.
+    adopted_as: AddrMap<u32, u32>,
 }
 
 /// Frame strings by id. A file name or function name recurs in thousands of frames, usually
@@ -126,6 +130,28 @@ impl Stacks {
             self.by_frame_ptrs.insert(self.scratch[..].into(), idx);
         }
         Ok(Some(idx))
+    }
+
+    /// Our index for stack `theirs` of another table (the reading thread's), numbered in order
+    /// of first use as [`Stacks::intern`] numbers stacks, so a trace comes out the same
+    /// whichever thread read its frames. The stacks themselves come at the end
+    /// ([`Stacks::take_adopted`]). A table adopts or interns, never both.
+    pub fn adopt(&mut self, theirs: u32) -> u32 {
+        debug_assert!(self.stacks.is_empty(), "a table adopts or interns");
+        let next = self.adopted.len() as u32;
+        *self.adopted_as.entry(theirs).or_insert_with(|| {
+            self.adopted.push(theirs);
+            next
+        })
+    }
+
+    /// The stacks adopted, from the table that interned them.
+    pub fn take_adopted(&mut self, mut theirs: Vec<Stack>) {
+        if self.adopted.is_empty() {
+            return;
+        }
+        self.stacks =
+            self.adopted.iter().map(|&t| std::mem::take(&mut theirs[t as usize])).collect();
     }
 
     /// A frame as (name id, file name id, line); a missing name or file name is "".
