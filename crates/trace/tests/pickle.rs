@@ -270,3 +270,15 @@ fn empty_appends_and_setitems_change_nothing() {
     assert_eq!(pickle::from_slice(b"\x80\x04K\x05(e.").unwrap(), Value::Int(5));
     assert!(pickle::from_slice(b"\x80\x04\x8c\x01a(K\x01K\x02u.").is_err());
 }
+
+/// A batch opened inside a snapshot entry where a key belongs: its SETITEMS applies to the
+/// value below the MARK, an int here, which CPython refuses. The record streamer once took the
+/// batch's pairs as the entry's (found by the `snapshot_file` fuzz target; the input is in its
+/// corpus): now both readers refuse it alike.
+#[test]
+fn a_batch_inside_an_entry_applies_to_the_value_below_it() {
+    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/snapshot_file/");
+    let path = format!("{corpus}crash-cb633dfda8f83c8076a6a04ef92475c43ee47a0e");
+    let err = allocsim_trace::read_trace(&path).unwrap_err().to_string();
+    assert!(err.contains("pickle byte 477: SETITEMS on a int"), "{err}");
+}

@@ -406,6 +406,10 @@ impl<R: Read> Vm<'_, R> {
                 op::BININT => {
                     (Value::Int(i64::from(i32::from_le_bytes(self.input.array::<4>()?))), 0)
                 }
+                // A MARK where a key belongs opens a batch whose SETITEMS applies to the value
+                // below it, which this reader has taken off the stack: only the generic reader
+                // can judge that (Python's pickler never writes it inside an entry).
+                op::MARK if key.is_none() => return Err(Failure::Unusual),
                 _ => match self.scalar(code)? {
                     Some(v) => (v, 0),
                     None => return self.record_generic(state, key, keys, code),
