@@ -45,7 +45,7 @@ def _lib():
     if _LIB is None:
         _PATH = library_path()
         lib = ctypes.CDLL(_PATH)
-        text = [ctypes.c_void_p]
+        text = ctypes.c_void_p  # a string the library made: read, then allocsim_string_free
         for name, args, res in [
             ("allocsim_configure", [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int], ctypes.c_int),
             ("allocsim_malloc", [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p),
@@ -54,10 +54,10 @@ def _lib():
             ("allocsim_empty_cache", [], None),
             ("allocsim_set_memory_fraction", [ctypes.c_double, ctypes.c_int], ctypes.c_int),
             ("allocsim_reset_peak_stats", [ctypes.c_int], None),
-            ("allocsim_memory_stats_json", [ctypes.c_int], text[0]),
-            ("allocsim_memory_summary", [ctypes.c_int], text[0]),
-            ("allocsim_last_oom", [ctypes.c_int], text[0]),
-            ("allocsim_last_error", [], text[0]),
+            ("allocsim_memory_stats_json", [ctypes.c_int], text),
+            ("allocsim_memory_summary", [ctypes.c_int], text),
+            ("allocsim_last_oom", [ctypes.c_int], text),
+            ("allocsim_last_error", [], text),
             ("allocsim_save_snapshot", [ctypes.c_int, ctypes.c_char_p], ctypes.c_int),
             ("allocsim_save_recording", [ctypes.c_int, ctypes.c_char_p], ctypes.c_int),
             ("allocsim_string_free", [ctypes.c_void_p], None),

@@ -168,18 +168,17 @@ pub extern "C" fn allocsim_configure(
             record: record != 0,
         };
         let mut g = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(h) = &g.hub {
-            if !h.devices().is_empty() && *h.settings() != settings {
-                return Err(format!(
-                    "allocsim already serves PyTorch as {:?} with {:?}; configure before the \
-                     first allocation",
-                    h.settings().policy,
-                    h.settings().conf
-                ));
-            }
-            if !h.devices().is_empty() {
+        // A hub that has served a device keeps its settings: the same ones again are fine.
+        if let Some(h) = g.hub.as_ref().filter(|h| !h.devices().is_empty()) {
+            if *h.settings() == settings {
                 return Ok(());
             }
+            return Err(format!(
+                "allocsim already serves PyTorch as {:?} with {:?}; configure before the first \
+                 allocation",
+                h.settings().policy,
+                h.settings().conf
+            ));
         }
         g.hub = Some(Hub::new(settings, opener_from_env())?);
         Ok(())
@@ -322,17 +321,11 @@ pub extern "C" fn allocsim_save_snapshot(device: c_int, path: *const c_char) -> 
     with_hub(-1, |hub| {
         let d = device_index(device)?;
         let path = std::path::PathBuf::from(take(path, "path")?);
-        let trace = hub.recording(d).unwrap_or_default();
+        let mut trace = hub.recording(d).unwrap_or_default();
+        let recorded = std::mem::take(&mut trace.recorded);
         let s = hub.settings();
-        allocsim_cli::write_snapshot(
-            &path,
-            &trace,
-            trace.recorded.clone(),
-            &hub.segments(d),
-            &s.policy,
-            &s.conf,
-        )
-        .map_err(|e| format!("{e:#}"))?;
+        allocsim_cli::write_snapshot(&path, &trace, recorded, &hub.segments(d), &s.policy, &s.conf)
+            .map_err(|e| format!("{e:#}"))?;
         Ok(0)
     })
 }
