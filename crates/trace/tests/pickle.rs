@@ -282,3 +282,15 @@ fn a_batch_inside_an_entry_applies_to_the_value_below_it() {
     let err = allocsim_trace::read_trace(&path).unwrap_err().to_string();
     assert!(err.contains("pickle byte 477: SETITEMS on a int"), "{err}");
 }
+
+/// The same, where the entry goes on in the generic reader (a `PROTO` inside it): a batch
+/// opened after the entry's last value applies to that value, a str here. The record
+/// streamer, which had taken the entry's pairs off the stack, once filled the entry with it
+/// (found by the `snapshot_file` fuzz target on the device host; the input is in its corpus).
+#[test]
+fn a_batch_after_an_entrys_last_value_applies_to_that_value() {
+    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/snapshot_file/");
+    let path = format!("{corpus}crash-beed63e81cb8438baee97fa98349f672bef93e80");
+    let err = allocsim_trace::read_trace(&path).unwrap_err().to_string();
+    assert!(err.contains("pickle byte 528: SETITEMS on a str"), "{err}");
+}

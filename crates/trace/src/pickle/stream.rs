@@ -462,7 +462,12 @@ impl<R: Read> Vm<'_, R> {
             self.push(Slot::new(k, depth))?;
         }
         loop {
-            if code == op::STOP {
+            // The pairs read before this point are not on the stack, so a MARK right above the
+            // record's own would see the dict below it where the last value belongs (its
+            // SETITEMS would fill the record): only the generic reader can judge it.
+            let mark_on_streamed_pairs =
+                code == op::MARK && keys > 0 && self.stack.len() == base + 1;
+            if code == op::STOP || mark_on_streamed_pairs {
                 return Err(Failure::Unusual);
             }
             self.step()?;
