@@ -6,9 +6,10 @@ For each workload and setting: whether allocsim's `pytorch` policy made the same
 calls (action and size, in order) as PyTorch's own allocator, and the peaks of both; the
 peak reserved under every policy; and whether each recorded op stream, replayed offline by
 `allocsim replay` under the policy and settings it ran with, comes to the same
-`memory_stats()`, key for key; and from the timing runs (no history kept), the wall time of
-each run's steps from the third on (the first two load kernels), median over the runs, under
-PyTorch's allocator and under the `pytorch` policy.
+`memory_stats()`, key for key; and from the timing runs (no history kept), each run's median
+step time from the fourth step on (the first ones load kernels and fill the cache), then the
+median over the runs under PyTorch's allocator and under the `pytorch` policy, their ratio, and
+the range of the ratios of each alternating pair.
 """
 import statistics
 import glob, gzip, json, pickle, subprocess, sys
@@ -22,7 +23,8 @@ if "--allocsim" in args:
     del args[i:i + 2]
 runs, histories = [], {}  # a run's history is in the same OUT (a timing run keeps none)
 for out in map(Path, args):
-    for f in sorted((out / "runs").glob("*.json")) + sorted(out.glob("*.json")):
+    in_order = sorted((out / "runs").glob("*.json"), key=lambda f: (len(f.stem), f.stem))  # 2 before 10
+    for f in in_order + sorted(out.glob("*.json")):
         runs.append(dict(json.loads(f.read_text()), out=out))
     for f in (out / "history").glob("*"):
         histories[(out, f.name)] = f
@@ -93,14 +95,21 @@ for r in runs:
           f"{'yes' if r['failure'] else 'no'} | {calls} | {replay} |")
 
 print()
-print("| workload | settings | runs | steps 3 on, PyTorch's own (s) | steps 3 on, `pytorch` policy (s) | ratio |")
-print("| --- | --- | --- | --- | --- | --- |")
+print("| workload | settings | runs | median step, PyTorch's own (ms) | median step, `pytorch` policy (ms) "
+      "| ratio | ratio per pair (min-max) | µs per malloc / free |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 timing = {}
 for r in runs:
-    if r["mode"] in ("native", "pytorch") and not name(r, "pickle.gz"):
-        timing.setdefault((r["workload"], r["conf"]), {}).setdefault(r["mode"], []).append(sum(r["step_seconds"][2:]))
+    if r["mode"] in ("native", "pytorch") and not name(r, "pickle.gz") and len(r["step_seconds"]) > 4:
+        timing.setdefault((r["workload"], r["conf"]), {}).setdefault(r["mode"], []).append(r)
 for (w, conf), t in sorted(timing.items()):
-    if len(t) == 2:
-        a, b = statistics.median(t["native"]), statistics.median(t["pytorch"])
-        print(f"| {w} | `{conf or 'default'}` | {len(t['native'])} / {len(t['pytorch'])} | "
-              f"{a:.3f} | {b:.3f} | {b / a:.3f} |")
+    if len(t) != 2:
+        continue
+    step = {m: [statistics.median(r["step_seconds"][3:]) for r in rs] for m, rs in t.items()}
+    a, b = statistics.median(step["native"]), statistics.median(step["pytorch"])
+    pairs = [y / x for x, y in zip(step["native"], step["pytorch"])]
+    mine = t["pytorch"]
+    calls = (f"{sum(r['allocsim.malloc_ns'] for r in mine) / sum(r['allocsim.malloc_calls'] for r in mine) / 1e3:.2f} / "
+             f"{sum(r['allocsim.free_ns'] for r in mine) / sum(r['allocsim.free_calls'] for r in mine) / 1e3:.2f}")
+    print(f"| {w} | `{conf or 'default'}` | {len(step['native'])} / {len(step['pytorch'])} | "
+          f"{a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.3f} | {min(pairs):.3f}-{max(pairs):.3f} | {calls} |")

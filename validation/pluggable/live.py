@@ -2,8 +2,9 @@
 
     python3 live.py WORKLOAD native|POLICY CONF OUT.json [--history DIR]
 
-WORKLOAD is llama_ft, gpt2_train (validation/fit.py's seeded programs) or kv_infer (Llama
-generation with a growing KV cache, requests of random batch and length). `native` runs
+WORKLOAD is llama_ft, gpt2_train (validation/fit.py's seeded programs), kv_infer (Llama
+generation with a growing KV cache, requests of random batch and length), or gpt2_steady and
+llama_steady (training at one batch shape for 30 steps: the step-time benchmark). `native` runs
 PyTorch's caching allocator with PYTORCH_CUDA_ALLOC_CONF=CONF; a policy name runs allocsim's
 through `crates/torch` (`allocsim_torch.use(POLICY, CONF)`). CONF `-` means none.
 Writes OUT.json: peaks, OOM, the wall time of each step (CUDA synchronised at its end), and
@@ -50,8 +51,40 @@ def kv_infer(step_done):
             step_done()
 
 
-if workload == "kv_infer":
-    run = kv_infer
+def steady(step_done, model, vocab, batch, seq, steps=30):
+    model = model.cuda()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+    for _ in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = None
+        step_done()
+
+
+def gpt2_steady(step_done):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(41)
+    steady(step_done, GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12)), 50257, 8, 512)
+
+
+def llama_steady(step_done):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(30)
+    cfg = LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=16,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg)
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    steady(step_done, model, 32000, 4, 1024)
+
+
+if workload in ("kv_infer", "gpt2_steady", "llama_steady"):
+    run = globals()[workload]
 else:
     import fit  # validation/fit.py: the seeded training programs
     run = fit.WORKLOADS[workload]

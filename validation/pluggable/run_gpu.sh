@@ -3,11 +3,13 @@
 # GPU machine, from the repository root, with ALLOCSIM_TORCH_LIB pointing at the library.
 # history: each workload under PyTorch's allocator and allocsim's pytorch policy (default and
 # expandable segments), then allocsim, bfc and rmm_pool, each with its whole history kept.
-# timing: REPS alternating pairs (native, then the pytorch policy) per setting, no history.
+# timing: REPS alternating pairs (native, then the pytorch policy) per setting, no history;
+# its workloads by default: gpt2_steady llama_steady kv_infer.
 set -u
 out=$1 what=$2 reps=${3:-3}
 shift 3 2>/dev/null || shift $#
 workloads=${*:-llama_ft gpt2_train kv_infer}
+[ "$what" = timing ] && [ $# = 0 ] && workloads="gpt2_steady llama_steady kv_infer"
 live=validation/pluggable/live.py
 mkdir -p "$out/runs" "$out/history"
 n=0

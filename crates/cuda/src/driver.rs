@@ -298,8 +298,8 @@ impl Drop for PhysicalMemory {
     }
 }
 
-/// Physical memory mapped at `[ptr, ptr + size)` with read-write access; `Drop` unmaps it and
-/// then releases the memory.
+/// Physical memory mapped at `[ptr, ptr + size)`; `Drop` unmaps it and then releases the
+/// memory. Access is granted separately ([`grant_access`]), once for a whole run of mappings.
 #[derive(Debug)]
 pub struct Mapping {
     pub ptr: u64,
@@ -308,8 +308,8 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` for one chunk. On any failure what was
-    /// already done is undone by the `Drop`s of the partial state.
+    /// `cuMemCreate` + `cuMemMap` for one chunk. On failure what was already done is undone by
+    /// the `Drop`s of the partial state.
     pub fn new(gpu: &Gpu, ptr: u64, size: u64) -> Result<Self, CudaError> {
         let prop = gpu.allocation_prop();
         let mut handle = 0;
@@ -319,15 +319,20 @@ impl Mapping {
         // SAFETY: `[ptr, ptr+size)` lies in a range we reserved and is not mapped (the caller
         // keeps track); `handle` is the live physical memory above, mapped from offset 0.
         check("cuMemMap", unsafe { sys::cuMemMap(ptr, size as usize, 0, handle, 0) })?;
-        let mapping = Mapping { ptr, size, _memory: memory };
-        let desc = sys::CUmemAccessDesc {
-            location: prop.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the range was just mapped; `desc` is a live local, count 1.
-        check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(ptr, size as usize, &desc, 1) })?;
-        Ok(mapping)
+        Ok(Mapping { ptr, size, _memory: memory })
     }
+}
+
+/// `cuMemSetAccess`: read-write access for `gpu` to `[ptr, ptr + size)`, which must be wholly
+/// mapped (by any number of [`Mapping`]s: one call covers them all, as PyTorch's expandable
+/// segments do).
+pub fn grant_access(gpu: &Gpu, ptr: u64, size: u64) -> Result<(), CudaError> {
+    let desc = sys::CUmemAccessDesc {
+        location: gpu.allocation_prop().location,
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: the caller mapped the whole range; `desc` is a live local, count 1.
+    check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(ptr, size as usize, &desc, 1) })
 }
 
 impl Drop for Mapping {
