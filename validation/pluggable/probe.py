@@ -1,0 +1,68 @@
+"""The hooks allocsim_torch installs, checked on the GPU (run from the repository root):
+
+    python3 validation/pluggable/probe.py
+
+An impossible request raises torch.OutOfMemoryError and the GPU keeps working;
+torch.cuda.empty_cache() and set_per_process_memory_fraction() reach the policy; a block
+used on a second stream (Tensor.record_stream) is not freed before that stream's work is done.
+Prints what it saw; exits 1 if any check fails.
+"""
+import sys, time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "crates/torch/python"))
+import allocsim_torch  # noqa: E402
+
+failed = []
+
+
+def check(ok, what):
+    print("ok  " if ok else "FAIL", what)
+    if not ok:
+        failed.append(what)
+
+
+allocsim_torch.use("pytorch")
+a = torch.ones(1000, device="cuda")
+try:
+    torch.empty(2**40, dtype=torch.uint8, device="cuda")
+    check(False, "a 1 TiB request raises OutOfMemoryError")
+except torch.OutOfMemoryError as e:
+    check("allocsim" in str(e), f"a 1 TiB request raises OutOfMemoryError: {str(e)[:100]}...")
+check(torch.ones(1000, device="cuda").sum().item() == 1000, "after the OOM, the GPU works")
+
+x = torch.empty(50 << 20, dtype=torch.uint8, device="cuda")
+del x
+before = allocsim_torch.memory_stats()["reserved_bytes.all.current"]
+torch.cuda.empty_cache()
+after = allocsim_torch.memory_stats()["reserved_bytes.all.current"]
+check(after < before, f"torch.cuda.empty_cache() gives memory back: reserved {before} -> {after}")
+
+# A busy second stream: 100 M GPU cycles of sleep (about 50 ms), then a kernel on the block.
+s2 = torch.cuda.Stream()
+y = torch.ones(30 << 20, dtype=torch.uint8, device="cuda")
+y.add_(1)  # the first launch of this kernel loads it (CUDA loads modules lazily), which may wait
+torch.cuda.synchronize()
+with torch.cuda.stream(s2):
+    torch.cuda._sleep(100_000_000)
+    y.add_(1)
+y.record_stream(s2)
+busy = not s2.query()
+t = time.perf_counter()
+del y
+took = time.perf_counter() - t
+idle = s2.query()
+waits = allocsim_torch.memory_stats()["allocsim.stream_waits"]
+check(busy and idle and waits == 1,
+      f"the free of a block recorded on a busy stream waited for it: {took * 1e3:.1f} ms "
+      f"(stream busy before: {busy}, idle after: {idle}, waits: {waits})")
+
+torch.cuda.set_per_process_memory_fraction(0.001)
+try:
+    torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    check(False, "set_per_process_memory_fraction(0.001) refuses 1 GiB")
+except torch.OutOfMemoryError as e:
+    check("fraction" in str(e), "set_per_process_memory_fraction(0.001) refuses 1 GiB")
+sys.exit(1 if failed else 0)
