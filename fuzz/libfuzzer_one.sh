@@ -5,6 +5,7 @@
 # to $OUT.
 set -u
 secs=$1 jobs=$2; shift 2
+export TMPDIR=${TMPDIR:-/dev/shm}  # snapshot_file writes each input as two files
 tar xzf carry/fz.tgz -C /tmp
 cd /tmp
 for tn in "$@"; do
