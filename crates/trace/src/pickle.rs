@@ -13,6 +13,7 @@
 
 mod budget;
 mod input;
+mod lists;
 mod memo;
 mod opcodes;
 mod read;

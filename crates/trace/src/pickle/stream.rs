@@ -19,6 +19,7 @@
 //! code-running opcodes.
 
 use super::budget::{own_bytes, unique_bytes};
+use super::lists::ListCache;
 use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes as op;
 use super::read::{release, Failure, Slot, Vm};
@@ -72,6 +73,8 @@ struct State<'k, F> {
     value_cache: Vec<Option<Rc<String>>>,
     /// The items of a list being read in place, reused so a list is allocated once, whole.
     items: Vec<Value>,
+    /// The lists read in place, so that equal ones (a stack's frames) are held once.
+    lists: ListCache,
     /// The streamed list, once found (for the identity check at the end).
     list: Option<*const Vec<Value>>,
 }
@@ -189,6 +192,7 @@ fn stream<R: Read>(
         memo_key_cache: [(u64::MAX, IGNORED); KEY_CACHE],
         value_cache: vec![None; KEY_CACHE],
         items: Vec::new(),
+        lists: ListCache::default(),
         list: None,
     };
     let mut vm = Vm::new(reader, limits);
@@ -699,14 +703,15 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                 if depth > max_depth {
                     return None;
                 }
-                // An exact-size copy; the buffer keeps its room for the next list.
-                #[allow(clippy::drain_collect)]
-                let list = Value::list(items.drain(..).collect());
+                // One list for each stack: the memo keeps every list to the end.
+                let (list, shared) = state.lists.get(&mut state.items);
                 if memoized {
                     // Its key was taken at the MEMOIZE; only GETs came since, so it is still
                     // the next one.
                     memo.append(Memo::Value(list.clone(), depth))?;
-                    cost += own_bytes(&list);
+                    if !shared {
+                        cost += own_bytes(&list);
+                    }
                 }
                 built = Some((list, depth));
                 (RAW_LIST, 0)

@@ -1,0 +1,102 @@
+//! A small cache of recently made lists, shared when a list with the same items comes again.
+//!
+//! PyTorch's snapshots give each allocation a list of its frames (shared frame dicts), and the
+//! pickle memoizes every such list: a reader must keep each one for as long as a later `GET`
+//! could ask for it, that is to the end. A two-million-entry snapshot holds over a million
+//! such lists of about 40 items, far more than the reader's memory budget, though they repeat
+//! a few hundred stacks. Lists read in place hold only finished values, and a finished list in
+//! the memo is never changed (the reader refuses to mutate a shared container), so one `Rc`
+//! can stand for every equal list: no reader of the value can tell.
+
+use super::value::Value;
+use std::rc::Rc;
+
+const SLOTS: usize = 1024;
+
+pub struct ListCache {
+    slots: Vec<Option<Rc<Vec<Value>>>>,
+}
+
+impl Default for ListCache {
+    fn default() -> Self {
+        ListCache { slots: vec![None; SLOTS] }
+    }
+}
+
+impl ListCache {
+    /// The shared list of `items` and whether it was cached (then nothing new is held), else
+    /// a new list of them, remembered for the next.
+    #[inline]
+    pub fn get(&mut self, items: &mut Vec<Value>) -> (Value, bool) {
+        // FNV-1a over the items' identities: a collision only costs a miss.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for v in items.iter() {
+            h = (h ^ identity(v)).wrapping_mul(0x0100_0000_01b3);
+        }
+        let slot = &mut self.slots[(h % SLOTS as u64) as usize];
+        if let Some(rc) = slot {
+            if rc.len() == items.len() && rc.iter().zip(items.iter()).all(|(a, b)| same(a, b)) {
+                items.clear();
+                return (Value::List(rc.clone()), true);
+            }
+        }
+        // An exact-size copy; the buffer keeps its room for the next list.
+        #[allow(clippy::drain_collect)]
+        let rc = Rc::new(items.drain(..).collect::<Vec<_>>());
+        *slot = Some(rc.clone());
+        (Value::List(rc), false)
+    }
+}
+
+/// What tells `v` apart from other items: its address for shared values, else its bits.
+fn identity(v: &Value) -> u64 {
+    match v {
+        Value::None => 0,
+        Value::Bool(b) => 1 + u64::from(*b),
+        Value::Int(i) => *i as u64,
+        Value::Float(f) => f.to_bits(),
+        Value::Str(s) => Rc::as_ptr(s) as u64,
+        Value::Bytes(b) => Rc::as_ptr(b) as u64,
+        Value::List(l) | Value::Tuple(l) => Rc::as_ptr(l) as u64,
+        Value::Dict(d) => Rc::as_ptr(d) as u64,
+    }
+}
+
+/// The same value: the same shared object, or equal scalars of the same type.
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::None, Value::None) => true,
+        (Value::Bool(x), Value::Bool(y)) => x == y,
+        (Value::Int(x), Value::Int(y)) => x == y,
+        (Value::Float(x), Value::Float(y)) => x.to_bits() == y.to_bits(),
+        (Value::Str(x), Value::Str(y)) => Rc::ptr_eq(x, y),
+        (Value::Bytes(x), Value::Bytes(y)) => Rc::ptr_eq(x, y),
+        (Value::List(x), Value::List(y)) | (Value::Tuple(x), Value::Tuple(y)) => Rc::ptr_eq(x, y),
+        (Value::Dict(x), Value::Dict(y)) => Rc::ptr_eq(x, y),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_items_share_one_list_and_others_do_not() {
+        let frame = Value::str_dict([("name", Value::str("f"))]);
+        let mut cache = ListCache::default();
+        let (a, cached) = cache.get(&mut vec![frame.clone(), Value::Int(3)]);
+        assert!(!cached);
+        let (b, cached) = cache.get(&mut vec![frame.clone(), Value::Int(3)]);
+        assert!(cached);
+        let (Value::List(a), Value::List(b)) = (&a, &b) else { panic!() };
+        assert!(Rc::ptr_eq(a, b));
+        // An equal dict that is another object is another item.
+        let twin = Value::str_dict([("name", Value::str("f"))]);
+        let (c, cached) = cache.get(&mut vec![twin, Value::Int(3)]);
+        assert!(!cached);
+        assert_eq!(&c, &Value::List(a.clone()), "equal in value");
+        let (_, cached) = cache.get(&mut vec![frame, Value::Int(4)]);
+        assert!(!cached);
+    }
+}
