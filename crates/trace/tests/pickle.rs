@@ -294,3 +294,51 @@ fn a_batch_after_an_entrys_last_value_applies_to_that_value() {
     let err = allocsim_trace::read_trace(&path).unwrap_err().to_string();
     assert!(err.contains("pickle byte 528: SETITEMS on a str"), "{err}");
 }
+
+/// PyTorch memoizes every entry's `frames` list, so a reader keeps each to the end; equal
+/// lists read by the record streamer are held once. 50,000 entries, each with a list of its
+/// own of the same 40 shared frames, would hold 32 MB of lists: they read within 16 MiB.
+#[test]
+fn an_entrys_frames_list_equal_to_an_earlier_one_is_held_once() {
+    let frames: Vec<Value> = (0..40)
+        .map(|i| {
+            Value::str_dict([
+                ("filename", Value::str("train.py")),
+                ("line", Value::Int(i)),
+                ("name", Value::str("step")),
+            ])
+        })
+        .collect();
+    // A second reference to each list makes the writer memoize it, as CPython's pickler
+    // memoizes every list.
+    let lists: Vec<Value> = (0..50_000).map(|_| Value::list(frames.clone())).collect();
+    let entries = (0..50_000i64)
+        .map(|i| {
+            Value::str_dict([
+                ("action", Value::str("alloc")),
+                ("addr", Value::Int(0x7f00_0000_0000 + i * 512)),
+                ("size", Value::Int(512)),
+                ("stream", Value::Int(0)),
+                ("time_us", Value::Int(i)),
+                ("frames", lists[i as usize].clone()),
+            ])
+        })
+        .collect();
+    let snapshot = Value::str_dict([
+        ("segments", Value::list(Vec::new())),
+        ("device_traces", Value::list(vec![Value::list(entries)])),
+    ]);
+    let dir = std::env::temp_dir().join(format!("allocsim-frames-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("frames.pickle");
+    std::fs::write(&path, pickle::to_vec(&snapshot).unwrap()).unwrap();
+    let small = Limits { max_held_bytes: 16 << 20, ..Limits::default() };
+    let opts = allocsim_trace::ReadOptions { sidecar: false, limits: small, ..Default::default() };
+    let read = allocsim_trace::read_trace_with(&path, &opts);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let trace = read.expect("reads within 16 MiB");
+    assert_eq!(trace.ops.len(), 50_000);
+    assert_eq!(trace.stacks.len(), 1, "one stack");
+    assert_eq!(trace.stacks[0].frames.len(), 40);
+    assert_eq!(trace.op_stacks.len(), 50_000, "every allocation has it");
+}
