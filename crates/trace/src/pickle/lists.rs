@@ -7,6 +7,10 @@
 //! a few hundred stacks. Lists read in place hold only finished values, and a finished list in
 //! the memo is never changed (the reader refuses to mutate a shared container), so one `Rc`
 //! can stand for every equal list: no reader of the value can tell.
+//!
+//! Only memoized lists come here, charged to the budget when first held. The cache itself
+//! keeps at most `SLOTS` lists of a flat record's size (under 9 MiB in all), which outlive
+//! their memo entry only when a record read in place is rolled back.
 
 use super::value::Value;
 use std::rc::Rc;

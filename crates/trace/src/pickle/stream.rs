@@ -703,16 +703,21 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                 if depth > max_depth {
                     return None;
                 }
-                // One list for each stack: the memo keeps every list to the end.
-                let (list, shared) = state.lists.get(&mut state.items);
-                if memoized {
+                let list = if memoized {
+                    // The memo keeps every list to the end: one for each stack.
+                    let (list, shared) = state.lists.get(&mut state.items);
                     // Its key was taken at the MEMOIZE; only GETs came since, so it is still
                     // the next one.
                     memo.append(Memo::Value(list.clone(), depth))?;
                     if !shared {
                         cost += own_bytes(&list);
                     }
-                }
+                    list
+                } else {
+                    // An exact-size copy; the buffer keeps its room for the next list.
+                    #[allow(clippy::drain_collect)]
+                    Value::list(state.items.drain(..).collect())
+                };
                 built = Some((list, depth));
                 (RAW_LIST, 0)
             }
