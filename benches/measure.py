@@ -9,7 +9,8 @@ NATIVE_ROUNDS (default 7) and COMPARE_ROUNDS (default 2) set the repetitions; NA
 (default: the Llama snapshot) and, with BASE_BIN set, runs that binary too in every round
 (alternating which goes first) and prints the median of the rounds' wall-time ratios.
 `gunzip` times `allocsim replay` of each of GUNZIP_TRACES (default: the two GPT-2 snapshots
-with stacks) against `gzip -dc FILE > /dev/null` in the same rounds (issue 21's floor). Wall
+with stacks) against `gzip -dc FILE > /dev/null` in the same rounds (issue 21's floor), then
+the peak RSS of one replay of each. Wall
 times from perf_counter, CPU times (user + system, all threads) from getrusage of the child.
 """
 import gzip, os, pickle, resource, statistics, subprocess, sys, time
@@ -33,6 +34,15 @@ def run(cmd, **kw):
         print("FAILED", cmd, p.stderr.decode()[:400], flush=True)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return cpu, wall, after.ru_maxrss
+
+
+def peak_rss_kib(cmd):
+    """Peak RSS of one run of cmd alone, from a fresh parent (RUSAGE_CHILDREN keeps the most of
+    all children so far)."""
+    return int(subprocess.run([sys.executable, "-c",
+        "import resource,subprocess,sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)", *cmd],
+        capture_output=True, text=True).stdout.strip())
 
 
 def steal_jiffies(cpu):
@@ -115,6 +125,8 @@ if "gunzip" in what:
         show(f"gunzip: allocsim replay {name} wall ms", al)
         print("gunzip: allocsim / gzip -dc, median of the rounds' own ratios: %.2f" % statistics.median(
             a / g for a, g in zip(al, gz)), flush=True)
+        print(f"gunzip: allocsim replay {name} peak RSS MB: {peak_rss_kib([BIN, 'replay', trace]) / 1024:.0f}",
+              flush=True)
 
 if "native" in what:
     out = "/tmp/llama10m.allocsim"
@@ -130,11 +142,7 @@ if "native" in what:
         cpu, wall, _ = run(["taskset", "-c", core, "/bin/sh", "-c", f"exec {BIN} replay {out} > /tmp/out.txt"])
         steals.append((steal_jiffies(core) - st) / os.sysconf("SC_CLK_TCK"))
         cpus.append(cpu); walls.append(wall)
-    # Peak RSS of one replay alone, from a fresh parent.
-    rss = subprocess.run([sys.executable, "-c",
-        "import resource,subprocess,sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)", BIN, "replay", out],
-        capture_output=True, text=True).stdout.strip()
+    rss = peak_rss_kib([BIN, "replay", out])
     show("native 10M: allocsim replay CPU s", cpus, unit=1, fmt="{:.3f}")
     show("native 10M: wall s", walls, unit=1, fmt="{:.3f}")
     show("native 10M: machine phase, CPython loop ms before each run", cals)
