@@ -15,7 +15,9 @@
 use super::value::Value;
 use std::rc::Rc;
 
-const SLOTS: usize = 1024;
+/// log2 of the number of slots.
+const SLOT_BITS: u32 = 10;
+const SLOTS: usize = 1 << SLOT_BITS;
 
 pub struct ListCache {
     slots: Vec<Option<Rc<Vec<Value>>>>,
@@ -37,17 +39,29 @@ impl ListCache {
         for v in items.iter() {
             h = (h ^ identity(v)).wrapping_mul(0x0100_0000_01b3);
         }
-        let slot = &mut self.slots[(h % SLOTS as u64) as usize];
-        if let Some(rc) = slot {
-            if rc.len() == items.len() && rc.iter().zip(items.iter()).all(|(a, b)| same(a, b)) {
+        // Two ways per set, the last used first. The set is the top bits of a Fibonacci
+        // product: FNV's low bits depend only on the items' low bits, which their alignment
+        // makes alike. (Of a 510,714-entry snapshot's 169,531 lists of 186 stacks, one way per
+        // set indexed by the low bits missed 29 %, colliding stacks taking turns; by the top
+        // bits 8 %; two ways, 186.)
+        let set = (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SLOT_BITS + 1)) as usize * 2;
+        let ways = &mut self.slots[set..set + 2];
+        let equal = |rc: &Rc<Vec<Value>>| {
+            rc.len() == items.len() && rc.iter().zip(items.iter()).all(|(a, b)| same(a, b))
+        };
+        for way in 0..2 {
+            if let Some(rc) = ways[way].as_ref().filter(|rc| equal(rc)) {
+                let list = Value::List(rc.clone());
+                ways.swap(0, way);
                 items.clear();
-                return (Value::List(rc.clone()), true);
+                return (list, true);
             }
         }
         // An exact-size copy; the buffer keeps its room for the next list.
         #[allow(clippy::drain_collect)]
         let rc = Rc::new(items.drain(..).collect::<Vec<_>>());
-        *slot = Some(rc.clone());
+        ways.swap(0, 1);
+        ways[0] = Some(rc.clone());
         (Value::List(rc), false)
     }
 }
