@@ -3,14 +3,14 @@
     python3 benches/make_big_snapshot.py OUT.pickle.gz [STEPS] [ALLOCSIM]
 
 The allocations are `allocsim workload transformer-train?steps=STEPS` (GPT-2 small training,
-about 3,000 entries a step; default 790 steps, about 2 million entries), written by allocsim
+about 2,550 entries a step; default 790 steps, about 2 million entries), written by allocsim
 as a snapshot. Each entry then gets the Python and C++ frames of a real one: the stacks of the
 bundled recording made with PyTorch's tutorial recipe
 (`traces/pytorch-2.11-h100-user/d_gpt2_blog.pickle.gz`: 39 frames on average), one per
-allocation by its size and position. As in a snapshot PyTorch writes, each allocation has a
-list of its own holding frame dicts shared between entries, and its frees share that list, so
-the pickle refers back to both.
-Needs about 3 GB of memory and a minute or two.
+entry by its size and position. As in a snapshot PyTorch writes, an allocation and a
+`free_requested` have a list of their own (holding frame dicts shared between entries), and a
+`free_completed` shares its `free_requested`'s, so the pickle refers back to both.
+Takes about 2 GB of memory and half a minute here.
 """
 import gzip, pickle, subprocess, sys, tempfile
 from pathlib import Path
@@ -35,14 +35,13 @@ stacks = [s for s in stacks.values() if s]
 if not stacks:
     sys.exit("the recording has no stacks")
 
-by_addr = {}
+freed = {}
 entries = next(t for t in snapshot["device_traces"] if t)
 for i, entry in enumerate(entries):
-    if entry["action"] == "alloc":
-        entry["frames"] = list(stacks[(entry["size"] // 512 + i) % len(stacks)])
-        by_addr[entry["addr"]] = entry["frames"]
-    else:
-        entry["frames"] = by_addr.get(entry["addr"]) or list(stacks[0])
+    pick = list(stacks[(entry["size"] // 512 + i) % len(stacks)])
+    if entry["action"] == "free_requested":
+        freed[entry["addr"]] = pick
+    entry["frames"] = freed.pop(entry["addr"]) if entry["action"] == "free_completed" else pick
 for segment in snapshot["segments"]:
     segment.setdefault("frames", [])
 

@@ -9,14 +9,15 @@
 //! can stand for every equal list: no reader of the value can tell.
 //!
 //! Only memoized lists come here, charged to the budget when first held. The cache itself
-//! keeps at most `SLOTS` lists of a flat record's size (under 9 MiB in all), which outlive
+//! keeps at most `SLOTS` lists of a flat record's size (under 17 MiB in all), which outlive
 //! their memo entry only when a record read in place is rolled back.
 
 use super::value::Value;
 use std::rc::Rc;
 
-/// log2 of the number of slots.
-const SLOT_BITS: u32 = 10;
+/// log2 of the number of slots, and of the ways of a set.
+const SLOT_BITS: u32 = 11;
+const WAY_BITS: u32 = 2;
 const SLOTS: usize = 1 << SLOT_BITS;
 
 pub struct ListCache {
@@ -39,20 +40,20 @@ impl ListCache {
         for v in items.iter() {
             h = (h ^ identity(v)).wrapping_mul(0x0100_0000_01b3);
         }
-        // Two ways per set, the last used first. The set is the top bits of a Fibonacci
+        // Four ways per set, the last used first. The set is the top bits of a Fibonacci
         // product: FNV's low bits depend only on the items' low bits, which their alignment
-        // makes alike. (Of a 510,714-entry snapshot's 169,531 lists of 186 stacks, one way per
-        // set indexed by the low bits missed 29 %, colliding stacks taking turns; by the top
-        // bits 8 %; two ways, 186.)
-        let set = (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SLOT_BITS + 1)) as usize * 2;
-        let ways = &mut self.slots[set..set + 2];
+        // makes alike. (One way per set indexed by the low bits missed 29 % of a 510,714-entry
+        // snapshot's lists, colliding stacks taking turns; two ways by the top bits in 512
+        // sets, 1.5 %; four ways in 512 sets miss once per stack, 186 times in 339,261.)
+        let set = (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SLOT_BITS + WAY_BITS)) as usize;
+        let ways = &mut self.slots[set << WAY_BITS..(set + 1) << WAY_BITS];
         let equal = |rc: &Rc<Vec<Value>>| {
             rc.len() == items.len() && rc.iter().zip(items.iter()).all(|(a, b)| same(a, b))
         };
-        for way in 0..2 {
+        for way in 0..ways.len() {
             if let Some(rc) = ways[way].as_ref().filter(|rc| equal(rc)) {
                 let list = Value::List(rc.clone());
-                ways.swap(0, way);
+                ways[..=way].rotate_right(1);
                 items.clear();
                 return (list, true);
             }
@@ -60,7 +61,7 @@ impl ListCache {
         // An exact-size copy; the buffer keeps its room for the next list.
         #[allow(clippy::drain_collect)]
         let rc = Rc::new(items.drain(..).collect::<Vec<_>>());
-        ways.swap(0, 1);
+        ways.rotate_right(1);
         ways[0] = Some(rc.clone());
         (Value::List(rc), false)
     }

@@ -65,10 +65,13 @@ const DEEP: u8 = u8::MAX;
 /// `dense` entry of a key never stored.
 const EMPTY: u32 = 0;
 
+/// Entries of [`MemoTable::list_slots`].
+const LIST_SLOTS: usize = 4096;
+
 /// The memo. Dense keys map to slots through a `u32` each: the record streamer stores the
 /// same marker or the same string under long runs of keys (one pair per trace entry), which
-/// then share one slot.
-#[derive(Default)]
+/// then share one slot, and the same list under many keys (a stack's frames, one list for
+/// all its entries: `lists.rs`), which share one slot too.
 pub struct MemoTable {
     /// Per dense key: 1 + its index in `slots`, or `EMPTY`.
     dense: Vec<u32>,
@@ -78,6 +81,23 @@ pub struct MemoTable {
     deep: HashMap<usize, u32>,
     sparse: HashMap<u64, Memo>,
     len: usize,
+    /// The slot (1 + index) last given to a list, by the list's address: checked against the
+    /// slot before use, so what a rollback took back is never reused.
+    list_slots: Vec<(usize, u32)>,
+}
+
+impl Default for MemoTable {
+    fn default() -> Self {
+        MemoTable {
+            dense: Vec::new(),
+            depth: Vec::new(),
+            slots: Vec::new(),
+            deep: HashMap::new(),
+            sparse: HashMap::new(),
+            len: 0,
+            list_slots: vec![(0, EMPTY); LIST_SLOTS],
+        }
+    }
 }
 
 impl MemoTable {
@@ -138,11 +158,25 @@ impl MemoTable {
     }
 
     /// The `dense` entry for `slot`: one of the last two slots if it is the same marker or
-    /// string (a snapshot's entries alternate a dict marker and a string), else a new one.
-    /// `inline(always)`: with `inline` alone the pickle thread took 4% more instructions
-    /// (callgrind, 312 -> 324 M).
+    /// string (a snapshot's entries alternate a dict marker and a string), the slot of the
+    /// same list if it has one, else a new one. `inline(always)`: with `inline` alone the
+    /// pickle thread took 4% more instructions (callgrind, 312 -> 324 M).
     #[inline(always)]
     fn slot_for(&mut self, slot: Slot) -> u32 {
+        if let Slot::Value(Value::List(list)) = &slot {
+            let addr = Rc::as_ptr(list) as usize;
+            let at = (addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52;
+            let entry = &mut self.list_slots[at as usize % LIST_SLOTS];
+            let held = entry.1.checked_sub(1).and_then(|i| self.slots.get(i as usize));
+            if entry.0 == addr
+                && matches!(held, Some(Slot::Value(Value::List(l))) if Rc::ptr_eq(l, list))
+            {
+                return entry.1;
+            }
+            self.slots.push(slot);
+            *entry = (addr, self.slots.len() as u32);
+            return entry.1;
+        }
         let start = self.slots.len().saturating_sub(2);
         match self.slots[start..].iter().rposition(|s| s.same_as(&slot)) {
             Some(at) => (start + at + 1) as u32,
@@ -203,7 +237,8 @@ impl MemoTable {
     pub fn heap_bytes(&self) -> u64 {
         let vecs = self.dense.capacity() * size_of::<u32>()
             + self.depth.capacity()
-            + self.slots.capacity() * size_of::<Slot>();
+            + self.slots.capacity() * size_of::<Slot>()
+            + self.list_slots.capacity() * size_of::<(usize, u32)>();
         let maps = map_bytes(&self.deep) + map_bytes(&self.sparse);
         (vecs + maps) as u64
     }
