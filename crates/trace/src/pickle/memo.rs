@@ -65,8 +65,8 @@ const DEEP: u8 = u8::MAX;
 /// `dense` entry of a key never stored.
 const EMPTY: u32 = 0;
 
-/// Entries of [`MemoTable::list_slots`].
-const LIST_SLOTS: usize = 4096;
+/// log2 of the entries of [`MemoTable::list_slots`].
+const LIST_SLOT_BITS: u32 = 12;
 
 /// The memo. Dense keys map to slots through a `u32` each: the record streamer stores the
 /// same marker or the same string under long runs of keys (one pair per trace entry), which
@@ -95,7 +95,7 @@ impl Default for MemoTable {
             deep: HashMap::new(),
             sparse: HashMap::new(),
             len: 0,
-            list_slots: vec![(0, EMPTY); LIST_SLOTS],
+            list_slots: vec![(0, EMPTY); 1 << LIST_SLOT_BITS],
         }
     }
 }
@@ -165,8 +165,8 @@ impl MemoTable {
     fn slot_for(&mut self, slot: Slot) -> u32 {
         if let Slot::Value(Value::List(list)) = &slot {
             let addr = Rc::as_ptr(list) as usize;
-            let at = (addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52;
-            let entry = &mut self.list_slots[at as usize % LIST_SLOTS];
+            let at = (addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - LIST_SLOT_BITS);
+            let entry = &mut self.list_slots[at as usize];
             let held = entry.1.checked_sub(1).and_then(|i| self.slots.get(i as usize));
             if entry.0 == addr
                 && matches!(held, Some(Slot::Value(Value::List(l))) if Rc::ptr_eq(l, list))
@@ -312,5 +312,30 @@ mod tests {
         assert_eq!(appended.len(), 3);
         appended.set(10, Memo::Streamed);
         assert!(appended.append(Memo::Streamed).is_none());
+    }
+
+    /// One list under many keys takes one slot; a list whose slot a rollback took back gets
+    /// a new one.
+    #[test]
+    fn a_list_stored_again_shares_its_slot() {
+        let list = |n| Value::list(vec![Value::Int(n)]);
+        let same = |m: &MemoTable, key, v: &Value| match (m.get(key), v) {
+            (Some(MemoRef::Value(Value::List(a), _)), Value::List(b)) => Rc::ptr_eq(a, b),
+            _ => false,
+        };
+        let (a, b) = (list(1), list(2));
+        let mut memo = MemoTable::default();
+        for _ in 0..3 {
+            memo.append(Memo::Value(a.clone(), 1)).unwrap();
+        }
+        assert_eq!(memo.slots.len(), 1);
+        assert!((0..3).all(|key| same(&memo, key, &a)));
+        let mark = memo.mark();
+        memo.append(Memo::Value(b.clone(), 1)).unwrap();
+        memo.rollback(mark);
+        memo.append(Memo::Value(a.clone(), 1)).unwrap();
+        memo.append(Memo::Value(b.clone(), 1)).unwrap();
+        assert_eq!(memo.slots.len(), 2);
+        assert!(same(&memo, 3, &a) && same(&memo, 4, &b));
     }
 }
