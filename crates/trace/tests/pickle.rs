@@ -342,3 +342,47 @@ fn an_entrys_frames_list_equal_to_an_earlier_one_is_held_once() {
     assert_eq!(trace.stacks[0].frames.len(), 40);
     assert_eq!(trace.op_stacks.len(), 50_000, "every allocation has it");
 }
+
+/// Frames lists that no memo entry holds (a pickler that memoizes nothing writes them so): the
+/// streamed reader drops each once its entry is read, and the allocator gives a later list its
+/// address. Stacks were told apart by the list's address without holding the list, so the
+/// streamed reader gave 11 stacks here where the generic reader gives 2,000.
+#[test]
+fn stacks_of_unmemoized_frames_lists_are_told_apart() {
+    let entries = (0..2000i64)
+        .map(|i| {
+            let frame = Value::str_dict([
+                ("filename", Value::str("train.py")),
+                ("line", Value::Int(i)),
+                ("name", Value::str("step")),
+            ]);
+            Value::str_dict([
+                ("action", Value::str("alloc")),
+                ("addr", Value::Int(0x7f00_0000_0000 + i * 512)),
+                ("size", Value::Int(512)),
+                ("stream", Value::Int(0)),
+                ("time_us", Value::Int(i)),
+                ("frames", Value::list(vec![frame])),
+            ])
+        })
+        .collect();
+    let snapshot = Value::str_dict([
+        ("segments", Value::list(Vec::new())),
+        ("device_traces", Value::list(vec![Value::list(entries)])),
+    ]);
+    let read = |streaming| {
+        let dir = std::env::temp_dir()
+            .join(format!("allocsim-unmemo-{}-{streaming}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("frames.pickle");
+        std::fs::write(&path, pickle::to_vec(&snapshot).unwrap()).unwrap();
+        let opts = allocsim_trace::ReadOptions { sidecar: false, streaming, ..Default::default() };
+        let trace = allocsim_trace::read_trace_with(&path, &opts);
+        std::fs::remove_dir_all(&dir).unwrap();
+        trace.unwrap()
+    };
+    let (streamed, generic) = (read(true), read(false));
+    assert_eq!(generic.stacks.len(), 2000);
+    assert_eq!(streamed.stacks, generic.stacks);
+    assert_eq!(streamed.op_stacks, generic.op_stacks);
+}

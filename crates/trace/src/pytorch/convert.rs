@@ -452,8 +452,6 @@ pub struct StreamConvert<'a> {
     /// The last entry that is not a `snapshot`, waiting for the next one (a free needs to
     /// know whether its completion comes right after).
     waiting: Option<(usize, Entry, Option<Frames>)>,
-    /// Every stack seen, kept alive: stacks are told apart by their `Rc`'s address.
-    frames: Vec<crate::pickle::Value>,
     seen_free_requested: bool,
     seen_free_completed: bool,
 }
@@ -465,7 +463,6 @@ impl<'a> StreamConvert<'a> {
             finder: SyntheticFinder::default(),
             builder: Builder::new(ctx, 0, with_stacks),
             waiting: None,
-            frames: Vec::new(),
             seen_free_requested: false,
             seen_free_completed: false,
         }
@@ -497,9 +494,6 @@ impl<'a> StreamConvert<'a> {
             if self.builder.step(j, &w, w_frames.as_ref(), Some(&e), false).is_err() {
                 return false;
             }
-        }
-        if let Some(Frames::Listed(f)) = &frames {
-            self.frames.push(f.clone());
         }
         self.waiting = Some((i, e, frames));
         true

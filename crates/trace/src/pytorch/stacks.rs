@@ -14,7 +14,12 @@ use std::rc::Rc;
 
 #[derive(Default)]
 pub struct Stacks {
+    /// Each `frames` list interned, by address.
     by_ptr: AddrMap<usize, u32>,
+    /// Keeps every list looked up by address alive, so its address names it: a streamed
+    /// reader drops a list no memo entry holds once its entry is read, and a later list may
+    /// take its place.
+    held_lists: Vec<Value>,
     /// Each stack read so far, by the addresses of the frame dicts it lists: PyTorch writes a
     /// frame once and every later stack refers to it (a pickle GET, one `Rc` here), so a new
     /// list of frames seen before costs one hash, not one per frame.
@@ -86,7 +91,6 @@ impl Stacks {
         if list.is_empty() {
             return Ok(None);
         }
-        // The Value tree outlives this table, so a pointer names one list for its lifetime.
         let key = Rc::as_ptr(list) as usize;
         if let Some(&idx) = self.by_ptr.get(&key) {
             return Ok(Some(idx));
@@ -100,7 +104,7 @@ impl Stacks {
             _ => false,
         });
         if let Some(&idx) = self.by_frame_ptrs.get(&self.scratch[..]).filter(|_| all_dicts) {
-            self.by_ptr.insert(key, idx);
+            self.hold(key, frames, idx);
             return Ok(Some(idx));
         }
         let mut ids = Vec::with_capacity(list.len());
@@ -123,13 +127,19 @@ impl Stacks {
                 idx
             }
         };
-        self.by_ptr.insert(key, idx);
+        self.hold(key, frames, idx);
         // Every frame dict of the list is held now (`frame` keeps them), so their addresses
         // name them for as long as the table lives.
         if all_dicts {
             self.by_frame_ptrs.insert(self.scratch[..].into(), idx);
         }
         Ok(Some(idx))
+    }
+
+    /// Remember that the list `frames` at `key` is stack `idx`, keeping the list alive.
+    fn hold(&mut self, key: usize, frames: &Value, idx: u32) {
+        self.by_ptr.insert(key, idx);
+        self.held_lists.push(frames.clone());
     }
 
     /// Our index for stack `theirs` of another table (the reading thread's), numbered in order
