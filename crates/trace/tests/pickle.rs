@@ -271,15 +271,19 @@ fn empty_appends_and_setitems_change_nothing() {
     assert!(pickle::from_slice(b"\x80\x04\x8c\x01a(K\x01K\x02u.").is_err());
 }
 
+/// The error reading input `name` of the `snapshot_file` fuzz target's corpus.
+fn snapshot_file_corpus_error(name: &str) -> String {
+    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/snapshot_file/");
+    allocsim_trace::read_trace(format!("{corpus}{name}")).unwrap_err().to_string()
+}
+
 /// A batch opened inside a snapshot entry where a key belongs: its SETITEMS applies to the
 /// value below the MARK, an int here, which CPython refuses. The record streamer once took the
 /// batch's pairs as the entry's (found by the `snapshot_file` fuzz target; the input is in its
 /// corpus): now both readers refuse it alike.
 #[test]
 fn a_batch_inside_an_entry_applies_to_the_value_below_it() {
-    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/snapshot_file/");
-    let path = format!("{corpus}crash-cb633dfda8f83c8076a6a04ef92475c43ee47a0e");
-    let err = allocsim_trace::read_trace(&path).unwrap_err().to_string();
+    let err = snapshot_file_corpus_error("crash-cb633dfda8f83c8076a6a04ef92475c43ee47a0e");
     assert!(err.contains("pickle byte 477: SETITEMS on a int"), "{err}");
 }
 
@@ -289,9 +293,7 @@ fn a_batch_inside_an_entry_applies_to_the_value_below_it() {
 /// (found by the `snapshot_file` fuzz target on the device host; the input is in its corpus).
 #[test]
 fn a_batch_after_an_entrys_last_value_applies_to_that_value() {
-    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/snapshot_file/");
-    let path = format!("{corpus}crash-beed63e81cb8438baee97fa98349f672bef93e80");
-    let err = allocsim_trace::read_trace(&path).unwrap_err().to_string();
+    let err = snapshot_file_corpus_error("crash-beed63e81cb8438baee97fa98349f672bef93e80");
     assert!(err.contains("pickle byte 528: SETITEMS on a str"), "{err}");
 }
 
