@@ -640,10 +640,7 @@ impl<'a> Builder<'a> {
         }
         if let (Some(stacks), Some(frames)) = (self.stacks.as_mut(), frames) {
             let stack = match frames {
-                Frames::Listed(list) => {
-                    let place = || format!("{}.frames", self.ctx.entry_place(i));
-                    stacks.intern(self.ctx, list, &place)?
-                }
+                Frames::Listed(list) => stacks.intern(self.ctx, list, i)?,
                 &Frames::Interned(theirs) => Some(stacks.adopt(theirs)),
             };
             if let Some(s) = stack {

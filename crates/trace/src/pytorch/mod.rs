@@ -180,16 +180,13 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
                     return false;
                 };
                 let stack = match (extras.frames, stacks.as_mut()) {
-                    (Some(list), Some(table)) => {
-                        let place = || format!("{}.frames", ctx.entry_place(count));
-                        match table.intern(ctx, list, &place) {
-                            Ok(stack) => stack,
-                            Err(_) => {
-                                not_plain = true;
-                                return false;
-                            }
+                    (Some(list), Some(table)) => match table.intern(ctx, list, count) {
+                        Ok(stack) => stack,
+                        Err(_) => {
+                            not_plain = true;
+                            return false;
                         }
-                    }
+                    },
                     _ => None,
                 };
                 batch.push((entry, stack, extras.annotation()));

@@ -78,13 +78,14 @@ impl Strings {
 }
 
 impl Stacks {
-    /// The index of the stack `frames` names; `None` for an empty list.
+    /// The index of the stack `frames` (entry `entry`'s) names; `None` for an empty list.
     pub fn intern(
         &mut self,
         ctx: Ctx<'_>,
         frames: &Value,
-        place: &dyn Fn() -> String,
+        entry: usize,
     ) -> Result<Option<u32>, TraceError> {
+        let place = || format!("{}.frames", ctx.entry_place(entry));
         let Value::List(list) = frames else {
             return Err(ctx.expected(place(), "a list", frames));
         };
