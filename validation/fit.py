@@ -11,7 +11,7 @@ capture_user_patterns.py, step for step) or `gpt2_train` (GPT-2 small, 8 steps o
    outside the caching allocator, `outside_allocator_bytes`, with its growth over the run).
 2. Bisects the threshold between the recording's peak allocated (cannot fit) and its peak
    reserved plus the outside memory (must fit), until the bracket is narrow
-   (0.2 % of the peak allocated, at least 8 MiB). With LO and HI given, bisects between them
+   (0.2 % of the peak allocated, at least 8 MiB; FIT_STEP_MIB=N makes it N MiB). With LO and HI given, bisects between them
    instead, without recording (to go on from a bracket an earlier run left).
    Each try is a fresh CUDA context in a forked child (the parent imports torch but never
    touches CUDA): it takes all free memory but the target with a ballast cudaMalloc outside
@@ -157,7 +157,7 @@ def main():
         brief = {k: v for k, v in r.items() if k not in ("memory_stats", "outside_profile", "gpu")}
         brief["peak_reserved"] = r["memory_stats"]["reserved_bytes.all.peak"]
         brief["ooms"], brief["retries"] = r["memory_stats"]["num_ooms"], r["memory_stats"]["num_alloc_retries"]
-        print(json.dumps({"workload": name, **brief}), flush=True)
+        print(json.dumps({"workload": name, "perturb": os.environ.get("FIT_PERTURB") or None, **brief}), flush=True)
 
     if len(sys.argv) > 5:  # go on from a bracket: LO and HI free bytes
         bisect(workload, name, outdir, tmp, int(sys.argv[4]), int(sys.argv[5]), show, None)
@@ -183,8 +183,8 @@ def main():
 
 
 def bisect(workload, name, outdir, tmp, lo, hi, show, seconds):
-    """Try both ends, then halve until the bracket is 0.2 % of `lo` wide (at least 8 MiB)."""
-    resolution = max(8 * MIB, lo // 512)
+    """Try both ends, then halve until the bracket is as narrow as the module docstring says."""
+    resolution = int(os.environ.get("FIT_STEP_MIB", 0)) * MIB or max(8 * MIB, lo // 512)
     best_fit = best_oom = None
 
     def attempt(target):
@@ -204,7 +204,8 @@ def bisect(workload, name, outdir, tmp, lo, hi, show, seconds):
         if time.time() + 2 * (seconds or best_fit["seconds"]) + 10 > deadline:
             break
         attempt((best_fit["free_at_start"] + best_oom["free_at_start"]) // 2)
-    print(json.dumps({"summary": name, "alloc_conf": os.environ["PYTORCH_CUDA_ALLOC_CONF"],
+    print(json.dumps({"summary": name, "perturb": os.environ.get("FIT_PERTURB") or None,
+                      "alloc_conf": os.environ["PYTORCH_CUDA_ALLOC_CONF"],
                       "real_oom_free": best_oom and best_oom["free_at_start"],
                       "real_fits_free": best_fit and best_fit["free_at_start"],
                       "outside_allocator_bytes_at_fit": best_fit and best_fit["outside_allocator_bytes"],
