@@ -3,8 +3,10 @@
     python3 live.py WORKLOAD native|POLICY CONF OUT.json [--history DIR]
 
 WORKLOAD is llama_ft, gpt2_train (validation/fit.py's seeded programs), kv_infer (Llama
-generation with a growing KV cache, requests of random batch and length), or gpt2_steady and
-llama_steady (training at one batch shape for 30 steps: the step-time benchmark). `native` runs
+generation with a growing KV cache, requests of random batch and length), gpt2_steady and
+llama_steady (training at one batch shape for 30 steps, bound by the host: Python and kernel
+launches), or gpt2_big and llama_big (the same, bound by the GPU: GPT-2 small at 32 x 1024
+tokens; a 540 M-parameter Llama at 8 x 2048), the step-time benchmarks. `native` runs
 PyTorch's caching allocator with PYTORCH_CUDA_ALLOC_CONF=CONF; a policy name runs allocsim's
 through `crates/torch` (`allocsim_torch.use(POLICY, CONF)`). CONF `-` means none.
 Writes OUT.json: peaks, OOM, the wall time of each step (CUDA synchronised at its end), and
@@ -72,6 +74,22 @@ def gpt2_steady(step_done):
     steady(step_done, GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12)), 50257, 8, 512)
 
 
+def gpt2_big(step_done):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(41)
+    steady(step_done, GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12)), 50257, 32, 1024)
+
+
+def llama_big(step_done):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(30)
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                      num_key_value_heads=16, vocab_size=32000, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg)
+    model.config.use_cache = False
+    steady(step_done, model, 32000, 8, 2048)
+
+
 def llama_steady(step_done):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(30)
@@ -83,7 +101,7 @@ def llama_steady(step_done):
     steady(step_done, model, 32000, 4, 1024)
 
 
-if workload in ("kv_infer", "gpt2_steady", "llama_steady"):
+if workload in ("kv_infer", "gpt2_steady", "llama_steady", "gpt2_big", "llama_big"):
     run = globals()[workload]
 else:
     import fit  # validation/fit.py: the seeded training programs
