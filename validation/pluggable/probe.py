@@ -4,7 +4,8 @@
 
 An impossible request raises torch.OutOfMemoryError and the GPU keeps working;
 torch.cuda.empty_cache() and set_per_process_memory_fraction() reach the policy; a block
-used on a second stream (Tensor.record_stream) is not freed before that stream's work is done.
+used on a second stream (Tensor.record_stream) is not freed before that stream's work is done;
+on a machine with several GPUs, each has its own policy (skipped on one GPU).
 Prints what it saw; exits 1 if any check fails.
 """
 import sys, time
@@ -58,6 +59,27 @@ waits = allocsim_torch.memory_stats()["allocsim.stream_waits"]
 check(busy and idle and waits == 1,
       f"the free of a block recorded on a busy stream waited for it: {took * 1e3:.1f} ms "
       f"(stream busy before: {busy}, idle after: {idle}, waits: {waits})")
+
+# Several GPUs: one policy per device; a block of GPU 1 freed on another thread goes back to
+# GPU 1's policy.
+if torch.cuda.device_count() < 2:
+    print("skipped: several GPUs (this machine has one)")
+else:
+    import threading
+    r0 = allocsim_torch.memory_stats(0)["reserved_bytes.all.current"]
+    z = torch.full((100 << 20,), 3, dtype=torch.uint8, device="cuda:1")
+    z1 = allocsim_torch.memory_stats(1)
+    check(z.device.index == 1 and z1["allocated_bytes.all.current"] >= 100 << 20
+          and allocsim_torch.memory_stats(0)["reserved_bytes.all.current"] == r0,
+          f"a block on GPU 1 comes from GPU 1's policy: allocated there {z1['allocated_bytes.all.current']}")
+    check(int(z.to("cuda:0", torch.int64).sum().item()) == 3 * (100 << 20), "GPU 1's block holds its data")
+    holder = [z]
+    del z
+    freer = threading.Thread(target=holder.clear)
+    freer.start()
+    freer.join()
+    after1 = allocsim_torch.memory_stats(1)["allocated_bytes.all.current"]
+    check(after1 < 100 << 20, f"freed on another thread, it goes back to GPU 1: allocated {after1}")
 
 torch.cuda.set_per_process_memory_fraction(0.001)
 try:
