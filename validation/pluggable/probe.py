@@ -5,10 +5,12 @@
 An impossible request raises torch.OutOfMemoryError and the GPU keeps working;
 torch.cuda.empty_cache() and set_per_process_memory_fraction() reach the policy; a block
 used on a second stream (Tensor.record_stream) is not freed before that stream's work is done;
-on a machine with several GPUs, each has its own policy (skipped on one GPU).
+on a machine with several GPUs, each has its own policy (skipped on one GPU); a CUDA graph
+and a torch.cuda.MemPool keep their blocks to themselves, and a policy without private pools
+refuses a capture. (PyTorch 2.11 refuses torch.cuda.MemPool over any pluggable allocator.)
 Prints what it saw; exits 1 if any check fails.
 """
-import sys, time
+import subprocess, sys, time
 from pathlib import Path
 
 import torch
@@ -80,6 +82,58 @@ else:
     freer.join()
     after1 = allocsim_torch.memory_stats(1)["allocated_bytes.all.current"]
     check(after1 < 100 << 20, f"freed on another thread, it goes back to GPU 1: allocated {after1}")
+
+# A CUDA graph: an intermediate freed during the capture stays the graph's (its replays write
+# there), so an eager tensor made after the capture does not get its block.
+x = torch.ones(1 << 20, device="cuda")
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):  # warm up off the capture, as PyTorch's docs ask
+    (x * 3 + 1).sum()
+torch.cuda.current_stream().wait_stream(side)
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    tmp = x * 3
+    y = tmp + 1
+    tmp_ptr = tmp.data_ptr()
+    del tmp
+eager = torch.zeros(1 << 20, device="cuda")
+x.fill_(2)
+g.replay()
+torch.cuda.synchronize()
+check(eager.data_ptr() != tmp_ptr and int(eager.count_nonzero()) == 0 and bool((y == 7).all()),
+      f"a CUDA graph keeps its pool: replayed, y == 7, the eager tensor untouched "
+      f"(its block {eager.data_ptr():#x}, the graph's intermediate {tmp_ptr:#x})")
+reserved = allocsim_torch.memory_stats()["reserved_bytes.all.current"]
+del g, y
+torch.cuda.empty_cache()
+after = allocsim_torch.memory_stats()["reserved_bytes.all.current"]
+check(after < reserved, f"the graph's pool goes back when the graph goes: reserved {reserved} -> {after}")
+
+try:  # PyTorch 2.11 itself refuses a MemPool over a pluggable allocator
+    torch.cuda.MemPool()
+    print("note: torch.cuda.MemPool was made over the pluggable allocator")
+except RuntimeError as e:
+    print(f"note: PyTorch refuses torch.cuda.MemPool here: {str(e).splitlines()[0][:100]}")
+
+# A policy without private pools refuses a capture instead of sharing the graph's blocks.
+child = subprocess.run([sys.executable, "-c", f"""
+import sys, torch
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / "crates/torch/python")!r})
+import allocsim_torch
+allocsim_torch.use("bfc")
+x = torch.ones(1000, device="cuda")
+try:
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        x * 2
+    print("captured")
+except RuntimeError as e:
+    print("refused:", str(e).splitlines()[0][:160])
+print("works after:", (x + 1).sum().item() == 2000)
+"""], capture_output=True, text=True)
+said = child.stdout.strip().replace("\n", " | ")
+check(child.returncode == 0 and "refused:" in said and "private pools" in said
+      and "works after: True" in said, f"the bfc policy refuses a CUDA graph capture: {said[:300]}")
 
 torch.cuda.set_per_process_memory_fraction(0.001)
 try:

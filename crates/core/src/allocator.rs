@@ -232,6 +232,13 @@ pub trait Allocator {
         let _ = (env, pool, action);
     }
 
+    /// Whether [`Allocator::pool_action`] keeps a private pool's blocks apart from the common
+    /// pool's. A replay may serve a pool from the common pool (default: false); a live CUDA
+    /// graph may not, since its replays write to the blocks it allocated after the capture.
+    fn has_private_pools(&self) -> bool {
+        false
+    }
+
     /// Give cached memory back to the device, as `torch.cuda.empty_cache()`.
     fn empty_cache(&mut self, env: &mut Env<'_>);
 
@@ -326,6 +333,9 @@ impl Allocator for DynAllocator<'_> {
     }
     fn pool_action(&mut self, env: &mut Env<'_>, pool: MemPoolId, action: PoolAction) {
         self.0.pool_action(env, pool, action)
+    }
+    fn has_private_pools(&self) -> bool {
+        self.0.has_private_pools()
     }
     fn empty_cache(&mut self, env: &mut Env<'_>) {
         self.0.empty_cache(env)

@@ -45,13 +45,26 @@ impl PrimaryContext {
 
 /// The primary context made current on this thread for as long as this lives, if it was not
 /// already: a device may be called from threads the caller's framework made (PyTorch frees on
-/// autograd threads), whose current context is theirs to keep.
+/// autograd threads), whose current context is theirs to keep. The thread's stream-capture
+/// mode is relaxed meanwhile, as PyTorch's allocator relaxes it around its `cudaMalloc`: while
+/// a CUDA graph is captured in the default (global) mode, the driver refuses allocation calls
+/// made in any other mode, and a graph's private pool takes its segments then.
 #[derive(Debug)]
-pub struct ContextScope(bool);
+pub struct ContextScope {
+    pushed: bool,
+    /// The thread's mode before, once exchanged.
+    capture_mode: Option<sys::CUstreamCaptureMode>,
+}
 
 impl Drop for ContextScope {
     fn drop(&mut self) {
-        if self.0 {
+        if let Some(mut mode) = self.capture_mode {
+            // SAFETY: `mode` is a live local; this restores what `Gpu::scope` exchanged.
+            unsafe {
+                sys::cuThreadExchangeStreamCaptureMode(&mut mode);
+            }
+        }
+        if self.pushed {
             let mut popped = ptr::null_mut();
             // SAFETY: balances the push in `Gpu::scope`; `popped` is a live local.
             unsafe {
@@ -167,12 +180,21 @@ impl Gpu {
         let mut current = ptr::null_mut();
         // SAFETY: `current` is a live local.
         check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut current) })?;
-        if current == self._ctx.ctx {
-            return Ok(ContextScope(false));
+        let pushed = current != self._ctx.ctx;
+        if pushed {
+            // SAFETY: the context is retained for as long as `self` lives, which outlives the
+            // scope.
+            check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(self._ctx.ctx) })?;
         }
-        // SAFETY: the context is retained for as long as `self` lives, which outlives the scope.
-        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(self._ctx.ctx) })?;
-        Ok(ContextScope(true))
+        // Made before the exchange, so that an error drops it and pops the context.
+        let mut scope = ContextScope { pushed, capture_mode: None };
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a live local; the scope's drop exchanges it back.
+        check("cuThreadExchangeStreamCaptureMode", unsafe {
+            sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+        })?;
+        scope.capture_mode = Some(mode);
+        Ok(scope)
     }
 
     pub fn stream(&self) -> sys::CUstream {

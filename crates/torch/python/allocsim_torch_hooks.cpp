@@ -3,14 +3,22 @@
 // - a failed request throws c10::OutOfMemoryError with allocsim's explanation, so Python sees
 //   torch.OutOfMemoryError (a null block from `alloc` would reach a kernel and fault the GPU);
 // - torch.cuda.empty_cache(), set_per_process_memory_fraction() and Tensor.record_stream()
-//   reach the policy.
+//   reach the policy;
+// - private pools (CUDA graph capture, torch.cuda.MemPool) reach it: PyTorch hands
+//   beginAllocateToPool a filter, a C++ closure over a stream or a thread, which is evaluated
+//   here for each request, and the request names the pool it chose.
 // Built by allocsim_torch.py with torch.utils.cpp_extension against the PyTorch in use.
 #include <torch/extension.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <dlfcn.h>
 
+#include <atomic>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -22,6 +30,9 @@ using string_free_fn = void (*)(char*);
 using empty_cache_fn = void (*)();
 using fraction_fn = int (*)(double, int);
 using record_stream_fn = void (*)(void*, void*);
+using malloc_in_pool_fn = void* (*)(ssize_t, int, void*, unsigned long long, unsigned long long);
+using begin_pool_fn = int (*)(int);
+using pool_fn = void (*)(int, unsigned long long, unsigned long long);
 
 struct Library {
   malloc_fn malloc;
@@ -32,9 +43,33 @@ struct Library {
   empty_cache_fn empty_cache;
   fraction_fn set_memory_fraction;
   record_stream_fn record_stream;
+  malloc_in_pool_fn malloc_in_pool;
+  begin_pool_fn begin_pool;
+  pool_fn end_pool;
+  pool_fn release_pool;
 };
 
 Library lib;
+
+// The private pools requests may go to, per device, as PyTorch's native allocator keeps them:
+// the first whose filter takes a request's stream gets it.
+struct Capture {
+  c10::cuda::MempoolId_t id;
+  std::function<bool(cudaStream_t)> filter;
+};
+std::mutex captures_mutex;
+std::unordered_map<int, std::vector<Capture>> captures;
+std::atomic<int> captures_open{0};  // so that requests outside any capture take no lock
+
+c10::cuda::MempoolId_t pool_for(int device, cudaStream_t stream) {
+  std::lock_guard<std::mutex> guard(captures_mutex);
+  for (const Capture& c : captures[device]) {
+    if (c.filter(stream)) {
+      return c.id;
+    }
+  }
+  return {0, 0};
+}
 
 template <class T>
 T symbol(void* handle, const char* name) {
@@ -53,7 +88,13 @@ std::string take(char* text, const char* otherwise) {
 }
 
 void* alloc(size_t size, int device, cudaStream_t stream) {
-  void* p = lib.malloc(static_cast<ssize_t>(size), device, stream);
+  void* p;
+  if (captures_open.load(std::memory_order_acquire) == 0) {
+    p = lib.malloc(static_cast<ssize_t>(size), device, stream);
+  } else {
+    c10::cuda::MempoolId_t pool = pool_for(device, stream);
+    p = lib.malloc_in_pool(static_cast<ssize_t>(size), device, stream, pool.first, pool.second);
+  }
   if (p == nullptr && size != 0) {
     std::string why = take(lib.last_oom(device), "");
     if (why.empty()) {
@@ -82,6 +123,10 @@ void install(const std::string& path) {
       symbol<empty_cache_fn>(handle, "allocsim_empty_cache"),
       symbol<fraction_fn>(handle, "allocsim_set_memory_fraction"),
       symbol<record_stream_fn>(handle, "allocsim_record_stream"),
+      symbol<malloc_in_pool_fn>(handle, "allocsim_malloc_in_pool"),
+      symbol<begin_pool_fn>(handle, "allocsim_begin_pool"),
+      symbol<pool_fn>(handle, "allocsim_end_pool"),
+      symbol<pool_fn>(handle, "allocsim_release_pool"),
   };
   namespace pluggable = torch::cuda::CUDAPluggableAllocator;
   auto allocator = pluggable::createCustomAllocator(alloc, release);
@@ -94,6 +139,33 @@ void install(const std::string& path) {
   });
   hooks->set_record_stream_fn(
       [](void* ptr, cudaStream_t stream) { lib.record_stream(ptr, stream); });
+  hooks->set_begin_allocate_to_pool(
+      [](int device, c10::cuda::MempoolId_t id, std::function<bool(cudaStream_t)> filter) {
+        if (lib.begin_pool(device) != 0) {
+          TORCH_CHECK(false, take(lib.last_error(), "allocsim refused the private pool"));
+        }
+        std::lock_guard<std::mutex> guard(captures_mutex);
+        captures[device].push_back(Capture{id, std::move(filter)});
+        captures_open.fetch_add(1, std::memory_order_release);
+      });
+  hooks->set_end_allocate_to_pool_fn([](int device, c10::cuda::MempoolId_t id) {
+    {
+      std::lock_guard<std::mutex> guard(captures_mutex);
+      auto& open = captures[device];
+      for (auto it = open.begin(); it != open.end();) {
+        if (it->id == id) {
+          it = open.erase(it);
+          captures_open.fetch_sub(1, std::memory_order_release);
+        } else {
+          ++it;
+        }
+      }
+    }
+    lib.end_pool(device, id.first, id.second);
+  });
+  hooks->set_release_pool([](int device, c10::cuda::MempoolId_t id) {
+    lib.release_pool(device, id.first, id.second);
+  });
   pluggable::changeCurrentAllocator(allocator);
 }
 

@@ -6,10 +6,18 @@
 //! `Slot` keeps the map between them, turns each call into an [`Op`], steps the engine and,
 //! when asked to, keeps the ops and the events (the recording that `allocsim replay` reads
 //! back, and the history of a snapshot).
+//!
+//! Private pools (a CUDA graph's, a `torch.cuda.MemPool`'s) reach the hub as PyTorch's hooks
+//! call them: a capture begins, each request says which pool PyTorch's filters chose for it
+//! (the shim evaluates them: they are C++ closures over a stream or a thread), the capture
+//! ends, the pool is released. The hub brackets each run of requests into one pool with the
+//! policy's `BeginAllocate` and `EndAllocate`, as the trace converter does for a recording, and
+//! balances them on release. A policy that would serve a pool from its common pool refuses the
+//! capture: a graph's replays write to the blocks it allocated, so no one else may get them.
 
 use allocsim_core::{
-    AllocId, Allocator, Device, DynAllocator, DynDevice, MemoryStats, OomInfo, Op, SnapshotSegment,
-    StreamId, Trace, TraceMeta,
+    AllocId, Allocator, Device, DynAllocator, DynDevice, MemPoolId, MemoryStats, OomInfo, Op,
+    PoolAction, SnapshotSegment, StreamId, Trace, TraceMeta,
 };
 use allocsim_replay::{Engine, Observer, OpOutcome, Recorder};
 use std::collections::{BTreeMap, HashMap};
@@ -102,15 +110,62 @@ impl Hub {
     /// PyTorch's `alloc(size, device, stream)`. A request of 0 bytes gets the null pointer
     /// without reaching the policy, as under PyTorch's own allocator.
     pub fn malloc(&mut self, size: u64, device: u32, stream: u64) -> Result<u64, AllocError> {
+        self.malloc_in_pool(size, device, stream, MemPoolId::DEFAULT)
+    }
+
+    /// [`Hub::malloc`], served from `pool` (`MemPoolId::DEFAULT`: the policy's own pools).
+    pub fn malloc_in_pool(
+        &mut self,
+        size: u64,
+        device: u32,
+        stream: u64,
+        pool: MemPoolId,
+    ) -> Result<u64, AllocError> {
         if size == 0 {
             return Ok(0);
         }
         let slot = self.slot(device).map_err(AllocError::Setup)?;
+        slot.route(pool);
         slot.malloc(size, StreamId(stream)).map_err(|info| {
             let message = oom_message(size, device, &info);
             slot.last_oom = Some(message.clone());
             AllocError::OutOfMemory(message)
         })
+    }
+
+    /// `beginAllocateToPool`: requests PyTorch's filters send to a private pool will come
+    /// ([`Hub::malloc_in_pool`]). Refused (nothing changes) by a policy without private pools.
+    pub fn begin_pool(&mut self, device: u32) -> Result<(), String> {
+        let slot = self.slot(device)?;
+        if slot.engine.allocator().has_private_pools() {
+            return Ok(());
+        }
+        Err(format!(
+            "policy {:?} has no private pools, which a CUDA graph capture needs (its replays \
+             write to the blocks it allocated): use the pytorch policy",
+            self.settings.policy
+        ))
+    }
+
+    /// `endAllocateToPool`: no more requests go to `pool`.
+    pub fn end_pool(&mut self, device: u32, pool: MemPoolId) {
+        if let Some(slot) = self.slots.get_mut(&device) {
+            if slot.routing == pool {
+                slot.route(MemPoolId::DEFAULT);
+            }
+        }
+    }
+
+    /// `releasePool`: the pool's owner (the graph, the `MemPool`) is gone; once its blocks
+    /// are free, its segments go back to the device.
+    pub fn release_pool(&mut self, device: u32, pool: MemPoolId) {
+        self.end_pool(device, pool);
+        if let Some(slot) = self.slots.get_mut(&device) {
+            // Each context took the pool twice and gave one back at its end.
+            for _ in 0..slot.contexts.remove(&pool).unwrap_or(0) {
+                slot.step(Op::Pool { pool, action: PoolAction::Release });
+            }
+        }
     }
 
     /// PyTorch's `free(ptr, size, device, stream)`. False for a pointer this hub did not hand
@@ -248,6 +303,10 @@ struct Slot {
     /// Waits for other streams before a free completed, and their total nanoseconds.
     stream_waits: (u64, u64),
     opened_with: allocsim_core::MemInfo,
+    /// The pool the policy serves requests from now (see [`Slot::route`]).
+    routing: MemPoolId,
+    /// How many contexts (`BeginAllocate`s) each private pool has had.
+    contexts: HashMap<MemPoolId, u32>,
 }
 
 impl Slot {
@@ -268,6 +327,24 @@ impl Slot {
             unknown_frees: 0,
             stream_waits: (0, 0),
             opened_with,
+            routing: MemPoolId::DEFAULT,
+            contexts: HashMap::new(),
+        }
+    }
+
+    /// Serve the next requests from `pool`: close the open context, if any, and open one for
+    /// `pool` unless it is the default.
+    fn route(&mut self, pool: MemPoolId) {
+        if pool == self.routing {
+            return;
+        }
+        let open = std::mem::replace(&mut self.routing, pool);
+        if !open.is_default() {
+            self.step(Op::Pool { pool: open, action: PoolAction::EndAllocate });
+        }
+        if !pool.is_default() {
+            self.step(Op::Pool { pool, action: PoolAction::BeginAllocate });
+            *self.contexts.entry(pool).or_default() += 1;
         }
     }
 
@@ -533,5 +610,51 @@ mod tests {
                     .unwrap();
             assert_eq!(report.stats, h.stats(0), "{name}: the offline replay's statistics");
         }
+    }
+
+    /// A CUDA graph's capture: what its requests free stays the pool's (the graph's replays
+    /// write there), requests outside it never get those blocks, and the pool's segments go
+    /// back once it is released. The recording replays offline to the same statistics.
+    #[test]
+    fn a_private_pool_keeps_its_blocks_until_released() {
+        let mut h = hub("pytorch", "", 8 * GIB);
+        let graph = MemPoolId(1, 0);
+        h.begin_pool(0).unwrap();
+        let a = h.malloc_in_pool(8 << 20, 0, 3, graph).unwrap();
+        let b = h.malloc_in_pool(8 << 20, 0, 3, graph).unwrap();
+        let outside = h.malloc(1 << 20, 0, 1).unwrap(); // another stream, mid-capture
+        assert!(h.free(b, 0).unwrap());
+        let again = h.malloc_in_pool(8 << 20, 0, 3, graph).unwrap();
+        assert_eq!(again, b, "the pool reuses its own free block");
+        assert!(h.free(again, 0).unwrap());
+        h.end_pool(0, graph);
+        let reserved = h.stats(0).reserved_bytes.all.current;
+        let eager = h.malloc(8 << 20, 0, 3).unwrap();
+        assert!(![a, b, outside].contains(&eager), "the graph's free block is not handed out");
+        assert!(h.stats(0).reserved_bytes.all.current > reserved, "a segment of its own");
+        assert!(h.free(a, 0).unwrap());
+        h.release_pool(0, graph);
+        let released = h.stats(0).reserved_bytes.all.current;
+        assert_eq!(released, reserved, "the eager request's segment came, the graph's went back");
+        assert_eq!(h.stats(0).num_device_free, 1);
+
+        let trace = h.recording(0).unwrap();
+        let opts = allocsim_run::RunOptions {
+            policy: "pytorch".into(),
+            alloc_conf: Some(String::new()),
+            ..allocsim_run::RunOptions::default()
+        };
+        let mut device = SimDevice::for_tests(8 * GIB);
+        let report =
+            allocsim_run::run_trace_on(&trace, &opts, &mut device, "sim", &mut [], |_| {}).unwrap();
+        assert_eq!(report.stats, h.stats(0), "the offline replay's statistics");
+    }
+
+    #[test]
+    fn a_policy_without_private_pools_refuses_a_capture() {
+        let mut h = hub("bfc", "", 8 * GIB);
+        let err = h.begin_pool(0).unwrap_err();
+        assert!(err.contains("bfc") && err.contains("private pools"), "{err}");
+        assert!(hub("pytorch", "", 8 * GIB).begin_pool(0).is_ok());
     }
 }

@@ -13,7 +13,10 @@
 //! instead: it throws `c10::OutOfMemoryError` when [`allocsim_malloc`] returns null for a
 //! non-empty request, and sets PyTorch's hooks for `empty_cache` ([`allocsim_empty_cache`]),
 //! memory fractions ([`allocsim_set_memory_fraction`]) and `record_stream`
-//! ([`allocsim_record_stream`]). Private pools (`MemPool`, CUDA graphs) are not hooked.
+//! ([`allocsim_record_stream`]), and private pools (CUDA graph capture, `torch.cuda.MemPool`):
+//! [`allocsim_begin_pool`], [`allocsim_malloc_in_pool`] (the shim evaluates PyTorch's filters,
+//! which are C++ closures, and names the pool each request goes to), [`allocsim_end_pool`] and
+//! [`allocsim_release_pool`].
 //! `torch.cuda.memory_stats()` refuses a pluggable allocator: [`allocsim_memory_stats_json`]
 //! stands in.
 //!
@@ -21,6 +24,7 @@
 //! [`hub::Hub`], and the CUDA device makes its context current for each driver call. A panic
 //! never crosses the ABI: each entry point catches it and answers as for an error.
 
+use allocsim_core::MemPoolId;
 use hub::{AllocError, Hub, Opened, Opener, Settings};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -206,6 +210,53 @@ pub extern "C" fn allocsim_malloc(size: isize, device: c_int, stream: *mut c_voi
             }
         })
     }) as *mut c_void
+}
+
+/// [`allocsim_malloc`] from the private pool `(pool_a, pool_b)` (PyTorch's `MempoolId_t`;
+/// `(0, 0)`: the policy's own pools).
+#[no_mangle]
+pub extern "C" fn allocsim_malloc_in_pool(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+    pool_a: u64,
+    pool_b: u64,
+) -> *mut c_void {
+    timed(MALLOC, || {
+        with_hub(0, |hub| {
+            let size = u64::try_from(size).map_err(|_| format!("malloc of {size} bytes"))?;
+            let pool = MemPoolId(pool_a, pool_b);
+            match hub.malloc_in_pool(size, device_index(device)?, stream as u64, pool) {
+                Ok(addr) => Ok(addr),
+                Err(AllocError::OutOfMemory(text) | AllocError::Setup(text)) => Err(text),
+            }
+        })
+    }) as *mut c_void
+}
+
+/// `beginAllocateToPool` (a CUDA graph capture begins, `torch.cuda.use_mem_pool` is entered):
+/// 0, or -1 (see [`allocsim_last_error`]) when the policy has no private pools.
+#[no_mangle]
+pub extern "C" fn allocsim_begin_pool(device: c_int) -> c_int {
+    with_hub(-1, |hub| hub.begin_pool(device_index(device)?).map(|()| 0))
+}
+
+/// `endAllocateToPool`: no more requests go to the pool `(pool_a, pool_b)`.
+#[no_mangle]
+pub extern "C" fn allocsim_end_pool(device: c_int, pool_a: u64, pool_b: u64) {
+    with_hub((), |hub| {
+        hub.end_pool(device_index(device)?, MemPoolId(pool_a, pool_b));
+        Ok(())
+    });
+}
+
+/// `releasePool`: the pool's owner is gone; its segments go back to the device once free.
+#[no_mangle]
+pub extern "C" fn allocsim_release_pool(device: c_int, pool_a: u64, pool_b: u64) {
+    with_hub((), |hub| {
+        hub.release_pool(device_index(device)?, MemPoolId(pool_a, pool_b));
+        Ok(())
+    });
 }
 
 /// PyTorch's `free_fn`. The block goes back to the policy; `size` and `stream` are PyTorch's

@@ -338,6 +338,10 @@ impl Allocator for PyTorchAllocator {
         self.pool_action_impl(env, pool, action);
     }
 
+    fn has_private_pools(&self) -> bool {
+        true
+    }
+
     fn set_memory_fraction(&mut self, env: &mut Env<'_>, fraction: f64) -> Result<(), ConfigError> {
         // torch.cuda.set_per_process_memory_fraction checks the range in Python.
         if !(0.0..=1.0).contains(&fraction) {
