@@ -6,7 +6,8 @@ For each workload and setting: whether allocsim's `pytorch` policy made the same
 calls (action and size, in order) as PyTorch's own allocator, and the peaks of both; the
 peak reserved under every policy; and whether each recorded op stream, replayed offline by
 `allocsim replay` under the policy and settings it ran with, comes to the same
-`memory_stats()`, key for key; and from the timing runs (no history kept), each run's median
+`memory_stats()`, key for key, following the device's recorded answers (`--device recorded`)
+and on the modelled device (`--device sim`); and from the timing runs (no history kept), each run's median
 step time from the fourth step on (the first ones load kernels and fill the cache), then the
 median over the runs under PyTorch's allocator and under the `pytorch` policy, their ratio, and
 the range of the ratios of each alternating pair.
@@ -69,22 +70,22 @@ for r in runs:
 
 print()
 print("| workload | policy | settings | peak reserved (GiB) | peak allocated (GiB) | device allocs / frees "
-      "| OOM | µs per malloc / free | offline replay: keys that differ |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "| OOM | µs per malloc / free | offline replay, keys that differ: on the recorded device | on the model |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in runs:
     rec = name(r, "allocsim") if r["mode"] != "native" else None
     if r["mode"] != "native" and not rec:
         continue
     if r["mode"] == "native" and not name(r, "pickle.gz"):
         continue
-    replay = "—"
-    if rec:
-        cmd = [binary, "replay", str(rec), "--policy", r["mode"], "--json"]
+    replay = ["—", "—"]
+    for i, device in enumerate(["recorded", "sim"] if rec else []):
+        cmd = [binary, "replay", str(rec), "--policy", r["mode"], "--device", device, "--json"]
         if r["conf"]:
             cmd += ["--alloc-conf", r["conf"]]
         stats = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["memory_stats"]
         differ = [k for k, v in r["memory_stats"].items() if stats.get(k) != v]
-        replay = f"{len(differ)} of {len(r['memory_stats'])}" + (f" ({', '.join(differ[:3])})" if differ else "")
+        replay[i] = f"{len(differ)} of {len(r['memory_stats'])}" + (f" ({', '.join(differ[:3])})" if differ else "")
     calls = "—"
     if r.get("allocsim.malloc_calls"):
         calls = (f"{r['allocsim.malloc_ns'] / r['allocsim.malloc_calls'] / 1e3:.2f} / "
@@ -92,7 +93,7 @@ for r in runs:
     policy = "PyTorch's own" if r["mode"] == "native" else f"`{r['mode']}`"
     print(f"| {r['workload']} | {policy} | `{r['conf'] or 'default'}` | {gib(r['reserved_bytes.all.peak'])} | "
           f"{gib(r['allocated_bytes.all.peak'])} | {r['num_device_alloc']} / {r['num_device_free']} | "
-          f"{'yes' if r['failure'] else 'no'} | {calls} | {replay} |")
+          f"{'yes' if r['failure'] else 'no'} | {calls} | {replay[0]} | {replay[1]} |")
 
 print()
 print("| workload | settings | runs | median step, PyTorch's own (ms) | median step, `pytorch` policy (ms) "
