@@ -657,4 +657,83 @@ mod tests {
         assert!(err.contains("bfc") && err.contains("private pools"), "{err}");
         assert!(hub("pytorch", "", 8 * GIB).begin_pool(0).is_ok());
     }
+
+    /// Random captures: requests into two graphs' pools and the common pool, frees, captures
+    /// ending, graphs released. No block overlaps one a live graph allocated (its replays
+    /// write there) unless it is that graph's, and the recording replays offline to the same
+    /// statistics.
+    const REPRODUCE: &str = "reproduce: cargo test --release -p allocsim-torch --lib \
+                             graphs_keep_their_blocks_under_random_captures";
+
+    #[test]
+    fn graphs_keep_their_blocks_under_random_captures() {
+        for seed in 0..20u64 {
+            let mut h = hub("pytorch", "", 4 * GIB);
+            let mut rng = seed;
+            let mut next = move || {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                rng >> 33
+            };
+            let pools = [MemPoolId(1, 0), MemPoolId(2, 0)];
+            let (mut capturing, mut alive) = (Vec::new(), Vec::new());
+            // What each live graph allocated, and the blocks held now.
+            let mut graph_ranges: HashMap<MemPoolId, Vec<(u64, u64)>> = HashMap::new();
+            let mut live: Vec<u64> = Vec::new();
+            for step in 0..3000 {
+                let pick = pools[next() as usize % 2];
+                match next() % 10 {
+                    0 if !alive.contains(&pick) => {
+                        h.begin_pool(0).unwrap();
+                        capturing.push(pick);
+                        alive.push(pick);
+                    }
+                    1 if capturing.contains(&pick) => {
+                        h.end_pool(0, pick);
+                        capturing.retain(|&p| p != pick);
+                    }
+                    2 if alive.contains(&pick) && !capturing.contains(&pick) => {
+                        h.release_pool(0, pick);
+                        alive.retain(|&p| p != pick);
+                        graph_ranges.remove(&pick);
+                    }
+                    3..=6 => {
+                        let pool = match next() % 3 {
+                            0 => MemPoolId::DEFAULT,
+                            _ => capturing.get(next() as usize % 2).copied().unwrap_or_default(),
+                        };
+                        let size = 1 + next() % if next() % 4 == 0 { 30 << 20 } else { 1 << 20 };
+                        let Ok(p) = h.malloc_in_pool(size, 0, 1, pool) else { continue };
+                        for (g, ranges) in &graph_ranges {
+                            let clash = ranges.iter().any(|&(a, n)| p < a + n && a < p + size);
+                            assert!(
+                                *g == pool || !clash,
+                                "seed {seed}, step {step}: a block of {size} at {p:#x} for {pool:?} \
+                                 overlaps what live graph {g:?} allocated; {REPRODUCE}"
+                            );
+                        }
+                        if !pool.is_default() {
+                            graph_ranges.entry(pool).or_default().push((p, size));
+                        }
+                        live.push(p);
+                    }
+                    7..=9 if !live.is_empty() => {
+                        let at = next() as usize % live.len();
+                        assert!(h.free(live.swap_remove(at), 0).unwrap());
+                    }
+                    _ => {}
+                }
+            }
+            let trace = h.recording(0).unwrap();
+            let opts = allocsim_run::RunOptions {
+                policy: "pytorch".into(),
+                alloc_conf: Some(String::new()),
+                ..allocsim_run::RunOptions::default()
+            };
+            let mut device = SimDevice::for_tests(4 * GIB);
+            let report =
+                allocsim_run::run_trace_on(&trace, &opts, &mut device, "sim", &mut [], |_| {})
+                    .unwrap();
+            assert_eq!(report.stats, h.stats(0), "seed {seed}: offline statistics; {REPRODUCE}");
+        }
+    }
 }
