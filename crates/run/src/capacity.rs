@@ -38,9 +38,9 @@ pub const CAPACITY_RESOLUTION_BYTES: u64 = PAGE_BYTES;
 pub const BAND_MARGIN_BYTES: u64 = CAPACITY_RESOLUTION_BYTES + PAGE_BYTES;
 
 /// How much less than the lowest placement some real chunk order needs, in parts per 10,000
-/// of the point: the Llama `max_split` row of `validation/` fitted 0.33 % below it under one
-/// of the nine chunk orders measured (0.27 % on the H100), while the model's placements never
-/// went below. The other rows' thresholds did not move with the chunk order.
+/// of the point: the Llama `max_split` row of `validation/` fitted up to 0.27 % below it under
+/// the nine chunk orders measured on the H100 and 0.33 % under one of three on an H200, while
+/// the model's placements never went below. The other rows did not move with the chunk order.
 pub const ORDER_MARGIN_PER_10K: u64 = 35;
 
 /// How far below the lowest placement's threshold the band reaches, for a run whose point is
