@@ -113,6 +113,7 @@ impl Args {
             seed: self.seed,
             faults: self.faults(),
             placement: self.placement,
+            until_oom: false,
         }
     }
 }

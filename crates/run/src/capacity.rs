@@ -16,8 +16,7 @@
 //!   with less than any placement the model has (`validation/README.md`).
 
 use crate::{run_trace, DeviceChoice, RunOptions};
-use allocsim_core::{ConfigError, Event, Trace};
-use allocsim_replay::Observer;
+use allocsim_core::{ConfigError, Trace};
 use allocsim_sim::{Placement, PAGE_BYTES};
 use rayon::prelude::*;
 
@@ -103,26 +102,17 @@ pub(crate) fn bisect(
     Ok(hi)
 }
 
-/// Stops a run at its first OOM: a capacity question needs no more of it.
-#[derive(Default)]
-struct StopAtOom {
-    hit: bool,
-}
-
-impl Observer for StopAtOom {
-    fn on_event(&mut self, _: u64, _: u64, event: &Event) -> bool {
-        self.hit |= matches!(event, Event::Oom { .. });
-        !self.hit
-    }
-}
-
 /// Whether `trace` completes without an OOM on the modelled device as `run` sets it up; the
 /// run stops at its first OOM. Every bisection's question (here and in the grid).
 pub(crate) fn completes(trace: &Trace, run: RunOptions) -> Result<bool, ConfigError> {
-    let run = RunOptions { device: DeviceChoice::Sim, check: false, fidelity: false, ..run };
-    let mut stop = StopAtOom::default();
-    run_trace(trace, &run, &mut [&mut stop], |_| {})?;
-    Ok(!stop.hit)
+    let run = RunOptions {
+        device: DeviceChoice::Sim,
+        check: false,
+        fidelity: false,
+        until_oom: true,
+        ..run
+    };
+    Ok(run_trace(trace, &run, &mut [], |_| {})?.metrics.ooms.is_empty())
 }
 
 /// Whether `trace` completes without an OOM with `free_bytes` free at the start.

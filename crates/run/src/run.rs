@@ -9,8 +9,8 @@ use allocsim_core::{
 };
 use allocsim_policies::PolicyVisitor;
 use allocsim_replay::{
-    CheckObserver, Divergence, Engine, Fidelity, Metrics, MetricsReport, Observer, OpOutcome,
-    Skipped,
+    CheckObserver, Divergence, Engine, Fidelity, Metrics, MetricsReport, Observer, OomRecord,
+    OpOutcome, Skipped,
 };
 use allocsim_sim::{Fault, Placement, RecordedDevice, SimConfig, SimDevice};
 use std::borrow::Borrow;
@@ -51,6 +51,9 @@ pub struct RunOptions {
     /// How the modelled device places segments (a run that follows a recording takes the
     /// recorded addresses while it does).
     pub placement: Placement,
+    /// Stop at the first OOM and keep no other metrics (`RunReport::metrics` holds that OOM
+    /// alone): all that each step of a capacity bisection asks, hundreds of times a question.
+    pub until_oom: bool,
 }
 
 /// What a run produced.
@@ -345,6 +348,7 @@ impl Run<'_, '_> {
             }),
             fidelity: opts.fidelity.then(|| Fidelity::new(trace.recorded)),
             extra,
+            until_oom: false,
         };
         let mut engine = Engine::new(allocator, device);
         let mut started = StartedFrom::Empty;
@@ -374,11 +378,17 @@ impl Run<'_, '_> {
             };
         }
         // Metrics alone is the common case (`allocsim replay`, the grid): replay with it directly,
-        // without a check per event for observers that are not there.
+        // without a check per event for observers that are not there; a bisection's step
+        // (`until_oom`) with only the OOM watch.
         let metrics_only = observers.checker.is_none()
             && observers.fidelity.is_none()
             && observers.extra.is_empty();
-        let ops_run = if metrics_only {
+        let question_only = metrics_only && opts.until_oom;
+        let mut first_oom = FirstOom::default();
+        observers.until_oom = opts.until_oom;
+        let ops_run = if question_only {
+            engine.run(ops, &mut first_oom, progress)
+        } else if metrics_only {
             engine.run(ops, &mut observers.metrics, progress)
         } else {
             engine.run(ops, &mut observers, progress)
@@ -394,7 +404,14 @@ impl Run<'_, '_> {
             device_total_bytes: total,
             device_free_bytes: free,
             ops_run,
-            metrics: observers.metrics.finish(),
+            metrics: if question_only {
+                MetricsReport {
+                    ooms: first_oom.0.into_iter().collect(),
+                    ..MetricsReport::default()
+                }
+            } else {
+                observers.metrics.finish()
+            },
             stats: allocator.stats(),
             skipped,
             device_calls: device.calls().clone(),
@@ -414,6 +431,22 @@ struct RunObservers<'r, 'a, 'b> {
     checker: Option<CheckObserver>,
     fidelity: Option<Fidelity<'r>>,
     extra: &'a mut [&'b mut dyn Observer],
+    /// Stop at the first OOM ([`RunOptions::until_oom`]).
+    until_oom: bool,
+}
+
+/// The first OOM of a run, which stops it.
+#[derive(Default)]
+struct FirstOom(Option<OomRecord>);
+
+impl Observer for FirstOom {
+    #[inline]
+    fn on_event(&mut self, _: u64, op_index: u64, event: &Event) -> bool {
+        if let Event::Oom { info, .. } = event {
+            self.0 = Some(OomRecord { op_index, info: *info });
+        }
+        self.0.is_none()
+    }
 }
 
 impl Observer for RunObservers<'_, '_, '_> {
@@ -440,7 +473,7 @@ impl Observer for RunObservers<'_, '_, '_> {
         if !self.extra.is_empty() {
             keep_going &= self.extra.on_event(event_index, op_index, event);
         }
-        keep_going
+        keep_going && !(self.until_oom && matches!(event, Event::Oom { .. }))
     }
 
     #[inline]

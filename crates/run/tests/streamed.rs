@@ -125,3 +125,39 @@ fn ids_dense_and_sparse_are_kept_apart() {
     assert_eq!(r.metrics.ooms.len(), 1);
     assert_eq!(r.stats.allocation.all.current, 1);
 }
+
+/// A run `until_oom` stops at the first OOM a full run has, with the same state there, and
+/// with and without other observers; one that fits reports no OOM.
+#[test]
+fn until_oom_stops_where_the_first_oom_is() {
+    let trace = allocsim_trace::read_trace(traces().join("pytorch-2.11-h100/gpt2_train.pickle.gz"))
+        .unwrap();
+    for free in [4u64 << 30, 80 << 30] {
+        let full = RunOptions {
+            policy: "pytorch".into(),
+            device: DeviceChoice::Sim,
+            device_free_bytes: Some(free),
+            ..RunOptions::default()
+        };
+        let whole = run_trace(&trace, &full, &mut [], |_| {}).unwrap();
+        assert_eq!(whole.metrics.ooms.is_empty(), free > 8 << 30, "7.5 GiB fit, 4 GiB do not");
+        let question = RunOptions { until_oom: true, ..full.clone() };
+        let first = run_trace(&trace, &question, &mut [], |_| {}).unwrap();
+        let mut log = EventLog::new(Vec::new());
+        let watched = run_trace(&trace, &question, &mut [&mut log], |_| {}).unwrap();
+        match whole.metrics.ooms.first() {
+            Some(oom) => {
+                assert_eq!(first.metrics.ooms, vec![oom.clone()], "{free}: the first OOM alone");
+                assert_eq!(first.ops_run, oom.op_index + 1, "{free}: stopped at its op");
+                assert_eq!(watched.metrics.ooms.first(), Some(oom), "{free}: with an observer");
+                assert_eq!(first.ops_run, watched.ops_run, "{free}");
+                assert_eq!(first.stats, watched.stats, "{free}: the same state there");
+            }
+            None => {
+                assert!(first.metrics.ooms.is_empty() && watched.metrics.ooms.is_empty());
+                assert_eq!(first.ops_run, whole.ops_run, "{free}: a run that fits runs whole");
+                assert_eq!(first.stats, whole.stats, "{free}");
+            }
+        }
+    }
+}
