@@ -29,14 +29,18 @@ impl Inflater {
         let (send, blocks) = sync_channel(AHEAD);
         let (spare, reuse) = sync_channel::<Vec<u8>>(AHEAD + 2);
         std::thread::spawn(move || loop {
-            let mut block = reuse.try_recv().unwrap_or_else(|_| Vec::with_capacity(BLOCK));
-            block.clear();
-            let sent = match (&mut decoder).take(BLOCK as u64).read_to_end(&mut block) {
+            let mut block = reuse.try_recv().unwrap_or_else(|_| vec![0; BLOCK]);
+            // Filled by `read` into initialised bytes: `read_to_end` would zero the spare
+            // capacity of every block before each fill (as much work as copying it).
+            block.resize(BLOCK, 0);
+            let (filled, error) = fill(&mut decoder, &mut block);
+            block.truncate(filled);
+            let sent = match error {
                 // The end: dropping `send` tells the reader.
-                Ok(0) => return,
-                Ok(_) => send.send(Ok(block)),
+                None if filled == 0 => return,
+                None => send.send(Ok(block)),
                 // The bytes before the error, then the error, as the decoder gives them.
-                Err(e) => {
+                Some(e) => {
                     if !block.is_empty() {
                         let _ = send.send(Ok(block));
                     }
@@ -51,6 +55,21 @@ impl Inflater {
         });
         Inflater { blocks, spare, block: Vec::new(), pos: 0 }
     }
+}
+
+/// Read into `block` until it is full or the stream ends: the bytes read, and the error that
+/// stopped it, if any.
+fn fill(decoder: &mut impl Read, block: &mut [u8]) -> (usize, Option<io::Error>) {
+    let mut filled = 0;
+    while filled < block.len() {
+        match decoder.read(&mut block[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return (filled, Some(e)),
+        }
+    }
+    (filled, None)
 }
 
 impl Read for Inflater {
