@@ -12,11 +12,13 @@ The library is `liballocsim_torch.so` (`cargo build --release -p allocsim-torch`
 `use` installs it from C++ (`allocsim_torch_hooks.cpp`, built once with
 `torch.utils.cpp_extension` against the PyTorch in use, which needs a C++ compiler and ninja):
 then a request the policy cannot serve raises `torch.OutOfMemoryError` with allocsim's
-explanation, and `torch.cuda.empty_cache()`, `torch.cuda.set_per_process_memory_fraction()` and
-`Tensor.record_stream()` reach the policy. `use(..., hooks=False)` installs it through
-PyTorch's Python API alone, which passes `alloc` and `free` only: a failed request then returns
-a null block that faults the GPU at its first use, and `empty_cache()` and
-`set_per_process_memory_fraction()` must be this module's. Either way
+explanation, `torch.cuda.empty_cache()`, `torch.cuda.set_per_process_memory_fraction()` and
+`Tensor.record_stream()` reach the policy, and a CUDA graph capture gets a private pool (the
+`pytorch` policy's; other policies refuse the capture). `use(..., hooks=False)` installs it
+through PyTorch's Python API alone, which passes `alloc` and `free` only: a failed request then
+returns a null block that faults the GPU at its first use, `empty_cache()` and
+`set_per_process_memory_fraction()` must be this module's, and a CUDA graph shares the
+policy's blocks with everything else (do not capture graphs so). Either way
 `torch.cuda.memory_stats()` refuses a pluggable allocator: use this module's `memory_stats()`.
 """
 import ctypes
