@@ -32,6 +32,11 @@ for out in map(Path, args):
 
 
 ORDER = {"native": 0, "pytorch": 1, "allocsim": 2}
+
+
+def after_first(r):
+    """The run's time after its first step (which loads kernels and libraries), in s."""
+    return f"{sum(r['step_seconds'][1:]):.2f}" if len(r["step_seconds"]) > 1 else "—"
 runs.sort(key=lambda r: (r["workload"], ORDER.get(r["mode"], 3), r["mode"], r["conf"]))
 
 
@@ -70,8 +75,9 @@ for r in runs:
 
 print()
 print("| workload | policy | settings | peak reserved (GiB) | peak allocated (GiB) | device allocs / frees "
-      "| OOM | µs per malloc / free | offline replay, keys that differ: on the recorded device | on the model |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "| OOM | time after step 1 (s) | µs per malloc / free | offline replay, keys that differ: on the recorded device "
+      "| on the model |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in runs:
     rec = name(r, "allocsim") if r["mode"] != "native" else None
     if r["mode"] != "native" and not rec:
@@ -93,7 +99,7 @@ for r in runs:
     policy = "PyTorch's own" if r["mode"] == "native" else f"`{r['mode']}`"
     print(f"| {r['workload']} | {policy} | `{r['conf'] or 'default'}` | {gib(r['reserved_bytes.all.peak'])} | "
           f"{gib(r['allocated_bytes.all.peak'])} | {r['num_device_alloc']} / {r['num_device_free']} | "
-          f"{'yes' if r['failure'] else 'no'} | {calls} | {replay[0]} | {replay[1]} |")
+          f"{'yes' if r['failure'] else 'no'} | {after_first(r)} | {calls} | {replay[0]} | {replay[1]} |")
 
 print()
 print("| workload | settings | runs | median step, PyTorch's own (ms) | median step, `pytorch` policy (ms) "
