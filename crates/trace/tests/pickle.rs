@@ -297,48 +297,60 @@ fn a_batch_after_an_entrys_last_value_applies_to_that_value() {
     assert!(err.contains("pickle byte 528: SETITEMS on a str"), "{err}");
 }
 
+/// A frame of `train.py`'s `step` at `line`.
+fn frame(line: i64) -> Value {
+    Value::str_dict([
+        ("filename", Value::str("train.py")),
+        ("line", Value::Int(line)),
+        ("name", Value::str("step")),
+    ])
+}
+
+/// Entry `i` of a trace: an allocation of 512 bytes with `frames`.
+fn alloc_entry(i: i64, frames: Value) -> Value {
+    Value::str_dict([
+        ("action", Value::str("alloc")),
+        ("addr", Value::Int(0x7f00_0000_0000 + i * 512)),
+        ("size", Value::Int(512)),
+        ("stream", Value::Int(0)),
+        ("time_us", Value::Int(i)),
+        ("frames", frames),
+    ])
+}
+
+/// A snapshot of one GPU's `entries`, written to a file of its own (`name`) and read with
+/// `opts`.
+fn read_snapshot_of(
+    entries: Vec<Value>,
+    name: &str,
+    opts: &allocsim_trace::ReadOptions,
+) -> Result<allocsim_core::Trace, allocsim_trace::TraceError> {
+    let snapshot = Value::str_dict([
+        ("segments", Value::list(Vec::new())),
+        ("device_traces", Value::list(vec![Value::list(entries)])),
+    ]);
+    let dir = std::env::temp_dir().join(format!("allocsim-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("frames.pickle");
+    std::fs::write(&path, pickle::to_vec(&snapshot).unwrap()).unwrap();
+    let read = allocsim_trace::read_trace_with(&path, opts);
+    std::fs::remove_dir_all(&dir).unwrap();
+    read
+}
+
 /// PyTorch memoizes every entry's `frames` list, so a reader keeps each to the end; equal
 /// lists read by the record streamer are held once. 50,000 entries, each with a list of its
 /// own of the same 40 shared frames, would hold 32 MB of lists: they read within 16 MiB.
 #[test]
 fn an_entrys_frames_list_equal_to_an_earlier_one_is_held_once() {
-    let frames: Vec<Value> = (0..40)
-        .map(|i| {
-            Value::str_dict([
-                ("filename", Value::str("train.py")),
-                ("line", Value::Int(i)),
-                ("name", Value::str("step")),
-            ])
-        })
-        .collect();
+    let frames: Vec<Value> = (0..40).map(frame).collect();
     // A second reference to each list makes the writer memoize it, as CPython's pickler
     // memoizes every list.
     let lists: Vec<Value> = (0..50_000).map(|_| Value::list(frames.clone())).collect();
-    let entries = (0..50_000i64)
-        .map(|i| {
-            Value::str_dict([
-                ("action", Value::str("alloc")),
-                ("addr", Value::Int(0x7f00_0000_0000 + i * 512)),
-                ("size", Value::Int(512)),
-                ("stream", Value::Int(0)),
-                ("time_us", Value::Int(i)),
-                ("frames", lists[i as usize].clone()),
-            ])
-        })
-        .collect();
-    let snapshot = Value::str_dict([
-        ("segments", Value::list(Vec::new())),
-        ("device_traces", Value::list(vec![Value::list(entries)])),
-    ]);
-    let dir = std::env::temp_dir().join(format!("allocsim-frames-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("frames.pickle");
-    std::fs::write(&path, pickle::to_vec(&snapshot).unwrap()).unwrap();
+    let entries = (0..50_000i64).map(|i| alloc_entry(i, lists[i as usize].clone())).collect();
     let small = Limits { max_held_bytes: 16 << 20, ..Limits::default() };
     let opts = allocsim_trace::ReadOptions { sidecar: false, limits: small, ..Default::default() };
-    let read = allocsim_trace::read_trace_with(&path, &opts);
-    std::fs::remove_dir_all(&dir).unwrap();
-    let trace = read.expect("reads within 16 MiB");
+    let trace = read_snapshot_of(entries, "frames", &opts).expect("reads within 16 MiB");
     assert_eq!(trace.ops.len(), 50_000);
     assert_eq!(trace.stacks.len(), 1, "one stack");
     assert_eq!(trace.stacks[0].frames.len(), 40);
@@ -351,37 +363,11 @@ fn an_entrys_frames_list_equal_to_an_earlier_one_is_held_once() {
 /// streamed reader gave 11 stacks here where the generic reader gives 2,000.
 #[test]
 fn stacks_of_unmemoized_frames_lists_are_told_apart() {
-    let entries = (0..2000i64)
-        .map(|i| {
-            let frame = Value::str_dict([
-                ("filename", Value::str("train.py")),
-                ("line", Value::Int(i)),
-                ("name", Value::str("step")),
-            ]);
-            Value::str_dict([
-                ("action", Value::str("alloc")),
-                ("addr", Value::Int(0x7f00_0000_0000 + i * 512)),
-                ("size", Value::Int(512)),
-                ("stream", Value::Int(0)),
-                ("time_us", Value::Int(i)),
-                ("frames", Value::list(vec![frame])),
-            ])
-        })
-        .collect();
-    let snapshot = Value::str_dict([
-        ("segments", Value::list(Vec::new())),
-        ("device_traces", Value::list(vec![Value::list(entries)])),
-    ]);
     let read = |streaming| {
-        let dir = std::env::temp_dir()
-            .join(format!("allocsim-unmemo-{}-{streaming}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("frames.pickle");
-        std::fs::write(&path, pickle::to_vec(&snapshot).unwrap()).unwrap();
+        // Made afresh for each file: a list referred to twice is memoized by the writer.
+        let entries = (0..2000i64).map(|i| alloc_entry(i, Value::list(vec![frame(i)]))).collect();
         let opts = allocsim_trace::ReadOptions { sidecar: false, streaming, ..Default::default() };
-        let trace = allocsim_trace::read_trace_with(&path, &opts);
-        std::fs::remove_dir_all(&dir).unwrap();
-        trace.unwrap()
+        read_snapshot_of(entries, &format!("unmemo-{streaming}"), &opts).unwrap()
     };
     let (streamed, generic) = (read(true), read(false));
     assert_eq!(generic.stacks.len(), 2000);
