@@ -474,6 +474,21 @@ mod tests {
         Hub::new(settings, opener).unwrap()
     }
 
+    /// Device 0's recording replayed offline under `policy` on a simulated device of `total`
+    /// bytes: the statistics it comes to.
+    fn replayed_offline(h: &Hub, policy: &str, total: u64) -> MemoryStats {
+        let trace = h.recording(0).unwrap();
+        let opts = allocsim_run::RunOptions {
+            policy: policy.to_string(),
+            alloc_conf: Some(String::new()),
+            ..allocsim_run::RunOptions::default()
+        };
+        let mut device = SimDevice::for_tests(total);
+        allocsim_run::run_trace_on(&trace, &opts, &mut device, "sim", &mut [], |_| {})
+            .unwrap()
+            .stats
+    }
+
     #[test]
     fn unknown_policies_and_settings_are_refused_before_any_device_opens() {
         let opener: Opener = Box::new(|_| panic!("no device may open"));
@@ -598,17 +613,11 @@ mod tests {
                     h.empty_cache();
                 }
             }
-            let trace = h.recording(0).unwrap();
-            let opts = allocsim_run::RunOptions {
-                policy: name.to_string(),
-                alloc_conf: Some(String::new()),
-                ..allocsim_run::RunOptions::default()
-            };
-            let mut device = SimDevice::for_tests(4 * GIB);
-            let report =
-                allocsim_run::run_trace_on(&trace, &opts, &mut device, "sim", &mut [], |_| {})
-                    .unwrap();
-            assert_eq!(report.stats, h.stats(0), "{name}: the offline replay's statistics");
+            assert_eq!(
+                replayed_offline(&h, name, 4 * GIB),
+                h.stats(0),
+                "{name}: the offline replay's statistics"
+            );
         }
     }
 
@@ -638,16 +647,11 @@ mod tests {
         assert_eq!(released, reserved, "the eager request's segment came, the graph's went back");
         assert_eq!(h.stats(0).num_device_free, 1);
 
-        let trace = h.recording(0).unwrap();
-        let opts = allocsim_run::RunOptions {
-            policy: "pytorch".into(),
-            alloc_conf: Some(String::new()),
-            ..allocsim_run::RunOptions::default()
-        };
-        let mut device = SimDevice::for_tests(8 * GIB);
-        let report =
-            allocsim_run::run_trace_on(&trace, &opts, &mut device, "sim", &mut [], |_| {}).unwrap();
-        assert_eq!(report.stats, h.stats(0), "the offline replay's statistics");
+        assert_eq!(
+            replayed_offline(&h, "pytorch", 8 * GIB),
+            h.stats(0),
+            "the offline replay's statistics"
+        );
     }
 
     #[test]
@@ -723,17 +727,11 @@ mod tests {
                     _ => {}
                 }
             }
-            let trace = h.recording(0).unwrap();
-            let opts = allocsim_run::RunOptions {
-                policy: "pytorch".into(),
-                alloc_conf: Some(String::new()),
-                ..allocsim_run::RunOptions::default()
-            };
-            let mut device = SimDevice::for_tests(4 * GIB);
-            let report =
-                allocsim_run::run_trace_on(&trace, &opts, &mut device, "sim", &mut [], |_| {})
-                    .unwrap();
-            assert_eq!(report.stats, h.stats(0), "seed {seed}: offline statistics; {REPRODUCE}");
+            assert_eq!(
+                replayed_offline(&h, "pytorch", 4 * GIB),
+                h.stats(0),
+                "seed {seed}: offline statistics; {REPRODUCE}"
+            );
         }
     }
 }
