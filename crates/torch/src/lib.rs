@@ -201,15 +201,7 @@ pub extern "C" fn allocsim_configure(
 /// the policy cannot serve it (the explanation is [`allocsim_last_oom`]).
 #[no_mangle]
 pub extern "C" fn allocsim_malloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    timed(MALLOC, || {
-        with_hub(0, |hub| {
-            let size = u64::try_from(size).map_err(|_| format!("malloc of {size} bytes"))?;
-            match hub.malloc(size, device_index(device)?, stream as u64) {
-                Ok(addr) => Ok(addr),
-                Err(AllocError::OutOfMemory(text) | AllocError::Setup(text)) => Err(text),
-            }
-        })
-    }) as *mut c_void
+    allocsim_malloc_in_pool(size, device, stream, 0, 0)
 }
 
 /// [`allocsim_malloc`] from the private pool `(pool_a, pool_b)` (PyTorch's `MempoolId_t`;
