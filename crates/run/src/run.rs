@@ -348,8 +348,16 @@ impl Run<'_, '_> {
             }),
             fidelity: opts.fidelity.then(|| Fidelity::new(trace.recorded)),
             extra,
-            until_oom: false,
+            until_oom: opts.until_oom,
         };
+        // Metrics alone is the common case (`allocsim replay`, the grid): replay with it directly,
+        // without a check per event for observers that are not there; a bisection's step
+        // (`until_oom`) with only the OOM watch, the prologue of a laid-out start included.
+        let metrics_only = observers.checker.is_none()
+            && observers.fidelity.is_none()
+            && observers.extra.is_empty();
+        let question_only = metrics_only && opts.until_oom;
+        let mut first_oom = FirstOom::default();
         let mut engine = Engine::new(allocator, device);
         let mut started = StartedFrom::Empty;
         if let Some(start) = trace.start {
@@ -372,22 +380,22 @@ impl Run<'_, '_> {
                 }
                 Err(why) => {
                     let prologue = start.prologue();
-                    engine.run(&prologue, &mut observers, |_| {});
+                    if question_only {
+                        engine.run(&prologue, &mut first_oom, |_| {});
+                    } else {
+                        engine.run(&prologue, &mut observers, |_| {});
+                    }
                     StartedFrom::LaidOut { ops: prologue.len() as u64, why }
                 }
             };
         }
-        // Metrics alone is the common case (`allocsim replay`, the grid): replay with it directly,
-        // without a check per event for observers that are not there; a bisection's step
-        // (`until_oom`) with only the OOM watch.
-        let metrics_only = observers.checker.is_none()
-            && observers.fidelity.is_none()
-            && observers.extra.is_empty();
-        let question_only = metrics_only && opts.until_oom;
-        let mut first_oom = FirstOom::default();
-        observers.until_oom = opts.until_oom;
         let ops_run = if question_only {
-            engine.run(ops, &mut first_oom, progress)
+            // An OOM laying out the start already answers the question.
+            if first_oom.0.is_some() {
+                0
+            } else {
+                engine.run(ops, &mut first_oom, progress)
+            }
         } else if metrics_only {
             engine.run(ops, &mut observers.metrics, progress)
         } else {

@@ -161,3 +161,30 @@ fn until_oom_stops_where_the_first_oom_is() {
         }
     }
 }
+
+/// A start laid out by allocations (a what-if of a history that starts mid-run) that already
+/// runs out of memory answers `until_oom` with that OOM, as a full run reports it first.
+#[test]
+fn until_oom_counts_an_oom_laying_out_the_start() {
+    let trace =
+        allocsim_trace::read_trace(traces().join("pytorch-2.11-h100-user/c_ring.pickle.gz"))
+            .unwrap();
+    let full = RunOptions {
+        policy: "pytorch".into(),
+        alloc_conf: Some("expandable_segments:True".into()),
+        device: DeviceChoice::Sim,
+        device_free_bytes: Some(64 << 20),
+        ..RunOptions::default()
+    };
+    let whole = run_trace(&trace, &full, &mut [], |_| {}).unwrap();
+    let prologue = match whole.start {
+        allocsim_run::StartedFrom::LaidOut { ops, .. } => ops,
+        ref other => panic!("a what-if of a mid-run history is laid out, not {other:?}"),
+    };
+    let first_oom = whole.metrics.ooms.first().expect("64 MiB is too little").clone();
+    assert!(first_oom.op_index < prologue, "the OOM comes while laying out the start");
+    let question = RunOptions { until_oom: true, ..full };
+    let answer = run_trace(&trace, &question, &mut [], |_| {}).unwrap();
+    assert_eq!(answer.metrics.ooms, vec![first_oom]);
+    assert_eq!(answer.ops_run, 0, "no recorded op runs after it");
+}
