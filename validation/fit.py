@@ -11,8 +11,9 @@ capture_user_patterns.py, step for step) or `gpt2_train` (GPT-2 small, 8 steps o
    outside the caching allocator, `outside_allocator_bytes`, with its growth over the run).
 2. Bisects the threshold between the recording's peak allocated (cannot fit) and its peak
    reserved plus the outside memory (must fit), until the bracket is narrow
-   (0.2 % of the peak allocated, at least 8 MiB; FIT_STEP_MIB=N makes it N MiB). With LO and HI given, bisects between them
-   instead, without recording (to go on from a bracket an earlier run left).
+   (0.2 % of the peak allocated, at least 8 MiB; FIT_STEP_MIB=N makes it N MiB). With LO and
+   HI given, bisects between them instead, without recording (to go on from a bracket an
+   earlier run left).
    Each try is a fresh CUDA context in a forked child (the parent imports torch but never
    touches CUDA): it takes all free memory but the target with a ballast cudaMalloc outside
    PyTorch's allocator, then runs the workload. A try fails on an OOM or on any other error

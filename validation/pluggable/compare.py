@@ -32,12 +32,12 @@ for out in map(Path, args):
 
 
 ORDER = {"native": 0, "pytorch": 1, "allocsim": 2}
+runs.sort(key=lambda r: (r["workload"], ORDER.get(r["mode"], 3), r["mode"], r["conf"]))
 
 
 def after_first(r):
     """The run's time after its first step (which loads kernels and libraries), in s."""
     return f"{sum(r['step_seconds'][1:]):.2f}" if len(r["step_seconds"]) > 1 else "—"
-runs.sort(key=lambda r: (r["workload"], ORDER.get(r["mode"], 3), r["mode"], r["conf"]))
 
 
 def name(r, ext):
