@@ -78,4 +78,19 @@ impl Op {
             Op::Pool { action, .. } => action.name(),
         }
     }
+
+    /// The block the op names, if any.
+    pub fn id_mut(&mut self) -> Option<&mut AllocId> {
+        match self {
+            Op::Alloc { id, .. }
+            | Op::AllocAt { id, .. }
+            | Op::FreeRequested { id }
+            | Op::FreeCompleted { id }
+            | Op::RecordStream { id, .. } => Some(id),
+            Op::EmptyCache
+            | Op::SetMemoryFraction { .. }
+            | Op::SetAllocatorSettings { .. }
+            | Op::Pool { .. } => None,
+        }
+    }
 }

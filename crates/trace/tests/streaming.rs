@@ -41,7 +41,7 @@ fn agree(path: &Path) -> Result<(), String> {
 
 fn real_traces() -> Vec<PathBuf> {
     let mut paths = Vec::new();
-    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra"] {
+    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra", "pytorch-2.11-h100-user"] {
         let dir = common::traces_dir().join("..").join(dir);
         for e in std::fs::read_dir(&dir).unwrap() {
             let path = e.unwrap().path();
@@ -306,10 +306,11 @@ fn corrupted_snapshots_give_what_the_generic_reader_gives() {
     assert!(ok > 50 && err > 50, "both outcomes exercised: {ok} ok, {err} errors");
 }
 
-/// Traces the conversion cannot do as the entries come (a history that starts mid-run, one
-/// without completions) are streamed again into a list, still without the generic reader.
+/// A history that starts mid-run converts as its entries come; one without completions needs
+/// the whole list first and is streamed again into a list: neither falls back to the generic
+/// reader.
 #[test]
-fn histories_needing_the_whole_list_still_stream() {
+fn histories_mid_run_or_without_completions_still_stream() {
     use common::{entry, snapshot, write_pickle};
     let dir = common::scratch("stream-list");
     let mid_run = snapshot(

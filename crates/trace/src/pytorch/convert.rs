@@ -39,12 +39,13 @@
 use super::edits::Edits;
 use super::entries::{segment_pool, Action, Ctx, Entries, Entry};
 use super::stacks::Stacks;
-use crate::addr_map::AddrMap;
+use crate::addr_map::{AddrMap, BuildAddrHasher};
 use crate::error::TraceError;
 use allocsim_core::{
     AllocId, BlockState, MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind,
     SnapshotBlock, SnapshotSegment, StartState, StreamId, MIB,
 };
+use std::collections::HashSet;
 
 /// The stream of the `RecordStream` inferred for a deferred free: the recording does not say
 /// which stream used the block, only that one did.
@@ -249,8 +250,10 @@ pub fn convert(
     // `skip_actions=["free_completed"]` drops every completion: then frees complete at once.
     let frees_complete_at_once = !any(Action::FreeCompleted) && any(Action::FreeRequested);
     let mut finder = SyntheticFinder::default();
+    let mut history = History::default();
     for (i, e) in entries.iter().enumerate() {
         finder.step(ctx, i, e, frees_complete_at_once)?;
+        history.step(i, e);
     }
     let synthetic = finder.finish(last);
     let mut b = Builder::new(ctx, entries.len(), with_stacks);
@@ -266,7 +269,7 @@ pub fn convert(
                 id
             })
             .collect();
-        start_state(entries, last, &synthetic, &ids)
+        start_state(history, last, &synthetic, &ids)
     });
     if let Some(problem) = start.as_ref().and_then(|(state, _)| state.problem()) {
         let msg = format!("the state at the history's first entry cannot be rebuilt: {problem}");
@@ -280,6 +283,54 @@ pub fn convert(
         b.step(i, e, frames(e).as_ref(), next, frees_complete_at_once)?;
     }
     b.finish(start, frees_complete_at_once)
+}
+
+/// What [`start_state`] needs of the entries, gathered as they come.
+#[derive(Default)]
+struct History {
+    /// The addresses device calls were seen at.
+    seen: HashSet<u64, BuildAddrHasher>,
+    /// The segments whose first device call releases them: they were there before the history.
+    released_first: Vec<SnapshotSegment>,
+    /// The address and entry index of every `alloc`.
+    allocs: Vec<(u64, usize)>,
+}
+
+impl History {
+    #[inline]
+    fn step(&mut self, i: usize, e: &Entry) {
+        match e.action {
+            Action::Alloc => self.allocs.push((e.addr, i)),
+            Action::SegmentAlloc | Action::SegmentMap => {
+                self.seen.insert(e.addr);
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                if self.seen.insert(e.addr) {
+                    let expandable = e.action == Action::SegmentUnmap;
+                    self.released_first.push(new_segment(e.addr, e.size, e.stream, expandable));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A segment of the default pools, without blocks.
+fn new_segment(
+    address: u64,
+    total_size: u64,
+    stream: StreamId,
+    is_expandable: bool,
+) -> SnapshotSegment {
+    SnapshotSegment {
+        address,
+        total_size,
+        stream,
+        pool: segment_pool(total_size),
+        pool_id: MemPoolId::DEFAULT,
+        is_expandable,
+        blocks: Vec::new(),
+    }
 }
 
 /// What [`start_state`] could not tell from the recording.
@@ -305,34 +356,13 @@ struct StartGuesses {
 /// remainder over 1 MiB, so no free large block is that small), or else to where the trace
 /// first allocates after it ([`first_alloc_after`]).
 fn start_state(
-    entries: &[Entry],
+    history: History,
     last: &[SnapshotSegment],
     synthetic: &[Synthetic],
     ids: &[AllocId],
 ) -> (StartState, StartGuesses) {
-    let mut seen = std::collections::HashSet::new();
-    let mut segments = Vec::new();
-    let segment = |address, total_size, stream, is_expandable| SnapshotSegment {
-        address,
-        total_size,
-        stream,
-        pool: segment_pool(total_size),
-        pool_id: MemPoolId::DEFAULT,
-        is_expandable,
-        blocks: Vec::new(),
-    };
-    for e in entries {
-        let reserves = matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
-        let releases = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
-        // The first device event at an address decides: a release means the segment was
-        // there before the history.
-        let first = (reserves || releases) && seen.insert(e.addr);
-        if first && releases {
-            let expandable = e.action == Action::SegmentUnmap;
-            segments.push(segment(e.addr, e.size, e.stream, expandable));
-        }
-    }
-    for seg in last.iter().filter(|s| !seen.contains(&s.address)) {
+    let mut segments = history.released_first;
+    for seg in last.iter().filter(|s| !history.seen.contains(&s.address)) {
         segments.push(SnapshotSegment { blocks: Vec::new(), ..seg.clone() });
     }
     segments.sort_by_key(|s| s.address);
@@ -349,15 +379,12 @@ fn start_state(
             None => {
                 guesses.outside_segments += 1;
                 let size = syn.block_size.unwrap_or_else(|| round_512(syn.size));
-                segments.push(segment(syn.addr, size, syn.stream, true));
+                segments.push(new_segment(syn.addr, size, syn.stream, true));
                 by_segment.push(vec![(k, syn)]);
             }
         }
     }
-    let mut allocs: Vec<(u64, usize)> = (entries.iter().enumerate())
-        .filter(|(_, e)| e.action == Action::Alloc)
-        .map(|(i, e)| (e.addr, i))
-        .collect();
+    let mut allocs = history.allocs;
     allocs.sort_unstable();
     let mut state = StartState::default();
     for (seg, mut blocks) in segments.iter_mut().zip(by_segment) {
@@ -440,14 +467,18 @@ fn round_512(size: u64) -> u64 {
     size.max(1).div_ceil(512) * 512
 }
 
-/// The conversion done as the entries stream in, for the usual recording: the whole history
-/// (no synthetic allocations) with `free_completed` entries. It never holds the entries;
-/// [`StreamConvert::push`] returns false, and [`StreamConvert::finish`] `None`, as soon as the
-/// trace turns out to be another kind, and the caller converts the entries with [`convert`]
-/// instead, which gives every error and every other kind of trace.
+/// The conversion done as the entries stream in, for a recording with `free_completed`
+/// entries. It never holds the entries: what [`start_state`] needs of them for a history that
+/// starts mid-run is gathered on the way ([`History`]), and a block the history never
+/// allocated gets a provisional id ([`SYNTHETIC_ID`]) until [`StreamConvert::finish`] numbers
+/// them first, as [`convert`] does. [`StreamConvert::push`] returns false, and
+/// [`StreamConvert::finish`] `None`, as soon as the trace turns out to be another kind or
+/// wrong, and the caller converts the entries with [`convert`] instead, which gives every
+/// error and every other kind of trace.
 pub struct StreamConvert<'a> {
     ctx: Ctx<'a>,
     finder: SyntheticFinder,
+    history: History,
     builder: Builder<'a>,
     /// The last entry that is not a `snapshot`, waiting for the next one (a free needs to
     /// know whether its completion comes right after).
@@ -461,6 +492,7 @@ impl<'a> StreamConvert<'a> {
         StreamConvert {
             ctx,
             finder: SyntheticFinder::default(),
+            history: History::default(),
             builder: Builder::new(ctx, 0, with_stacks),
             waiting: None,
             seen_free_requested: false,
@@ -484,9 +516,14 @@ impl<'a> StreamConvert<'a> {
         self.seen_free_requested |= e.action == Action::FreeRequested;
         self.seen_free_completed |= e.action == Action::FreeCompleted;
         let synthetic = self.finder.out.len();
-        if self.finder.step(self.ctx, i, &e, false).is_err() || self.finder.out.len() > synthetic {
+        if self.finder.step(self.ctx, i, &e, false).is_err() {
             return false;
         }
+        if self.finder.out.len() > synthetic {
+            let id = AllocId(SYNTHETIC_ID | synthetic as u64);
+            self.builder.synthetic_ids.insert(i, id);
+        }
+        self.history.step(i, &e);
         if e.action == Action::Snapshot {
             return true;
         }
@@ -512,15 +549,34 @@ impl<'a> StreamConvert<'a> {
         if let Some((j, w, w_frames)) = self.waiting.take() {
             self.builder.step(j, &w, w_frames.as_ref(), None, false).ok()?;
         }
-        if !self.finder.finish(last).is_empty() {
+        let synthetic = self.finder.finish(last);
+        let start = (!synthetic.is_empty()).then(|| {
+            let ids: Vec<AllocId> = (0..synthetic.len() as u64).map(AllocId).collect();
+            start_state(self.history, last, &synthetic, &ids)
+        });
+        if start.as_ref().is_some_and(|(state, _)| state.problem().is_some()) {
             return None;
         }
         if let Some(stacks) = &mut self.builder.stacks {
             stacks.take_adopted(interned);
         }
-        self.builder.finish(None, false).ok()
+        let mut converted = self.builder.finish(start, false).ok()?;
+        if !synthetic.is_empty() {
+            // The ids as `convert` gives them: the blocks alive at the start first, in the
+            // order they were found, then the history's own.
+            let first = synthetic.len() as u64;
+            let renumber = |id: &mut AllocId| {
+                id.0 = if id.0 & SYNTHETIC_ID != 0 { id.0 & !SYNTHETIC_ID } else { id.0 + first };
+            };
+            converted.ops.iter_mut().filter_map(Op::id_mut).for_each(renumber);
+        }
+        Some(converted)
     }
 }
+
+/// Marks the provisional id [`StreamConvert`] gives a block alive before the history; the
+/// rest of the id is the block's place among those found so far.
+const SYNTHETIC_ID: u64 = 1 << 63;
 
 impl<'a> Builder<'a> {
     fn new(ctx: Ctx<'a>, entries: usize, with_stacks: bool) -> Self {
@@ -910,4 +966,69 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
         edits.apply(trace);
     }
     splits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pytorch::entries::{NO_ANNOTATION, NO_FRAMES, NO_TIME};
+    use std::path::Path;
+
+    fn entry(action: Action, addr: u64, size: u64) -> Entry {
+        let (time_us, annotation, frames) = (NO_TIME, NO_ANNOTATION, NO_FRAMES);
+        Entry { addr, size, stream: StreamId(0), time_us, annotation, frames, action }
+    }
+
+    /// A history that starts mid-run converts as it streams in, to what [`convert`] makes of
+    /// the whole list: blocks freed before their alloc, a segment freed before it was
+    /// reserved, blocks alive at the end that the history never allocated, ids numbered alike.
+    #[test]
+    fn a_mid_run_history_streams_to_the_listed_conversion() {
+        use Action::*;
+        let ctx = Ctx { path: Path::new("mid.pickle"), device: 0 };
+        let mib = 1 << 20;
+        let list = vec![
+            entry(Alloc, 0x10_0000, 512),
+            entry(FreeRequested, 0x200_0000, 4 * mib),
+            entry(FreeCompleted, 0x200_0000, 4 * mib),
+            entry(SegmentFree, 0x200_0000, 20 * mib),
+            entry(Snapshot, 0, 0),
+            entry(Alloc, 0x400_0000, 6 * mib),
+            entry(FreeCompleted, 0x10_0800, 512),
+            entry(FreeRequested, 0x10_0000, 512),
+            entry(FreeCompleted, 0x10_0000, 512),
+        ];
+        let block =
+            |address, size, state| SnapshotBlock { address, size, requested_size: size, state };
+        let last = vec![
+            SnapshotSegment {
+                blocks: vec![
+                    block(0x10_0000, 512, BlockState::Inactive),
+                    block(0x10_0200, 1024, BlockState::ActiveAllocated),
+                    block(0x10_0600, 2 * mib - 0x600, BlockState::Inactive),
+                ],
+                ..new_segment(0x10_0000, 2 * mib, StreamId(0), false)
+            },
+            SnapshotSegment {
+                blocks: vec![
+                    block(0x400_0000, 6 * mib, BlockState::ActiveAllocated),
+                    block(0x460_0000, 14 * mib, BlockState::Inactive),
+                ],
+                ..new_segment(0x400_0000, 20 * mib, StreamId(0), false)
+            },
+        ];
+        let all = Entries { list: list.clone(), ..Entries::default() };
+        let listed = convert(ctx, &all, &last, false).unwrap();
+        let mut conv = StreamConvert::new(ctx, false);
+        for (i, e) in list.into_iter().enumerate() {
+            assert!(conv.push(i, e, None, None), "entry {i}");
+        }
+        let streamed = conv.finish(&last, Vec::new()).expect("converts as it streams");
+        let start = streamed.start.as_ref().expect("starts mid-run");
+        assert_eq!(start.ids.len(), 3, "{start:?}");
+        assert_eq!(streamed.start, listed.start);
+        assert_eq!(streamed.ops, listed.ops);
+        assert_eq!(streamed.recorded, listed.recorded);
+        assert_eq!(streamed.warnings, listed.warnings);
+    }
 }

@@ -101,7 +101,7 @@ fn parse<R: Read>(reader: R, path: &Path, opts: &ReadOptions) -> Result<Value, T
 /// fall back to the generic reader (without the sidecar; for tests and benchmarks).
 ///
 /// The entries are converted as they stream in ([`convert::StreamConvert`]); a trace that
-/// needs the whole list first (a history that starts mid-run, say) is streamed again into a
+/// needs the whole list first (one without `free_completed` entries) is streamed again into a
 /// list of entries and converted from it.
 pub fn read_snapshot_streaming(
     path: &Path,
@@ -148,9 +148,8 @@ enum Read2Convert {
     End(Result<Head, Pass>, Vec<allocsim_core::Stack>),
 }
 
-/// Entries per message of [`pipelined_pass`], and in its first.
+/// Entries per message of [`pipelined_pass`].
 const BATCH: usize = 4096;
-const FIRST_BATCH: usize = 64;
 
 /// [`stream_pass`] converting as the entries come, with the reading (inflating and the pickle)
 /// on one thread and the conversion on this one. Reading is most of the work and converting
@@ -191,10 +190,8 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
                 };
                 batch.push((entry, stack, extras.annotation()));
                 count += 1;
-                // The first batch is small: what decides that the converter gives up (a history
-                // that starts mid-run) comes in the first entries. A converter that stopped has
-                // dropped its end: stop reading too.
-                batch.len() < if count <= FIRST_BATCH { FIRST_BATCH } else { BATCH }
+                // A converter that stopped has dropped its end: stop reading too.
+                batch.len() < BATCH
                     || send.send(Read2Convert::Entries(std::mem::take(&mut batch))).is_ok()
             });
             let end = match records {
