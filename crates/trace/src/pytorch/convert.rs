@@ -304,11 +304,9 @@ impl History {
             Action::SegmentAlloc | Action::SegmentMap => {
                 self.seen.insert(e.addr);
             }
-            Action::SegmentFree | Action::SegmentUnmap => {
-                if self.seen.insert(e.addr) {
-                    let expandable = e.action == Action::SegmentUnmap;
-                    self.released_first.push(new_segment(e.addr, e.size, e.stream, expandable));
-                }
+            Action::SegmentFree | Action::SegmentUnmap if self.seen.insert(e.addr) => {
+                let expandable = e.action == Action::SegmentUnmap;
+                self.released_first.push(new_segment(e.addr, e.size, e.stream, expandable));
             }
             _ => {}
         }
