@@ -148,8 +148,9 @@ enum Read2Convert {
     End(Result<Head, Pass>, Vec<allocsim_core::Stack>),
 }
 
-/// Entries per message of [`pipelined_pass`].
+/// Entries per message of [`pipelined_pass`], and in its first.
 const BATCH: usize = 4096;
+const FIRST_BATCH: usize = 64;
 
 /// [`stream_pass`] converting as the entries come, with the reading (inflating and the pickle)
 /// on one thread and the conversion on this one. Reading is most of the work and converting
@@ -190,8 +191,9 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
                 };
                 batch.push((entry, stack, extras.annotation()));
                 count += 1;
-                // A converter that stopped has dropped its end: stop reading too.
-                batch.len() < BATCH
+                // The first batch is small, so the converter starts at once. A converter that
+                // stopped has dropped its end: stop reading too.
+                batch.len() < if count <= FIRST_BATCH { FIRST_BATCH } else { BATCH }
                     || send.send(Read2Convert::Entries(std::mem::take(&mut batch))).is_ok()
             });
             let end = match records {
