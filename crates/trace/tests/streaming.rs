@@ -258,6 +258,22 @@ fn stacks_give_what_the_generic_reader_gives() {
         ("new-frame", vec![entry(0x20, b"]\x94(}\x94(h\x0ch\x0duh\x0be")]),
         // Cut off inside the list.
         ("unclosed", vec![entry(0x20, b"]\x94(h\x0bu")]),
+        // The same bytes again: the list they built before (`pickle::lists::ListsByBytes`).
+        ("again", vec![entry(0x20, b"]\x94(h\x0be"), entry(0x30, b"]\x94(h\x0be")]),
+        // The same bytes after the frame they name (memo 11) was replaced by another dict
+        // (`filename` b.py, as an ignored key's value): the new frame.
+        (
+            "frame-replaced",
+            vec![
+                entry(0x20, b"]\x94(h\x0be"),
+                [
+                    b"}\x94(h\x05h\x06h\x07M\x00\x30h\x08M\x00\x02".as_slice(),
+                    b"h\x0c}(h\x0c\x8c\x04b.pyh\x0eK\x02h\x0fh\x10uq\x0bu",
+                ]
+                .concat(),
+                entry(0x40, b"]\x94(h\x0be"),
+            ],
+        ),
     ];
     for (name, entries) in cases {
         // A long string after the entries, so that each lies in a window the flat reader

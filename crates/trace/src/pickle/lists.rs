@@ -67,6 +67,66 @@ impl ListCache {
     }
 }
 
+/// Memoized lists found again by the opcodes that build them, without reading their items.
+///
+/// PyTorch writes each stack's frames as GETs of the frame dicts' memo keys, so the entries of
+/// one stack carry the same bytes for it: `MARK BINGET a LONG_BINGET b ... APPENDS`. Read by
+/// their keys, those bytes name the same items for as long as no memo entry changes
+/// ([`super::memo::MemoTable::epoch`]), so a list found by its bytes in the same epoch is the
+/// list those items make, and the per-item lookups ([`ListCache`]) are skipped.
+pub struct ListsByBytes {
+    slots: Vec<Option<ByBytes>>,
+}
+
+struct ByBytes {
+    epoch: u64,
+    depth: u32,
+    bytes: Box<[u8]>,
+    list: Rc<Vec<Value>>,
+}
+
+/// log2 of the slots of [`ListsByBytes`] (direct-mapped: a stack that collides is read item
+/// by item).
+const BYTES_SLOT_BITS: u32 = 10;
+
+impl Default for ListsByBytes {
+    fn default() -> Self {
+        ListsByBytes { slots: (0..1 << BYTES_SLOT_BITS).map(|_| None).collect() }
+    }
+}
+
+impl ListsByBytes {
+    /// The list that `bytes` built in memo epoch `epoch`, and its depth.
+    #[inline]
+    pub fn find(&self, bytes: &[u8], epoch: u64) -> Option<(&Rc<Vec<Value>>, u32)> {
+        let hit = self.slots[slot_of(bytes)].as_ref()?;
+        (hit.epoch == epoch && *hit.bytes == *bytes).then_some((&hit.list, hit.depth))
+    }
+
+    /// Remember that `bytes` built `list` in memo epoch `epoch`.
+    pub fn insert(&mut self, bytes: &[u8], epoch: u64, list: &Rc<Vec<Value>>, depth: u32) {
+        let list = list.clone();
+        self.slots[slot_of(bytes)] = Some(ByBytes { epoch, depth, bytes: bytes.into(), list });
+    }
+}
+
+/// The slot of `bytes`: a multiplicative hash over their 8-byte words (a collision only costs
+/// a miss).
+#[inline]
+fn slot_of(bytes: &[u8]) -> usize {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut words = bytes.chunks_exact(8);
+    let mut h = bytes.len() as u64;
+    for w in &mut words {
+        let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
+        h = (h.rotate_left(5) ^ w).wrapping_mul(K);
+    }
+    let mut tail = [0u8; 8];
+    tail[..words.remainder().len()].copy_from_slice(words.remainder());
+    h = (h.rotate_left(5) ^ u64::from_le_bytes(tail)).wrapping_mul(K);
+    (h >> (64 - BYTES_SLOT_BITS)) as usize
+}
+
 /// What tells `v` apart from other items: its address for shared values, else its bits.
 fn identity(v: &Value) -> u64 {
     match v {
@@ -117,5 +177,20 @@ mod tests {
         assert_eq!(&c, &Value::List(a.clone()), "equal in value");
         let (_, cached) = cache.get(&mut vec![frame, Value::Int(4)]);
         assert!(!cached);
+    }
+
+    #[test]
+    fn lists_are_found_by_their_bytes_in_their_epoch_only() {
+        let mut by_bytes = ListsByBytes::default();
+        let list = Rc::new(vec![Value::Int(1)]);
+        // Longer than a word, so the hash reads whole words and a tail.
+        let bytes = b"(h\x0bh\x0cj\x00\x01\x00\x00e";
+        assert!(by_bytes.find(bytes, 0).is_none());
+        by_bytes.insert(bytes, 0, &list, 2);
+        let (found, depth) = by_bytes.find(bytes, 0).expect("found");
+        assert!(Rc::ptr_eq(found, &list));
+        assert_eq!(depth, 2);
+        assert!(by_bytes.find(bytes, 1).is_none(), "another epoch");
+        assert!(by_bytes.find(&bytes[..bytes.len() - 1], 0).is_none(), "other bytes");
     }
 }

@@ -84,6 +84,9 @@ pub struct MemoTable {
     /// The slot (1 + index) last given to a list, by the list's address: checked against the
     /// slot before use, so what a rollback took back is never reused.
     list_slots: Vec<(usize, u32)>,
+    /// Bumped whenever an entry already stored changes (replaced, or taken back by a
+    /// rollback): while it stands, every key still holds what it held.
+    epoch: u64,
 }
 
 impl Default for MemoTable {
@@ -96,6 +99,7 @@ impl Default for MemoTable {
             sparse: HashMap::new(),
             len: 0,
             list_slots: vec![(0, EMPTY); 1 << LIST_SLOT_BITS],
+            epoch: 0,
         }
     }
 }
@@ -104,6 +108,12 @@ impl MemoTable {
     /// Number of keys stored (CPython's `len(memo)`, the key `MEMOIZE` uses next).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Changes when an entry already stored changes; see [`MemoTable::epoch`]'s field.
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     #[inline(always)]
@@ -194,6 +204,7 @@ impl MemoTable {
 
     /// Forget what [`MemoTable::append`] stored since `mark`.
     pub fn rollback(&mut self, mark: Mark) {
+        self.epoch += u64::from(self.len != mark.len);
         self.dense.truncate(mark.dense);
         self.depth.truncate(mark.dense);
         self.slots.truncate(mark.slots);
@@ -207,6 +218,7 @@ impl MemoTable {
         let Some(i) = dense.filter(|_| self.slots.len() < u32::MAX as usize - 1) else {
             let old = self.sparse.insert(key, memo);
             self.len += usize::from(old.is_none());
+            self.epoch += u64::from(old.is_some());
             return old;
         };
         let (slot, depth) = match memo {
@@ -228,7 +240,9 @@ impl MemoTable {
                 self.deep.remove(&i);
             }
             self.depth[i] = byte;
-            self.len += usize::from(std::mem::replace(&mut self.dense[i], index) == EMPTY);
+            let fresh = std::mem::replace(&mut self.dense[i], index) == EMPTY;
+            self.len += usize::from(fresh);
+            self.epoch += u64::from(!fresh);
         }
         None
     }
@@ -281,6 +295,29 @@ mod tests {
             Some(MemoRef::Value(Value::Str(s), 0)) => Some(s.to_string()),
             _ => None,
         }
+    }
+
+    /// The epoch stands while entries are only added, and moves when one stored changes.
+    #[test]
+    fn the_epoch_moves_when_a_stored_entry_changes() {
+        let mut memo = MemoTable::default();
+        let e = memo.epoch();
+        memo.append(Memo::Streamed).unwrap();
+        memo.set(1, Memo::Value(Value::Int(1), 0));
+        memo.set(1 << 40, Memo::Value(Value::Int(2), 0));
+        assert_eq!(memo.epoch(), e, "added only");
+        memo.set(1, Memo::Value(Value::Int(3), 0));
+        let e1 = memo.epoch();
+        assert_ne!(e1, e, "a dense entry replaced");
+        memo.set(1 << 40, Memo::Value(Value::Int(4), 0));
+        assert_ne!(memo.epoch(), e1, "a sparse entry replaced");
+        let mut memo = MemoTable::default();
+        let mark = memo.mark();
+        memo.rollback(mark);
+        assert_eq!(memo.epoch(), e, "nothing taken back");
+        memo.append(Memo::Streamed).unwrap();
+        memo.rollback(mark);
+        assert_ne!(memo.epoch(), e, "an entry taken back");
     }
 
     /// `append` stores what `set(len(), ..)` stores, and `rollback` forgets exactly what was
