@@ -277,15 +277,19 @@ fn entry<'v>(ctx: Ctx<'_>, i: usize, e: &'v Value) -> Result<(Entry, Extras<'v>)
     entry_from_fields(ctx, i, &fields)
 }
 
-/// The entry when its fields have the plain shape of almost every entry (ints where ints
-/// belong, a known action, no stack); `None` for anything else, which
-/// [`entry_from_fields`] then judges. Never accepts what that would refuse, and gives the same
-/// entry: it is the same checks, without building an error on the way.
+/// The entry and its stack when its fields have the plain shape of almost every entry (ints
+/// where ints belong, a known action, a list for `frames`, PyTorch's default annotation);
+/// `None` for anything else, which [`entry_from_fields`] then judges. Never accepts what that
+/// would refuse, and gives the same: it is the same checks, without building an error on the
+/// way.
 #[inline]
-pub fn entry_plain(fields: &Fields<'_>) -> Option<Entry> {
+pub fn entry_plain<'v>(fields: &Fields<'v>) -> Option<(Entry, Extras<'v>)> {
     let [action, addr, device_free, size, stream, frames, time_us, context, metadata] = *fields;
-    if frames.is_some() || !default_annotation(context, metadata) {
+    if !default_annotation(context, metadata) {
         return None;
+    }
+    if let Some(f) = frames {
+        f.as_seq()?;
     }
     let time_us = match time_us {
         Some(v) => v.as_int()?,
@@ -305,15 +309,9 @@ pub fn entry_plain(fields: &Fields<'_>) -> Option<Entry> {
         Some(v) => StreamId(v.as_int()? as u64),
         None => StreamId(0),
     };
-    Some(Entry {
-        action,
-        addr,
-        size,
-        stream,
-        frames: NO_FRAMES,
-        time_us,
-        annotation: NO_ANNOTATION,
-    })
+    let entry =
+        Entry { action, addr, size, stream, frames: NO_FRAMES, time_us, annotation: NO_ANNOTATION };
+    Some((entry, Extras { frames, annotation: None }))
 }
 
 /// Entry `i` from its fields, checked, and its `frames` list and annotation. Shared by the tree
