@@ -259,11 +259,6 @@ impl MemoTable {
 
     /// At most how many bytes storing `n` more entries may allocate (0 while they fit).
     pub fn growth_bytes(&self, n: usize) -> u64 {
-        fn vec<T>(v: &Vec<T>, n: usize) -> usize {
-            let need = v.len().saturating_add(n);
-            let grown = if need <= v.capacity() { 0 } else { need.max(2 * v.capacity()) };
-            grown * size_of::<T>()
-        }
         fn map<V>(m: &HashMap<impl Sized, V>, n: usize) -> usize {
             if m.len().saturating_add(n) <= m.capacity() {
                 0
@@ -271,8 +266,19 @@ impl MemoTable {
                 2 * map_bytes(m).max(64)
             }
         }
-        let vecs = vec(&self.dense, n) + vec(&self.depth, n) + vec(&self.slots, n);
-        (vecs + map(&self.deep, n) + map(&self.sparse, n)) as u64
+        self.append_growth_bytes(n) + (map(&self.deep, n) + map(&self.sparse, n)) as u64
+    }
+
+    /// [`MemoTable::growth_bytes`] of `n` more [`MemoTable::append`]s, which never touch the
+    /// maps.
+    #[inline]
+    pub fn append_growth_bytes(&self, n: usize) -> u64 {
+        fn vec<T>(v: &Vec<T>, n: usize) -> usize {
+            let need = v.len().saturating_add(n);
+            let grown = if need <= v.capacity() { 0 } else { need.max(2 * v.capacity()) };
+            grown * size_of::<T>()
+        }
+        (vec(&self.dense, n) + vec(&self.depth, n) + vec(&self.slots, n)) as u64
     }
 }
 

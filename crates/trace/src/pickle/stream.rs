@@ -349,8 +349,11 @@ impl<R: Read> Vm<'_, R> {
         &mut self,
         state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
     ) -> Result<(), Failure> {
-        // A flat record stores at most one memo entry per byte.
-        self.memo_room(FLAT_WINDOW_BYTES)?;
+        // A flat record appends at most one memo entry per byte.
+        match self.memo.append_growth_bytes(FLAT_WINDOW_BYTES) {
+            0 => {}
+            bytes => self.check_room(bytes)?,
+        }
         let window = self.input.window(FLAT_WINDOW_BYTES)?;
         let mark = self.memo.mark();
         let max_depth = self.limits.max_depth;
