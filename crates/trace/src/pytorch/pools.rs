@@ -88,6 +88,42 @@ fn place_restored_blocks(trace: &mut Trace, sites: &[Site], instances: &[Instanc
     restored.len()
 }
 
+/// Live segments by start address: (size, instance index).
+#[derive(Default)]
+struct LiveSegments {
+    by_start: BTreeMap<u64, (u64, usize)>,
+    /// The segment the last lookup found: blocks come and go far more often than segments,
+    /// and one mostly lands where the last did (a B-tree search for each was half of
+    /// [`infer_pools`]).
+    last: Option<(u64, u64, usize)>,
+}
+
+impl LiveSegments {
+    fn insert(&mut self, start: u64, size: u64, instance: usize) {
+        self.last = None;
+        self.by_start.insert(start, (size, instance));
+    }
+
+    fn remove(&mut self, start: u64) -> Option<(u64, usize)> {
+        self.last = None;
+        self.by_start.remove(&start)
+    }
+
+    /// The segment `addr` lies in: (start, size, instance).
+    fn containing(&mut self, addr: u64) -> Option<(u64, u64, usize)> {
+        let within = |&(start, size, _): &(u64, u64, usize)| {
+            start <= addr && addr < start.saturating_add(size)
+        };
+        if let Some(hit) = self.last.filter(within) {
+            return Some(hit);
+        }
+        let (&start, &(size, i)) = self.by_start.range(..=addr).next_back()?;
+        let hit = Some((start, size, i)).filter(within);
+        self.last = hit.or(self.last);
+        hit
+    }
+}
+
 /// Infer the pools and add their ops (see the module doc). Returns what was inferred and
 /// what had to be guessed, for the trace's warnings; nothing when no private pool shows.
 pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
@@ -95,17 +131,13 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
         last.iter().map(|s| s.pool_id).filter(|p| !p.is_default()).collect();
     let mut instances: Vec<Instance> = Vec::new();
     // Live segments by address: (size, instance index); live blocks per instance.
-    let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+    let mut live = LiveSegments::default();
     let mut blocks: Vec<u32> = Vec::new();
     for seg in trace.start.iter().flat_map(|s| &s.segments) {
-        live.insert(seg.address, (seg.total_size, instances.len()));
+        live.insert(seg.address, seg.total_size, instances.len());
         instances.push(Instance { pool: Some(seg.pool_id), reserved_by: None });
         blocks.push(seg.blocks.iter().filter(|b| b.state.is_active()).count() as u32);
     }
-    let segment_of = |live: &BTreeMap<u64, (u64, usize)>, addr: u64| {
-        let (&start, &(size, i)) = live.range(..=addr).next_back()?;
-        (addr < start.saturating_add(size)).then_some((start, size, i))
-    };
     // The instance each allocation landed in, by op; the instance each segment free ended;
     // every allocation's place.
     let mut alloc_in: Vec<(u64, usize)> = Vec::new();
@@ -114,17 +146,17 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     for (r, e) in trace.recorded.iter().enumerate() {
         match e.kind {
             RecordedKind::SegmentAlloc => {
-                live.insert(e.addr, (e.size, instances.len()));
+                live.insert(e.addr, e.size, instances.len());
                 instances.push(Instance { pool: None, reserved_by: Some(e.op) });
                 blocks.push(0);
             }
             RecordedKind::SegmentFree => {
-                if let Some((_, i)) = live.remove(&e.addr) {
+                if let Some((_, i)) = live.remove(e.addr) {
                     freed.push((r, i));
                 }
             }
             RecordedKind::Alloc => {
-                if let Some((start, size, i)) = segment_of(&live, e.addr) {
+                if let Some((start, size, i)) = live.containing(e.addr) {
                     alloc_in.push((e.op, i));
                     let empty = blocks[i] == 0;
                     sites.push(Site { r, instance: i, segment: (start, size), empty });
@@ -132,7 +164,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
                 }
             }
             RecordedKind::FreeCompleted => {
-                if let Some((_, _, i)) = segment_of(&live, e.addr) {
+                if let Some((_, _, i)) = live.containing(e.addr) {
                     blocks[i] = blocks[i].saturating_sub(1);
                 }
             }
@@ -149,7 +181,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
         same
     });
     for seg in last {
-        if let Some(&(_, i)) = live.get(&seg.address) {
+        if let Some(&(_, i)) = live.by_start.get(&seg.address) {
             instances[i].pool = Some(seg.pool_id);
         }
     }
