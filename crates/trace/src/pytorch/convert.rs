@@ -907,6 +907,12 @@ const RETRY_HEADROOM_BYTES: u64 = 2 << 30;
 /// (the recording shows the two alike). Each such allocation gets an `Op::EmptyCache` before
 /// it (and before the pool contexts begun right before it), which takes the run's frees and the
 /// completions before them. Returns how many.
+/// A segment reserved, freed, mapped or unmapped.
+fn is_device_call(kind: RecordedKind) -> bool {
+    use RecordedKind::*;
+    matches!(kind, SegmentAlloc | SegmentMap | SegmentFree | SegmentUnmap)
+}
+
 pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
     let Some(free_at_start) = trace.meta.device_free_bytes else { return 0 };
     // Under a memory fraction the cap refuses before the driver does, and garbage collection
@@ -923,7 +929,16 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
     let recorded = &trace.recorded;
     while i < recorded.len() {
         let op = recorded[i].op;
-        let end = i + recorded[i..].iter().position(|r| r.op != op).unwrap_or(recorded.len() - i);
+        let (mut end, mut device_calls) = (i, false);
+        while let Some(r) = recorded.get(end).filter(|r| r.op == op) {
+            device_calls |= is_device_call(r.kind);
+            end += 1;
+        }
+        // Most runs are the program's own events alone: nothing to read there.
+        if !device_calls {
+            i = end;
+            continue;
+        }
         let run = &recorded[i..end];
         let first_reserve = run
             .iter()
