@@ -907,12 +907,6 @@ const RETRY_HEADROOM_BYTES: u64 = 2 << 30;
 /// (the recording shows the two alike). Each such allocation gets an `Op::EmptyCache` before
 /// it (and before the pool contexts begun right before it), which takes the run's frees and the
 /// completions before them. Returns how many.
-/// A segment reserved, freed, mapped or unmapped.
-fn is_device_call(kind: RecordedKind) -> bool {
-    use RecordedKind::*;
-    matches!(kind, SegmentAlloc | SegmentMap | SegmentFree | SegmentUnmap)
-}
-
 pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
     let Some(free_at_start) = trace.meta.device_free_bytes else { return 0 };
     // Under a memory fraction the cap refuses before the driver does, and garbage collection
@@ -931,7 +925,7 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
         let op = recorded[i].op;
         let (mut end, mut device_calls) = (i, false);
         while let Some(r) = recorded.get(end).filter(|r| r.op == op) {
-            device_calls |= is_device_call(r.kind);
+            device_calls |= r.kind.is_segment_event();
             end += 1;
         }
         // Most runs are the program's own events alone: nothing to read there.

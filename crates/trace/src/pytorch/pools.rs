@@ -130,7 +130,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     let known: BTreeSet<MemPoolId> =
         last.iter().map(|s| s.pool_id).filter(|p| !p.is_default()).collect();
     let mut instances: Vec<Instance> = Vec::new();
-    // Live segments by address: (size, instance index); live blocks per instance.
+    // Live segments, and live blocks per instance.
     let mut live = LiveSegments::default();
     let mut blocks: Vec<u32> = Vec::new();
     for seg in trace.start.iter().flat_map(|s| &s.segments) {
