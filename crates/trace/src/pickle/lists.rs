@@ -73,7 +73,9 @@ impl ListCache {
 /// one stack carry the same bytes for it: `MARK BINGET a LONG_BINGET b ... APPENDS`. Read by
 /// their keys, those bytes name the same items for as long as no memo entry changes
 /// ([`super::memo::MemoTable::epoch`]), so a list found by its bytes in the same epoch is the
-/// list those items make, and the per-item lookups ([`ListCache`]) are skipped.
+/// list those items make, and the per-item lookups ([`ListCache`]) are skipped. It holds at
+/// most 1,024 lists, each also in the memo unless a rollback took it back, and their ops
+/// (under a kilobyte each: a flat record's window).
 pub struct ListsByBytes {
     slots: Vec<Option<ByBytes>>,
 }
