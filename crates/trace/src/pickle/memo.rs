@@ -146,7 +146,9 @@ impl MemoTable {
     /// key and a shallow entry, most often the marker or the string of one of the last two
     /// slots, which then only appends a key. `None`, storing nothing, in any other case.
     /// Entries stored this way can be taken back with [`MemoTable::rollback`].
-    #[inline]
+    /// `inline(always)`: not inlined, its calls from the record streamer cost the Llama
+    /// snapshot's reading thread 1.4 % more instructions.
+    #[inline(always)]
     pub fn append(&mut self, memo: Memo) -> Option<()> {
         if self.len != self.dense.len() || !self.sparse.is_empty() {
             return None;

@@ -63,6 +63,8 @@ struct State<'k, F> {
     fields: Vec<Option<Value>>,
     /// Bit `f` set iff the record being read set field `f`.
     present: u64,
+    /// Bit `f` set iff field `f` holds a value (the last record delivered set it).
+    held: u64,
     /// The key string last seen at each position of a record, and its field. The `Rc` is
     /// kept so its address names this string for as long as it is cached.
     key_cache: Vec<Option<(Rc<String>, u8)>>,
@@ -135,16 +137,18 @@ impl<F: FnMut(&[Option<Value>]) -> bool> State<'_, F> {
     /// Forget the fields read so far (a record read again from its start).
     fn clear(&mut self) {
         self.fields.iter_mut().for_each(|f| *f = None);
-        self.present = 0;
+        (self.present, self.held) = (0, 0);
     }
 
     fn deliver(&mut self) -> Result<(), Failure> {
-        for (f, value) in self.fields.iter_mut().enumerate() {
-            if self.present & (1 << f) == 0 {
-                *value = None;
-            }
+        // Records mostly set the same fields: only those the last one set and this one did
+        // not are cleared.
+        let mut stale = self.held & !self.present;
+        while stale != 0 {
+            self.fields[stale.trailing_zeros() as usize] = None;
+            stale &= stale - 1;
         }
-        self.present = 0;
+        (self.held, self.present) = (self.present, 0);
         let ok = (self.sink)(&self.fields);
         if ok {
             Ok(())
@@ -190,6 +194,7 @@ fn stream<R: Read>(
         sink,
         fields: vec![None; spec.fields.len()],
         present: 0,
+        held: 0,
         key_cache: vec![None; KEY_CACHE],
         memo_key_cache: [(u64::MAX, IGNORED); KEY_CACHE],
         value_cache: vec![None; KEY_CACHE],
