@@ -78,6 +78,7 @@ pub struct Extras<'v> {
 
 impl Extras<'_> {
     /// The annotation, owned.
+    #[inline]
     pub fn annotation(&self) -> Option<allocsim_core::Annotation> {
         self.annotation.map(|(c, u)| allocsim_core::Annotation {
             compile_context: c.to_string(),
@@ -283,9 +284,11 @@ fn entry<'v>(ctx: Ctx<'_>, i: usize, e: &'v Value) -> Result<(Entry, Extras<'v>)
 /// would refuse, and gives the same: it is the same checks, without building an error on the
 /// way.
 #[inline]
-pub fn entry_plain<'v>(fields: &Fields<'v>) -> Option<(Entry, Extras<'v>)> {
-    let [action, addr, device_free, size, stream, frames, time_us, context, metadata] = *fields;
-    if !default_annotation(context, metadata) {
+pub fn entry_plain(fields: &[Option<Value>; 9]) -> Option<(Entry, Extras<'_>)> {
+    // Each field taken by reference where it is used: mapping the array to `Option<&Value>`
+    // first cost the Llama snapshot's reading thread 2 % more instructions.
+    let [action, addr, device_free, size, stream, frames, time_us, context, metadata] = fields;
+    if !default_annotation(context.as_ref(), metadata.as_ref()) {
         return None;
     }
     if let Some(f) = frames {
@@ -295,23 +298,23 @@ pub fn entry_plain<'v>(fields: &Fields<'v>) -> Option<(Entry, Extras<'v>)> {
         Some(v) => v.as_int()?,
         None => NO_TIME,
     };
-    let action = Action::parse(action?.as_str()?)?;
+    let action = Action::parse(action.as_ref()?.as_str()?)?;
     if action == Action::Snapshot {
         return None;
     }
     let addr = if action == Action::Oom {
-        u64::try_from(device_free?.as_int()?).ok().filter(|&s| s <= MAX_SIZE_BYTES)?
+        u64::try_from(device_free.as_ref()?.as_int()?).ok().filter(|&s| s <= MAX_SIZE_BYTES)?
     } else {
-        addr?.as_int()? as u64
+        addr.as_ref()?.as_int()? as u64
     };
-    let size = u64::try_from(size?.as_int()?).ok().filter(|&s| s <= MAX_SIZE_BYTES)?;
+    let size = u64::try_from(size.as_ref()?.as_int()?).ok().filter(|&s| s <= MAX_SIZE_BYTES)?;
     let stream = match stream {
         Some(v) => StreamId(v.as_int()? as u64),
         None => StreamId(0),
     };
     let entry =
         Entry { action, addr, size, stream, frames: NO_FRAMES, time_us, annotation: NO_ANNOTATION };
-    Some((entry, Extras { frames, annotation: None }))
+    Some((entry, Extras { frames: frames.as_ref(), annotation: None }))
 }
 
 /// Entry `i` from its fields, checked, and its `frames` list and annotation. Shared by the tree

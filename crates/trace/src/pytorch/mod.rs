@@ -252,8 +252,10 @@ fn streamed_entry<'v>(
     fields: &'v [Option<Value>],
 ) -> Option<(entries::Entry, entries::Extras<'v>)> {
     let fields: &[Option<Value>; 9] = fields.try_into().ok()?;
-    let fields = fields.each_ref().map(Option::as_ref);
-    entries::entry_plain(&fields).or_else(|| entries::entry_from_fields(ctx, i, &fields).ok())
+    entries::entry_plain(fields).or_else(|| {
+        let fields = fields.each_ref().map(Option::as_ref);
+        entries::entry_from_fields(ctx, i, &fields).ok()
+    })
 }
 
 /// One streaming read, converting as the entries come (`as_they_come`) or from their list.
