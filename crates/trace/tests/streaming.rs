@@ -258,6 +258,9 @@ fn stacks_give_what_the_generic_reader_gives() {
         ("new-frame", vec![entry(0x20, b"]\x94(}\x94(h\x0ch\x0duh\x0be")]),
         // Cut off inside the list.
         ("unclosed", vec![entry(0x20, b"]\x94(h\x0bu")]),
+        // A field that GETs nothing, or the entry's own dict (memo 17).
+        ("field-missing", vec![b"}\x94(h\x05h\x7fh\x07M\x00\x20h\x08M\x00\x02u".to_vec()]),
+        ("field-own-dict", vec![b"}\x94(h\x05h\x11h\x07M\x00\x20h\x08M\x00\x02u".to_vec()]),
         // The same bytes again: the list they built before (`pickle::lists::ListsByBytes`).
         ("again", vec![entry(0x20, b"]\x94(h\x0be"), entry(0x30, b"]\x94(h\x0be")]),
         // The same bytes after the frame they name (memo 11) was replaced by another dict
@@ -283,8 +286,10 @@ fn stacks_give_what_the_generic_reader_gives() {
         let path = write(&format!("stacks-{name}.pickle"), &bytes);
         let outcome = agree(&path);
         match name {
-            // Recursive, a GET of nothing, a frame that is no dict, a cut-off list.
-            "itself" | "own-dict" | "missing" | "scalar" | "unclosed" => {
+            // Recursive, a GET of nothing, a frame that is no dict, a cut-off list, fields
+            // that GET nothing or a streamed dict.
+            "itself" | "own-dict" | "missing" | "scalar" | "unclosed" | "field-missing"
+            | "field-own-dict" => {
                 assert!(outcome.is_err(), "{name}")
             }
             _ => outcome.unwrap_or_else(|e| panic!("{name}: {e}")),

@@ -719,8 +719,9 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
             }
             _ => return None,
         };
-        if kind == RAW_GET {
-            // A GET of nothing (or of a streamed dict) is for the opcode reader to judge.
+        if kind == RAW_GET && field == IGNORED {
+            // A GET of nothing (or of a streamed dict) is for the opcode reader to judge; a
+            // field's own lookup below checks it for the others.
             memo_value(memo, x)?;
         }
         // `p` is past the value: a string's bytes end there.
