@@ -598,13 +598,6 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
             b
         }};
     }
-    #[inline(always)]
-    fn memo_value(memo: &MemoTable, key: u64) -> Option<(&Value, u32)> {
-        match memo.get(key) {
-            Some(MemoRef::Value(v, depth)) => Some((v, depth)),
-            _ => None,
-        }
-    }
     let mut c = next_op!();
     if c == op::MEMOIZE {
         memo.append(Memo::Streamed)?;
@@ -826,13 +819,18 @@ fn list_items(ops: &[u8], memo: &MemoTable, items: &mut Vec<Value>) -> Option<u3
                 continue;
             }
         };
-        match memo.get(key) {
-            Some(MemoRef::Value(v, depth)) => {
-                deepest = deepest.max(depth);
-                items.push(v.clone());
-            }
-            _ => return None,
-        }
+        let (v, depth) = memo_value(memo, key)?;
+        deepest = deepest.max(depth);
+        items.push(v.clone());
     }
     Some(deepest)
+}
+
+/// The finished value stored under `key`, and its depth; `None` for anything else.
+#[inline(always)]
+fn memo_value(memo: &MemoTable, key: u64) -> Option<(&Value, u32)> {
+    match memo.get(key) {
+        Some(MemoRef::Value(v, depth)) => Some((v, depth)),
+        _ => None,
+    }
 }
