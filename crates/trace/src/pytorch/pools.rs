@@ -124,25 +124,35 @@ impl LiveSegments {
     }
 }
 
-/// Infer the pools and add their ops (see the module doc). Returns what was inferred and
-/// what had to be guessed, for the trace's warnings; nothing when no private pool shows.
-pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
-    let known: BTreeSet<MemPoolId> =
-        last.iter().map(|s| s.pool_id).filter(|p| !p.is_default()).collect();
+/// What one pass over the recording finds (see [`scan`]).
+struct Scan {
+    instances: Vec<Instance>,
+    /// Live segments at the end.
+    live: LiveSegments,
+    /// The instance each allocation landed in, by op.
+    alloc_in: Vec<(u64, usize)>,
+    /// The instance each segment free ended: (recorded index, instance).
+    freed: Vec<(usize, usize)>,
+    /// Every allocation's place, when asked for.
+    sites: Vec<Site>,
+}
+
+/// Follow the segments through the recording. Every allocation's [`Site`] is kept only
+/// `with_sites`: a trace without private pools needs none, and at 40 bytes an allocation they
+/// were most of the memory [`infer_pools`] touched.
+fn scan(trace: &Trace, with_sites: bool) -> Scan {
     let mut instances: Vec<Instance> = Vec::new();
-    // Live segments, and live blocks per instance.
     let mut live = LiveSegments::default();
+    // Live blocks per instance.
     let mut blocks: Vec<u32> = Vec::new();
     for seg in trace.start.iter().flat_map(|s| &s.segments) {
         live.insert(seg.address, seg.total_size, instances.len());
         instances.push(Instance { pool: Some(seg.pool_id), reserved_by: None });
         blocks.push(seg.blocks.iter().filter(|b| b.state.is_active()).count() as u32);
     }
-    // The instance each allocation landed in, by op; the instance each segment free ended;
-    // every allocation's place.
-    let mut alloc_in: Vec<(u64, usize)> = Vec::new();
-    let mut freed: Vec<(usize, usize)> = Vec::new(); // (recorded index, instance)
-    let mut sites: Vec<Site> = Vec::new();
+    let mut alloc_in = Vec::new();
+    let mut freed = Vec::new();
+    let mut sites = Vec::new();
     for (r, e) in trace.recorded.iter().enumerate() {
         match e.kind {
             RecordedKind::SegmentAlloc => {
@@ -158,8 +168,10 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
             RecordedKind::Alloc => {
                 if let Some((start, size, i)) = live.containing(e.addr) {
                     alloc_in.push((e.op, i));
-                    let empty = blocks[i] == 0;
-                    sites.push(Site { r, instance: i, segment: (start, size), empty });
+                    if with_sites {
+                        let empty = blocks[i] == 0;
+                        sites.push(Site { r, instance: i, segment: (start, size), empty });
+                    }
                     blocks[i] += 1;
                 }
             }
@@ -171,6 +183,18 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
             _ => {}
         }
     }
+    Scan { instances, live, alloc_in, freed, sites }
+}
+
+/// Infer the pools and add their ops (see the module doc). Returns what was inferred and
+/// what had to be guessed, for the trace's warnings; nothing when no private pool shows.
+pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
+    let known: BTreeSet<MemPoolId> =
+        last.iter().map(|s| s.pool_id).filter(|p| !p.is_default()).collect();
+    // Private pools alive at the end show in `last`; one released before is found by the
+    // scan, which then runs again for the sites.
+    let Scan { mut instances, live, mut alloc_in, freed, mut sites } =
+        scan(trace, !known.is_empty());
     // By op, as recorded; an op allocates once (the last record wins if not).
     alloc_in.sort_by_key(|&(op, _)| op);
     alloc_in.dedup_by(|later, earlier| {
@@ -188,6 +212,9 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     let released = infer_released_pools(trace, &freed, &alloc_in, &mut instances, &known);
     if known.is_empty() && released.is_empty() {
         return Vec::new();
+    }
+    if known.is_empty() {
+        sites = scan(trace, true).sites;
     }
     let restored = place_restored_blocks(trace, &sites, &instances);
     let pool_of_op = |op: u64| match alloc_in.binary_search_by_key(&op, |&(o, _)| o) {
