@@ -11,7 +11,7 @@ use std::io::{self, BufReader, Read};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 /// Bytes per block handed from the inflating thread to the reader.
-const BLOCK: usize = 256 * 1024;
+const BLOCK: usize = 64 * 1024;
 /// Blocks inflated ahead of the reader: enough to keep both busy, little memory.
 const AHEAD: usize = 4;
 

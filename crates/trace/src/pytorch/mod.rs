@@ -26,7 +26,7 @@ use entries::Ctx;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 /// The `source_format` of traces read from a snapshot.
 pub const SOURCE_FORMAT: &str = "pytorch-snapshot";
@@ -149,8 +149,10 @@ enum Read2Convert {
 }
 
 /// Entries per message of [`pipelined_pass`], and in its first.
-const BATCH: usize = 4096;
+const BATCH: usize = 1024;
 const FIRST_BATCH: usize = 64;
+/// Batches [`pipelined_pass`] may have sent and the converter not taken yet.
+const AHEAD: usize = 4;
 
 /// [`stream_pass`] converting as the entries come, with the reading (inflating and the pickle)
 /// on one thread and the conversion on this one. Reading is most of the work and converting
@@ -162,14 +164,17 @@ const FIRST_BATCH: usize = 64;
 fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
     let source = open(path)?;
     let ctx = Ctx { path, device: 0 };
-    let (send, received) = sync_channel(4);
+    let (send, received) = sync_channel(AHEAD);
+    // Batches go back to the reading thread once converted: a fresh one each time cost
+    // fresh pages, two microseconds each to fault in on the development VM.
+    let (spare, reuse) = sync_channel::<Vec<ReadEntry>>(AHEAD + 2);
     // Set when the converter gives up: the reader stops at its next entry rather than at its
     // next full batch (up to five batches of reading and interning for nothing).
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         let stop = &stop;
         let reader = scope.spawn(move || {
-            let mut batch = Vec::with_capacity(BATCH);
+            let mut batch = Vec::with_capacity(FIRST_BATCH);
             let (mut count, mut not_plain) = (0, false);
             let mut stacks = opts.stacks.then(stacks::Stacks::default);
             let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
@@ -193,8 +198,11 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
                 count += 1;
                 // The first batch is small, so the converter starts at once. A converter that
                 // stopped has dropped its end: stop reading too.
-                batch.len() < if count <= FIRST_BATCH { FIRST_BATCH } else { BATCH }
-                    || send.send(Read2Convert::Entries(std::mem::take(&mut batch))).is_ok()
+                if batch.len() < if count <= FIRST_BATCH { FIRST_BATCH } else { BATCH } {
+                    return true;
+                }
+                let next = reuse.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH));
+                send.send(Read2Convert::Entries(std::mem::replace(&mut batch, next))).is_ok()
             });
             let end = match records {
                 _ if not_plain => Err(Pass::NotPlain),
@@ -208,7 +216,7 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
             let _ = send.send(Read2Convert::Entries(batch));
             let _ = send.send(Read2Convert::End(end, stacks.map(|s| s.stacks).unwrap_or_default()));
         });
-        let pass = convert_received(ctx, opts.stacks, received);
+        let pass = convert_received(ctx, opts.stacks, received, spare);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         // A reading thread that panicked said nothing: the generic reader decides.
         Ok(if reader.join().is_ok() { pass } else { Pass::Unusual })
@@ -217,18 +225,27 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
 
 /// The converting side of [`pipelined_pass`]. Returning drops `received`, which stops the
 /// reading thread if it is still at work.
-fn convert_received(ctx: Ctx<'_>, stacks: bool, received: Receiver<Read2Convert>) -> Pass {
+fn convert_received(
+    ctx: Ctx<'_>,
+    stacks: bool,
+    received: Receiver<Read2Convert>,
+    spare: SyncSender<Vec<ReadEntry>>,
+) -> Pass {
     let mut conv = convert::StreamConvert::new(ctx, stacks);
     let mut count = 0;
     for message in received {
         match message {
-            Read2Convert::Entries(entries) => {
-                for (entry, stack, annotation) in entries {
+            Read2Convert::Entries(mut entries) => {
+                for (entry, stack, annotation) in entries.drain(..) {
                     let frames = stack.map(convert::Frames::Interned);
                     if !conv.push(count, entry, frames, annotation) {
                         return Pass::NeedsEntries;
                     }
                     count += 1;
+                }
+                // The first, small batch is dropped, and any the reader has no room for.
+                if entries.capacity() >= BATCH {
+                    let _ = spare.try_send(entries);
                 }
             }
             // An error from here on is left to the generic reader too, so every message comes
