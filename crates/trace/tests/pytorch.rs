@@ -709,6 +709,47 @@ fn private_pools_are_inferred_from_segments_and_release_order() {
     assert!(t.warnings.iter().any(|w| w.contains("(0, 1) were released")), "{:?}", t.warnings);
 }
 
+/// A pool that only its release shows (none is alive at the end) still has its checkpoint
+/// restores placed: the allocation that tiles its emptied segment again is `AllocAt`.
+#[test]
+fn a_released_pool_alone_still_has_its_restores_placed() {
+    const MIB: i64 = 1 << 20;
+    let (a, b, c) = (0x1000_0000, 0x2000_0000, 0x3000_0000);
+    let t = read(
+        vec![
+            entry("segment_alloc", a, 20 * MIB, 0),
+            entry("alloc", a, 4 * MIB, 0),
+            entry("segment_alloc", b, 2 * MIB, 0),
+            entry("alloc", b, 2 * MIB, 0),
+            entry("free_requested", b, 2 * MIB, 0),
+            entry("free_completed", b, 2 * MIB, 0),
+            // The emptied segment handed out whole again: a checkpoint restore.
+            entry("alloc", b, 2 * MIB, 0),
+            entry("segment_alloc", c, 20 * MIB, 0),
+            entry("alloc", c, 4 * MIB, 0),
+            entry("free_requested", b, 2 * MIB, 0),
+            entry("free_completed", b, 2 * MIB, 0),
+            entry("free_requested", c, 4 * MIB, 0),
+            entry("free_completed", c, 4 * MIB, 0),
+            entry("free_requested", a, 4 * MIB, 0),
+            entry("free_completed", a, 4 * MIB, 0),
+            // Released small pool first: a private pool. Then the default pools.
+            entry("segment_free", b, 2 * MIB, 0),
+            entry("segment_free", c, 20 * MIB, 0),
+            entry("segment_free", a, 20 * MIB, 0),
+        ],
+        vec![],
+    );
+    assert!(t.warnings.iter().any(|w| w.contains("(0, 1) were released")), "{:?}", t.warnings);
+    let placed: Vec<&Op> = t.ops.iter().filter(|op| matches!(op, Op::AllocAt { .. })).collect();
+    assert_eq!(
+        placed,
+        vec![&Op::AllocAt { id: AllocId(2), size: 2 << 20, stream: StreamId(0), addr: b as u64 }],
+        "{:?}",
+        t.ops
+    );
+}
+
 /// Addresses at the end of the address space (negative ints) and the largest sizes a
 /// snapshot may give reach the mid-run reconstruction and the pool inference without
 /// overflowing.
