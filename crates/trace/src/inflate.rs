@@ -10,8 +10,13 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-/// Bytes per block handed from the inflating thread to the reader.
-const BLOCK: usize = 64 * 1024;
+/// Bytes per block handed from the inflating thread to the reader: `SMALL_BLOCK` for the first
+/// `SMALL_UNTIL` bytes, then `BLOCK`. The blocks in flight are memory first touched (a fresh
+/// page takes about 2 µs to fault in on the machines of `benches/README.md`), which a small
+/// file feels; a large one feels each hand-over between the threads more.
+const SMALL_BLOCK: usize = 64 * 1024;
+const SMALL_UNTIL: usize = 2 << 20;
+const BLOCK: usize = 256 * 1024;
 /// Blocks inflated ahead of the reader: enough to keep both busy, little memory.
 const AHEAD: usize = 4;
 
@@ -28,12 +33,15 @@ impl Inflater {
     pub fn new(mut decoder: MultiGzDecoder<BufReader<File>>) -> Self {
         let (send, blocks) = sync_channel(AHEAD);
         let (spare, reuse) = sync_channel::<Vec<u8>>(AHEAD + 2);
+        let mut inflated = 0;
         std::thread::spawn(move || loop {
-            let mut block = reuse.try_recv().unwrap_or_else(|_| vec![0; BLOCK]);
+            let size = if inflated < SMALL_UNTIL { SMALL_BLOCK } else { BLOCK };
+            let mut block = reuse.try_recv().unwrap_or_else(|_| vec![0; size]);
             // Filled by `read` into initialised bytes: `read_to_end` would zero the spare
             // capacity of every block before each fill (as much work as copying it).
-            block.resize(BLOCK, 0);
+            block.resize(size, 0);
             let (filled, error) = fill(&mut decoder, &mut block);
+            inflated += filled;
             block.truncate(filled);
             let sent = match error {
                 // The end: dropping `send` tells the reader.

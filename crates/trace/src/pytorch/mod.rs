@@ -148,9 +148,14 @@ enum Read2Convert {
     End(Result<Head, Pass>, Vec<allocsim_core::Stack>),
 }
 
-/// Entries per message of [`pipelined_pass`], and in its first.
-const BATCH: usize = 1024;
+/// Entries per message of [`pipelined_pass`]: `FIRST_BATCH` in the first (so the converter
+/// starts at once), `SMALL_BATCH` up to `SMALL_UNTIL` entries, then `BATCH`. The batches in
+/// flight are fresh memory (about 100 bytes an entry), which a small snapshot feels; a large
+/// one feels each hand-over between the threads more.
 const FIRST_BATCH: usize = 64;
+const SMALL_BATCH: usize = 1024;
+const SMALL_UNTIL: usize = 16 * 1024;
+const BATCH: usize = 4096;
 /// Batches [`pipelined_pass`] may have sent and the converter not taken yet.
 const AHEAD: usize = 4;
 
@@ -196,12 +201,18 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
                 };
                 batch.push((entry, stack, extras.annotation()));
                 count += 1;
-                // The first batch is small, so the converter starts at once. A converter that
-                // stopped has dropped its end: stop reading too.
-                if batch.len() < if count <= FIRST_BATCH { FIRST_BATCH } else { BATCH } {
+                let full = if count <= FIRST_BATCH {
+                    FIRST_BATCH
+                } else if count <= SMALL_UNTIL {
+                    SMALL_BATCH
+                } else {
+                    BATCH
+                };
+                if batch.len() < full {
                     return true;
                 }
-                let next = reuse.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH));
+                let next = reuse.try_recv().unwrap_or_else(|_| Vec::with_capacity(full));
+                // A converter that stopped has dropped its end: stop reading too.
                 send.send(Read2Convert::Entries(std::mem::replace(&mut batch, next))).is_ok()
             });
             let end = match records {
@@ -244,7 +255,7 @@ fn convert_received(
                     count += 1;
                 }
                 // The first, small batch is dropped, and any the reader has no room for.
-                if entries.capacity() >= BATCH {
+                if entries.capacity() >= SMALL_BATCH {
                     let _ = spare.try_send(entries);
                 }
             }
