@@ -123,8 +123,9 @@ mod tests {
 
     #[test]
     fn same_bytes_as_the_decoder() {
-        // Several blocks and a partial one, in odd-sized reads.
-        let data: Vec<u8> = (0..(3 * BLOCK + 12345)).map(|i| (i * 7 % 251) as u8).collect();
+        // Small blocks, then several large ones and a partial one, in odd-sized reads.
+        let len = SMALL_UNTIL + 3 * BLOCK + 12345;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
         let path = gz_file(&data, "whole");
         let mut out = Vec::new();
         let mut r = open(&path);
@@ -142,7 +143,7 @@ mod tests {
 
     #[test]
     fn truncated_file_gives_the_decoder_error() {
-        let data: Vec<u8> = (0..(2 * BLOCK)).map(|i| (i % 13) as u8).collect();
+        let data: Vec<u8> = (0..(SMALL_UNTIL + 2 * BLOCK)).map(|i| (i % 13) as u8).collect();
         let path = gz_file(&data, "cut");
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
