@@ -197,8 +197,12 @@ impl Device for RecordedDevice {
             self.diverge(None, None, Some(detail));
             return;
         }
-        // `expected` is sorted by op and ops only go forward: scan on from the cursor (most
-        // ops have no device events, so both scans stop at once).
+        // Most ops have no device events: the next one expected is a later op's.
+        if self.expected.get(self.cursor).is_none_or(|e| e.op > index) {
+            (self.op, self.op_end) = (index, self.cursor);
+            return;
+        }
+        // `expected` is sorted by op and ops only go forward: scan on from the cursor.
         let ahead = &self.expected[self.cursor..];
         let start = self.cursor + ahead.iter().position(|e| e.op >= index).unwrap_or(ahead.len());
         let missed = self.expected[self.cursor..start].iter().find(|e| e.kind != RecordedKind::Oom);
