@@ -22,7 +22,7 @@
 use super::edits::Edits;
 use super::entries::segment_pool;
 use allocsim_core::{MemPoolId, Op, Pool, PoolAction, RecordedKind, SnapshotSegment, Trace};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One segment's life in the recording.
 struct Instance {
@@ -88,37 +88,25 @@ fn place_restored_blocks(trace: &mut Trace, sites: &[Site], instances: &[Instanc
     restored.len()
 }
 
-/// Live segments by start address: (start, size, instance index), sorted. Segments are few
-/// (tens to hundreds) and come and go rarely, so a sorted vector is cheaper to search than a
-/// B-tree (whose searches were most of [`scan`] on the GPT-2 trace).
+/// Live segments by start address: (size, instance index).
 #[derive(Default)]
 struct LiveSegments {
-    by_start: Vec<(u64, u64, usize)>,
+    by_start: BTreeMap<u64, (u64, usize)>,
     /// The segment the last lookup found: blocks come and go far more often than segments,
-    /// and one often lands where the last did.
+    /// and one mostly lands where the last did (a B-tree search for each was half of
+    /// [`infer_pools`]).
     last: Option<(u64, u64, usize)>,
 }
 
 impl LiveSegments {
     fn insert(&mut self, start: u64, size: u64, instance: usize) {
         self.last = None;
-        match self.by_start.binary_search_by_key(&start, |s| s.0) {
-            Ok(at) => self.by_start[at] = (start, size, instance),
-            Err(at) => self.by_start.insert(at, (start, size, instance)),
-        }
+        self.by_start.insert(start, (size, instance));
     }
 
     fn remove(&mut self, start: u64) -> Option<(u64, usize)> {
         self.last = None;
-        let at = self.by_start.binary_search_by_key(&start, |s| s.0).ok()?;
-        let (_, size, instance) = self.by_start.remove(at);
-        Some((size, instance))
-    }
-
-    /// The live segment that starts at `start`: its instance.
-    fn starting_at(&self, start: u64) -> Option<usize> {
-        let at = self.by_start.binary_search_by_key(&start, |s| s.0).ok()?;
-        Some(self.by_start[at].2)
+        self.by_start.remove(&start)
     }
 
     /// The segment `addr` lies in: (start, size, instance).
@@ -129,9 +117,8 @@ impl LiveSegments {
         if let Some(hit) = self.last.filter(within) {
             return Some(hit);
         }
-        // The last segment starting at or below `addr`.
-        let at = self.by_start.partition_point(|s| s.0 <= addr).checked_sub(1)?;
-        let hit = Some(self.by_start[at]).filter(within);
+        let (&start, &(size, i)) = self.by_start.range(..=addr).next_back()?;
+        let hit = Some((start, size, i)).filter(within);
         self.last = hit.or(self.last);
         hit
     }
@@ -218,7 +205,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
         same
     });
     for seg in last {
-        if let Some(i) = live.starting_at(seg.address) {
+        if let Some(&(_, i)) = live.by_start.get(&seg.address) {
             instances[i].pool = Some(seg.pool_id);
         }
     }
