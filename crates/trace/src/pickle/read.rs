@@ -279,7 +279,14 @@ impl<'l, R: Read> Vm<'l, R> {
     /// Room in the memo for `n` more entries, before they are stored (see [`Vm::memo_sync`]).
     #[inline]
     pub(super) fn memo_room(&self, n: usize) -> Result<(), PickleError> {
-        match self.memo.growth_bytes(n) {
+        self.growth_room(self.memo.growth_bytes(n))
+    }
+
+    /// Room for `bytes` the memo may grow by ([`MemoTable::growth_bytes`] or
+    /// [`MemoTable::append_growth_bytes`]): checked only when it would grow.
+    #[inline]
+    pub(super) fn growth_room(&self, bytes: u64) -> Result<(), PickleError> {
+        match bytes {
             0 => Ok(()),
             bytes => self.check_room(bytes),
         }

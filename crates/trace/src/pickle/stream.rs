@@ -355,10 +355,7 @@ impl<R: Read> Vm<'_, R> {
         state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
     ) -> Result<(), Failure> {
         // A flat record appends at most one memo entry per byte.
-        match self.memo.append_growth_bytes(FLAT_WINDOW_BYTES) {
-            0 => {}
-            bytes => self.check_room(bytes)?,
-        }
+        self.growth_room(self.memo.append_growth_bytes(FLAT_WINDOW_BYTES))?;
         let window = self.input.window(FLAT_WINDOW_BYTES)?;
         let mark = self.memo.mark();
         let max_depth = self.limits.max_depth;
