@@ -772,3 +772,57 @@ fn extreme_addresses_in_a_mid_run_history_do_not_overflow() {
     let e = read_err(&snapshot(entries, segments, "conf"));
     assert!(e.contains("cannot be rebuilt"), "{e}");
 }
+
+/// A pool of large segments only, released by the same `empty_cache` right after the default
+/// pools: its walk is no second default walk (those are small) and goes from no small segment
+/// to a large one, so only its allocations tell it apart: several, and all those of their
+/// time, went into its segment. Found with no pool alive at the end, when the pool inference
+/// first reads the segments alone.
+#[test]
+fn a_released_pool_of_large_segments_is_told_by_its_allocations() {
+    const MIB: i64 = 1 << 20;
+    let (p, a) = (0x1000_0000, 0x3000_0000);
+    let t = read(
+        vec![
+            entry("segment_alloc", a, 20 * MIB, 0),
+            entry("alloc", a, 4 * MIB, 0),
+            // Two allocations into a segment of their own: a context.
+            entry("segment_alloc", p, 20 * MIB, 0),
+            entry("alloc", p, 4 * MIB, 0),
+            entry("alloc", p + 4 * MIB, 4 * MIB, 0),
+            entry("alloc", a + 4 * MIB, 4 * MIB, 0),
+            entry("free_requested", p, 4 * MIB, 0),
+            entry("free_completed", p, 4 * MIB, 0),
+            entry("free_requested", p + 4 * MIB, 4 * MIB, 0),
+            entry("free_completed", p + 4 * MIB, 4 * MIB, 0),
+            entry("free_requested", a, 4 * MIB, 0),
+            entry("free_completed", a, 4 * MIB, 0),
+            entry("free_requested", a + 4 * MIB, 4 * MIB, 0),
+            entry("free_completed", a + 4 * MIB, 4 * MIB, 0),
+            // The default large pool's walk, then the private pool's (a lower key).
+            entry("segment_free", a, 20 * MIB, 0),
+            entry("segment_free", p, 20 * MIB, 0),
+        ],
+        vec![],
+    );
+    assert!(t.warnings.iter().any(|w| w.contains("(0, 1) were released")), "{:?}", t.warnings);
+    let pool = |action| Op::Pool { pool: MemPoolId(0, 1), action };
+    let free = |id| Op::FreeRequested { id: AllocId(id) };
+    assert_eq!(
+        t.ops,
+        vec![
+            alloc(0, 4 << 20, 0),
+            pool(PoolAction::BeginAllocate),
+            alloc(1, 4 << 20, 0),
+            alloc(2, 4 << 20, 0),
+            pool(PoolAction::EndAllocate),
+            alloc(3, 4 << 20, 0),
+            free(1),
+            free(2),
+            free(0),
+            free(3),
+            pool(PoolAction::Release),
+            Op::EmptyCache,
+        ]
+    );
+}

@@ -137,10 +137,23 @@ struct Scan {
     sites: Vec<Site>,
 }
 
-/// Follow the segments through the recording. Every allocation's [`Site`] is kept only
-/// `with_sites`: a trace without private pools needs none, and at 40 bytes an allocation they
-/// were most of the memory [`infer_pools`] touched.
-fn scan(trace: &Trace, with_sites: bool) -> Scan {
+/// How much of the allocations [`scan`] follows.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Detail {
+    /// Segments only: enough to read the releases of a trace whose final segments show no
+    /// private pool, which mostly has none (finding each allocation's segment was most of
+    /// [`infer_pools`]' work).
+    Segments,
+    /// Each allocation's segment too ([`Scan::alloc_in`]).
+    Allocations,
+    /// And each allocation's [`Site`]: at 40 bytes an allocation, only for a trace with
+    /// private pools.
+    Sites,
+}
+
+/// Follow the segments, and as much of the allocations as `detail` says, through the
+/// recording.
+fn scan(trace: &Trace, detail: Detail) -> Scan {
     let mut instances: Vec<Instance> = Vec::new();
     let mut live = LiveSegments::default();
     // Live blocks per instance.
@@ -165,17 +178,17 @@ fn scan(trace: &Trace, with_sites: bool) -> Scan {
                     freed.push((r, i));
                 }
             }
-            RecordedKind::Alloc => {
+            RecordedKind::Alloc if detail >= Detail::Allocations => {
                 if let Some((start, size, i)) = live.containing(e.addr) {
                     alloc_in.push((e.op, i));
-                    if with_sites {
+                    if detail == Detail::Sites {
                         let empty = blocks[i] == 0;
                         sites.push(Site { r, instance: i, segment: (start, size), empty });
                     }
                     blocks[i] += 1;
                 }
             }
-            RecordedKind::FreeCompleted => {
+            RecordedKind::FreeCompleted if detail == Detail::Sites => {
                 if let Some((_, _, i)) = live.containing(e.addr) {
                     blocks[i] = blocks[i].saturating_sub(1);
                 }
@@ -191,30 +204,30 @@ fn scan(trace: &Trace, with_sites: bool) -> Scan {
 pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     let known: BTreeSet<MemPoolId> =
         last.iter().map(|s| s.pool_id).filter(|p| !p.is_default()).collect();
-    // Private pools alive at the end show in `last`; one released before is found by the
-    // scan, which then runs again for the sites.
-    let Scan { mut instances, live, mut alloc_in, freed, mut sites } =
-        scan(trace, !known.is_empty());
-    // By op, as recorded; an op allocates once (the last record wins if not).
-    alloc_in.sort_by_key(|&(op, _)| op);
-    alloc_in.dedup_by(|later, earlier| {
-        let same = later.0 == earlier.0;
-        if same {
-            earlier.1 = later.1;
+    // Private pools alive at the end show in `last`; one released before is found from the
+    // segments' frees, reading the allocations only where the frees alone do not tell.
+    let mut detail = if known.is_empty() { Detail::Segments } else { Detail::Sites };
+    let (Scan { instances, mut alloc_in, freed, mut sites, .. }, released) = loop {
+        let mut scan = scan(trace, detail);
+        for seg in last {
+            if let Some(&(_, i)) = scan.live.by_start.get(&seg.address) {
+                scan.instances[i].pool = Some(seg.pool_id);
+            }
         }
-        same
-    });
-    for seg in last {
-        if let Some(&(_, i)) = live.by_start.get(&seg.address) {
-            instances[i].pool = Some(seg.pool_id);
+        let alloc_in = (detail >= Detail::Allocations).then(|| by_op(&mut scan.alloc_in));
+        match infer_released_pools(trace, &scan.freed, alloc_in, &mut scan.instances, &known) {
+            Some(released) => break (scan, released),
+            None => detail = Detail::Allocations,
         }
-    }
-    let released = infer_released_pools(trace, &freed, &alloc_in, &mut instances, &known);
+    };
     if known.is_empty() && released.is_empty() {
         return Vec::new();
     }
-    if known.is_empty() {
-        sites = scan(trace, true).sites;
+    if detail < Detail::Sites {
+        // The same segments in the same order: the instances found stay valid.
+        let again = scan(trace, Detail::Sites);
+        (alloc_in, sites) = (again.alloc_in, again.sites);
+        by_op(&mut alloc_in);
     }
     let restored = place_restored_blocks(trace, &sites, &instances);
     let pool_of_op = |op: u64| match alloc_in.binary_search_by_key(&op, |&(o, _)| o) {
@@ -310,13 +323,16 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
 /// cannot be read so hold a private pool's release. Its walk is the one that goes from small
 /// segments to large ones, or else one whose segments had several allocations, and all those
 /// of their time, to themselves (a context takes every allocation).
+///
+/// `alloc_in` may be left out ([`Detail::Segments`]): `None` then when the frees alone do not
+/// tell (with `instances` half assigned: scan again).
 fn infer_released_pools(
     trace: &Trace,
     freed: &[(usize, usize)],
-    alloc_in: &[(u64, usize)],
+    alloc_in: Option<&[(u64, usize)]>,
     instances: &mut [Instance],
     known: &BTreeSet<MemPoolId>,
-) -> Vec<(MemPoolId, usize)> {
+) -> Option<Vec<(MemPoolId, usize)>> {
     let key = |r: usize| {
         let e = &trace.recorded[r];
         (e.stream.0, e.size, e.addr)
@@ -342,7 +358,7 @@ fn infer_released_pools(
         |walk: &[(usize, usize)], pool: Pool| walk.iter().all(|&(r, _)| pool_of(r) == pool);
     // Whether several allocations went into `walk`'s segments, and every allocation between
     // the first and the last of them.
-    let exclusive = |walk: &[(usize, usize)]| {
+    let exclusive = |walk: &[(usize, usize)], alloc_in: &[(u64, usize)]| {
         let mine: BTreeSet<usize> = walk.iter().map(|&(_, i)| i).collect();
         let ops: Vec<u64> =
             alloc_in.iter().filter(|(_, i)| mine.contains(i)).map(|&(op, _)| op).collect();
@@ -374,9 +390,15 @@ fn infer_released_pools(
         // A walk from small segments to large ones is a private pool's; failing that, one
         // whose segments had their allocations to themselves.
         let signed = run.iter().any(|walk| small_then_large(walk));
+        if !signed && alloc_in.is_none() {
+            return None;
+        }
         for walk in &run {
             let unknown = walk.iter().all(|&(_, i)| instances[i].pool.is_none());
-            let private = if signed { small_then_large(walk) } else { exclusive(walk) };
+            let private = match alloc_in {
+                Some(alloc_in) if !signed => exclusive(walk, alloc_in),
+                _ => small_then_large(walk),
+            };
             if !unknown || !private {
                 continue;
             }
@@ -387,5 +409,18 @@ fn infer_released_pools(
             released.push((id, walk[0].0));
         }
     }
-    released
+    Some(released)
+}
+
+/// `alloc_in` by op, as recorded; an op allocates once (the last record wins if not).
+fn by_op(alloc_in: &mut Vec<(u64, usize)>) -> &[(u64, usize)] {
+    alloc_in.sort_by_key(|&(op, _)| op);
+    alloc_in.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            earlier.1 = later.1;
+        }
+        same
+    });
+    alloc_in
 }
