@@ -30,18 +30,9 @@ fn throughput(c: &mut Criterion) {
     g.bench_function("native_streamed_1m_ops", |b| {
         b.iter(|| {
             let stream = allocsim_trace::native::read_native_ops(&path).unwrap();
-            let total = stream.ops.total();
             let ops = stream.ops.map(Result::unwrap);
-            run_trace_streamed(
-                &stream.head,
-                stream.recorded_len,
-                total,
-                ops,
-                &opts,
-                &mut [],
-                |_| {},
-            )
-            .unwrap()
+            run_trace_streamed(&stream.head, stream.recorded_len, ops, &opts, &mut [], |_| {})
+                .unwrap()
         })
     });
     g.finish();

@@ -22,17 +22,8 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let total = stream.ops.total();
         let ops = stream.ops.plain();
-        let r = run_trace_streamed(
-            &stream.head,
-            stream.recorded_len,
-            total,
-            ops,
-            &opts,
-            &mut [],
-            |_| {},
-        );
+        let r = run_trace_streamed(&stream.head, stream.recorded_len, ops, &opts, &mut [], |_| {});
         if let Some(e) = stream.ops.take_error() {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;

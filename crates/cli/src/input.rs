@@ -23,8 +23,23 @@ pub fn read_options() -> allocsim_trace::ReadOptions {
 
 /// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
 fn read_trace(path: &Path) -> anyhow::Result<Trace> {
+    allocsim_trace::read_trace_with(path, &read_options()).map_err(with_hint)
+}
+
+/// Read a PyTorch snapshot as the command line says, replaying it as it is read
+/// ([`allocsim_trace::pytorch::read_snapshot_replaying`]).
+pub fn read_snapshot_replaying<R>(
+    path: &Path,
+    replay: impl FnOnce(allocsim_trace::pytorch::Overlap) -> R,
+) -> anyhow::Result<(Trace, Option<R>)> {
+    allocsim_trace::pytorch::read_snapshot_replaying(path, &read_options(), replay)
+        .map_err(with_hint)
+}
+
+/// A reader's error, with what to do about a memory limit reached.
+fn with_hint(e: allocsim_trace::TraceError) -> anyhow::Error {
     use allocsim_trace::{pickle::PickleErrorKind, TraceError};
-    allocsim_trace::read_trace_with(path, &read_options()).map_err(|e| match &e {
+    match &e {
         TraceError::Pickle { error, .. }
             if matches!(error.kind, PickleErrorKind::MemoryLimit(_)) =>
         {
@@ -33,7 +48,7 @@ fn read_trace(path: &Path) -> anyhow::Result<Trace> {
             )
         }
         _ => e.into(),
-    })
+    }
 }
 
 /// The prefix that names a live workload where a trace path is expected.

@@ -154,14 +154,36 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         && allocsim_trace::Format::from_path(&args.trace) == Some(allocsim_trace::Format::Native);
     let mut stream =
         if streams { Some(allocsim_trace::native::read_native_ops(&args.trace)?) } else { None };
+    // A snapshot replays while it is read when the run wants nothing but its ops as they come
+    // (`allocsim_trace::pytorch::read_snapshot_replaying`).
+    let overlaps = !streams
+        && args.export_snapshot.is_none()
+        && args.event_log.is_none()
+        && args.device != DeviceArg::Cuda
+        && args.stats_at_start.is_none()
+        && matches!(
+            allocsim_trace::Format::from_path(&args.trace),
+            Some(
+                allocsim_trace::Format::PytorchSnapshot | allocsim_trace::Format::PytorchSnapshotGz
+            )
+        );
+    let opts = args.options();
+    let mut overlapped = None;
     let mut trace = match stream.as_mut() {
         Some(s) => std::mem::take(&mut s.head),
+        None if overlaps => {
+            let (trace, report) = crate::input::read_snapshot_replaying(&args.trace, |o| {
+                let head = allocsim_core::Trace { meta: o.meta, ..Default::default() };
+                allocsim_run::run_trace_fed(&head, o.recorded, o.ops, &opts, &mut [], |_| {})
+            })?;
+            overlapped = report.flatten();
+            trace
+        }
         None => crate::input::load_trace(&args.trace)?,
     };
     if let Some(path) = &args.stats_at_start {
         trace.meta.stats_at_start = Some(read_stats_json(path)?);
     }
-    let opts = args.options();
     let mut log = match &args.event_log {
         Some(path) => Some(EventLog::new(AtomicFile::create(path)?)),
         None => None,
@@ -178,11 +200,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
     let progress = crate::input::progress_bar("replay", ops_len);
     let mut cuda_lines = Vec::new();
-    let report = if let Some(mut s) = stream {
+    let report = if let Some(report) = overlapped {
+        report.with_context(setup)?
+    } else if let Some(mut s) = stream {
         let ops = s.ops.plain();
-        let report =
-            run_trace_streamed(&trace, s.recorded_len, ops_len, ops, &opts, &mut extra, progress)
-                .with_context(setup)?;
+        let report = run_trace_streamed(&trace, s.recorded_len, ops, &opts, &mut extra, progress)
+            .with_context(setup)?;
         if let Some(e) = s.ops.take_error() {
             return Err(e.into());
         }

@@ -41,7 +41,14 @@ pub struct MetricsReport {
     pub timeline: Vec<TimelinePoint>,
 }
 
-/// The metrics observer. `expected_ops` sizes the sampling stride (0 if unknown).
+/// The metrics observer.
+///
+/// The timeline and the fragmentation samples are taken after every `stride`-th op from op
+/// 0, `stride` the smallest power of two that leaves at most [`SAMPLES`] of them. The run's
+/// length need not be known: the stride starts at 1 and doubles, keeping every other sample,
+/// whenever the samples would pass `SAMPLES`, which ends at the same samples as that stride
+/// from the start (so a replay that starts before its trace is read whole reports what one
+/// after it does).
 #[derive(Debug)]
 pub struct Metrics {
     report: MetricsReport,
@@ -52,27 +59,32 @@ pub struct Metrics {
     stride: u64,
     /// The op after which the next sample is taken.
     next_sample: u64,
-    frag_sum: f64,
-    frag_samples: u64,
+    /// The external fragmentation at each timeline point, `NaN` where nothing was cached.
+    frag: Vec<f64>,
     /// The last op seen: the timeline ends with the state after it.
     last_op: u64,
 }
 
-/// How many timeline points and fragmentation samples to aim for.
-const SAMPLES: u64 = 2000;
+/// The most timeline points and fragmentation samples kept.
+pub const SAMPLES: usize = 2000;
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Metrics {
-    pub fn new(expected_ops: u64) -> Self {
+    pub fn new() -> Self {
         Metrics {
             report: MetricsReport::default(),
             allocated: 0,
             reserved: 0,
             active: 0,
             requested: 0,
-            stride: (expected_ops / SAMPLES).max(1),
+            stride: 1,
             next_sample: 0,
-            frag_sum: 0.0,
-            frag_samples: 0,
+            frag: Vec::new(),
             last_op: 0,
         }
     }
@@ -83,8 +95,10 @@ impl Metrics {
             r.fragmentation_at_peak =
                 1.0 - r.peak_allocated_bytes as f64 / r.peak_reserved_bytes as f64;
         }
-        if self.frag_samples > 0 {
-            r.external_fragmentation_mean = self.frag_sum / self.frag_samples as f64;
+        let cached: Vec<f64> = self.frag.iter().copied().filter(|f| !f.is_nan()).collect();
+        if !cached.is_empty() {
+            r.external_fragmentation_max = cached.iter().copied().fold(0.0, f64::max);
+            r.external_fragmentation_mean = cached.iter().sum::<f64>() / cached.len() as f64;
         }
         if r.ops > 0 {
             let p = TimelinePoint {
@@ -100,22 +114,37 @@ impl Metrics {
     }
 
     fn sample(&mut self, op_index: u64, allocator: &dyn Allocator) {
-        let space = allocator.free_space();
-        if space.cached_bytes > 0 {
-            let frag = (space.cached_bytes - space.largest_free_block_bytes.min(space.cached_bytes))
-                as f64
-                / space.cached_bytes as f64;
-            self.report.external_fragmentation_max =
-                self.report.external_fragmentation_max.max(frag);
-            self.frag_sum += frag;
-            self.frag_samples += 1;
+        if self.frag.len() == SAMPLES {
+            // The samples at odd multiples of the stride go; the next one is at a multiple of
+            // the new stride already (op_index is 2000 strides on).
+            self.stride *= 2;
+            every_other(&mut self.frag);
+            every_other(&mut self.report.timeline);
         }
+        let space = allocator.free_space();
+        let frag = if space.cached_bytes > 0 {
+            (space.cached_bytes - space.largest_free_block_bytes.min(space.cached_bytes)) as f64
+                / space.cached_bytes as f64
+        } else {
+            f64::NAN
+        };
+        self.frag.push(frag);
         self.report.timeline.push(TimelinePoint {
             op_index,
             allocated_bytes: self.allocated,
             reserved_bytes: self.reserved,
         });
+        self.next_sample = op_index + self.stride;
     }
+}
+
+/// Keep the first item of `v`, the third, and so on.
+fn every_other<T>(v: &mut Vec<T>) {
+    let mut i = 0;
+    v.retain(|_| {
+        i += 1;
+        i % 2 == 1
+    });
 }
 
 impl Observer for Metrics {
@@ -188,7 +217,6 @@ impl Observer for Metrics {
         }
         // Every `stride`-th op from op 0.
         if op_index >= self.next_sample {
-            self.next_sample = op_index + self.stride;
             self.sample(op_index, allocator);
         }
         self.last_op = op_index;

@@ -13,6 +13,6 @@ pub use capacity::{
 };
 pub use grid::{column_options, compare, min_feasible_capacity, GridCell};
 pub use run::{
-    changes_the_run, run_trace, run_trace_on, run_trace_streamed, DeviceChoice, RunOptions,
-    RunReport, StartedFrom, H100_FREE_BYTES, H100_TOTAL_BYTES,
+    changes_the_run, run_trace, run_trace_fed, run_trace_on, run_trace_streamed, DeviceChoice,
+    RunOptions, RunReport, StartedFrom, H100_FREE_BYTES, H100_TOTAL_BYTES,
 };

@@ -12,7 +12,7 @@ use allocsim_replay::{
     CheckObserver, Divergence, Engine, Fidelity, Metrics, MetricsReport, Observer, OomRecord,
     OpOutcome, Skipped,
 };
-use allocsim_sim::{Fault, Placement, RecordedDevice, SimConfig, SimDevice};
+use allocsim_sim::{Fault, Placement, RecordedDevice, RecordedFeed, SimConfig, SimDevice};
 use std::borrow::Borrow;
 
 /// Which device a run uses.
@@ -135,8 +135,9 @@ struct Head<'t> {
     seedable: bool,
     /// The recording, or (streaming) at least its device events.
     recorded: &'t [RecordedEvent],
+    /// Where the device events come from instead, as a snapshot is read.
+    feed: Option<&'t RecordedFeed>,
     has_recording: bool,
-    ops: u64,
 }
 
 impl<'t> Head<'t> {
@@ -146,8 +147,8 @@ impl<'t> Head<'t> {
             start: trace.start.as_ref(),
             seedable: true,
             recorded: &trace.recorded,
+            feed: None,
             has_recording: !trace.recorded.is_empty(),
-            ops: trace.ops.len() as u64,
         }
     }
 }
@@ -165,12 +166,11 @@ pub fn run_trace(
 /// Replay a trace whose ops stream in (from `allocsim_trace::native::read_native_ops`, say)
 /// instead of lying in memory: `head` is the trace without its ops, whose `recorded` may hold
 /// only the device events (segment events and ooms) of a recording of `recorded_len` events;
-/// `ops` yields the `ops_len` ops. The fidelity comparison needs the whole recording, so
+/// `ops` yields the ops. The fidelity comparison needs the whole recording, so
 /// `opts.fidelity` is refused.
 pub fn run_trace_streamed<O: Borrow<Op>>(
     head: &Trace,
     recorded_len: u64,
-    ops_len: u64,
     ops: impl IntoIterator<Item = O>,
     opts: &RunOptions,
     extra: &mut [&mut dyn Observer],
@@ -186,10 +186,60 @@ pub fn run_trace_streamed<O: Borrow<Op>>(
         start: head.start.as_ref(),
         seedable: true,
         recorded: &head.recorded,
+        feed: None,
         has_recording: recorded_len > 0,
-        ops: ops_len,
     };
     run_head(head, ops, opts, extra, progress)
+}
+
+/// Replay a snapshot's ops while it is read (`allocsim_trace::pytorch::read_snapshot_replaying`):
+/// `head` is what is known of the trace before its end (meta and start; no ops), `feed` gets
+/// the recorded device events of each op before the op comes out of `ops`. The fidelity
+/// comparison needs the whole recording, so `opts.fidelity` is refused.
+///
+/// `None`, running nothing, for a run that follows the recording under a policy that may
+/// reserve address space (expandable segments, the zoo's page maps): the recorded device
+/// places a reservation by looking ahead in the recording, further than the feed may reach.
+pub fn run_trace_fed<O: Borrow<Op>>(
+    head: &Trace,
+    feed: RecordedFeed,
+    ops: impl IntoIterator<Item = O>,
+    opts: &RunOptions,
+    extra: &mut [&mut dyn Observer],
+    progress: impl FnMut(u64),
+) -> Option<Result<RunReport, ConfigError>> {
+    if opts.fidelity {
+        return Some(Err(ConfigError(
+            "the fidelity comparison needs the whole recording, not a stream of ops".to_string(),
+        )));
+    }
+    let conf = opts.alloc_conf.as_ref().or(head.meta.alloc_conf.as_ref());
+    let expandable = allocsim_policies::pytorch::Config::parse(conf.map_or("", |c| c))
+        .map_or(true, |c| c.expandable_segments);
+    let reserves = opts.policy != "pytorch" || expandable;
+    if reserves && follows_recording(opts, &head.meta, true) {
+        return None;
+    }
+    let head = Head {
+        meta: &head.meta,
+        start: head.start.as_ref(),
+        seedable: true,
+        recorded: &[],
+        feed: Some(&feed),
+        has_recording: true,
+    };
+    Some(run_head(head, ops, opts, extra, progress))
+}
+
+/// Whether a run follows the recording's device calls ([`DeviceChoice`]).
+fn follows_recording(opts: &RunOptions, meta: &TraceMeta, has_recording: bool) -> bool {
+    match opts.device {
+        DeviceChoice::Recorded => true,
+        DeviceChoice::Sim => false,
+        DeviceChoice::Auto => {
+            has_recording && opts.policy == "pytorch" && !changes_the_run(opts, meta)
+        }
+    }
 }
 
 /// Whether `opts` replay a recording as anything but itself: other settings, memory fraction,
@@ -221,15 +271,12 @@ fn run_head<O: Borrow<Op>>(
         placement: opts.placement,
         ..SimConfig::default()
     });
-    let what_if = changes_the_run(opts, meta);
-    trace.seedable = !what_if;
-    let follow = match opts.device {
-        DeviceChoice::Recorded => true,
-        DeviceChoice::Sim => false,
-        DeviceChoice::Auto => trace.has_recording && opts.policy == "pytorch" && !what_if,
-    };
-    if follow {
-        let mut device = RecordedDevice::new(trace.recorded, sim);
+    trace.seedable = !changes_the_run(opts, meta);
+    if follows_recording(opts, meta, trace.has_recording) {
+        let mut device = match trace.feed {
+            Some(feed) => RecordedDevice::fed(feed.clone(), sim),
+            None => RecordedDevice::new(trace.recorded, sim),
+        };
         run_on(trace, ops, opts, &mut device, "recorded", total, free, extra, progress)
     } else {
         let mut device = sim;
@@ -338,7 +385,7 @@ impl Run<'_, '_> {
         }
 
         let mut observers = RunObservers {
-            metrics: Metrics::new(trace.ops),
+            metrics: Metrics::new(),
             checker: opts.check.then(|| {
                 CheckObserver::new(Checker::new(CheckConfig {
                     device_total_bytes: total,

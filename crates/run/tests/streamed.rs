@@ -1,6 +1,7 @@
-//! A run whose ops stream from a native file reports exactly what a run of the whole trace in
-//! memory reports, on the recorded device and on the model; an observer list and a single
-//! observer see the same run; and the engine's id bookkeeping skips what it must.
+//! A run whose ops stream from a native file, or from a snapshot as it is read, reports exactly
+//! what a run of the whole trace in memory reports, on the recorded device and on the model;
+//! an observer list and a single observer see the same run; the timeline's samples need no
+//! run length; and the engine's id bookkeeping skips what it must.
 
 use allocsim_core::{AllocId, DynAllocator, Op, StreamId, Trace};
 use allocsim_replay::{replay, replay_with, EventLog, Observer};
@@ -48,18 +49,10 @@ fn streamed_runs_report_what_whole_runs_report() {
             let opts = RunOptions { policy: policy.into(), device, check, ..RunOptions::default() };
             let whole = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
             let stream = allocsim_trace::native::read_native_ops(&path).unwrap();
-            let total = stream.ops.total();
             let ops = stream.ops.map(Result::unwrap);
-            let streamed = run_trace_streamed(
-                &stream.head,
-                stream.recorded_len,
-                total,
-                ops,
-                &opts,
-                &mut [],
-                |_| {},
-            )
-            .unwrap();
+            let streamed =
+                run_trace_streamed(&stream.head, stream.recorded_len, ops, &opts, &mut [], |_| {})
+                    .unwrap();
             same(&whole, &streamed, &format!("{name} {policy} {device:?}"));
         }
         let fidelity = RunOptions { fidelity: true, ..RunOptions::default() };
@@ -67,13 +60,51 @@ fn streamed_runs_report_what_whole_runs_report() {
         let refused = run_trace_streamed(
             &stream.head,
             1,
-            1,
             stream.ops.map(Result::unwrap),
             &fidelity,
             &mut [],
             |_| {},
         );
         assert!(refused.unwrap_err().0.contains("whole recording"));
+    }
+}
+
+/// A snapshot replayed while it is read reports what a replay of the finished trace does,
+/// under its own settings and what-ifs; and the replay's result is kept exactly when the
+/// history is complete (no pools, mid-run start or settings it could not know before the end).
+#[test]
+fn snapshots_replayed_as_they_are_read_report_what_whole_runs_report() {
+    use allocsim_trace::pytorch::read_snapshot_replaying;
+    let options = [
+        RunOptions { policy: "pytorch".into(), check: true, ..RunOptions::default() },
+        RunOptions { policy: "pytorch".into(), device: DeviceChoice::Sim, ..RunOptions::default() },
+        RunOptions {
+            policy: "pytorch".into(),
+            alloc_conf: Some("max_split_size_mb:64".into()),
+            device_free_bytes: Some(8 << 30),
+            ..RunOptions::default()
+        },
+        RunOptions { policy: "bfc".into(), ..RunOptions::default() },
+    ];
+    for (name, complete) in [
+        ("pytorch-2.11-h100/gpt2_train.pickle.gz", true),
+        ("pytorch-2.11-h100/synthetic_oom.pickle.gz", true),
+        ("pytorch-2.11-h100-extra/synthetic_pending_frees.pickle.gz", true),
+        ("pytorch-2.11-h100-user/c_ring.pickle.gz", false),
+        ("pytorch-2.11-h100-user/d_mempool.pickle.gz", false),
+    ] {
+        let path = traces().join(name);
+        for opts in &options {
+            let (trace, fed) = read_snapshot_replaying(&path, &Default::default(), |o| {
+                let head = Trace { meta: o.meta, ..Trace::default() };
+                allocsim_run::run_trace_fed(&head, o.recorded, o.ops, opts, &mut [], |_| {})
+            })
+            .unwrap();
+            let whole = run_trace(&trace, opts, &mut [], |_| {}).unwrap();
+            let what = format!("{name} {opts:?}");
+            let kept = fed.flatten().map(|fed| same(&whole, &fed.unwrap(), &what)).is_some();
+            assert_eq!(kept, complete, "{what}");
+        }
     }
 }
 
@@ -187,4 +218,29 @@ fn until_oom_counts_an_oom_laying_out_the_start() {
     let answer = run_trace(&trace, &question, &mut [], |_| {}).unwrap();
     assert_eq!(answer.metrics.ooms, vec![first_oom]);
     assert_eq!(answer.ops_run, 0, "no recorded op runs after it");
+}
+
+/// The timeline samples every `stride`-th op from op 0, `stride` the smallest power of two
+/// that leaves at most 2,000 samples, then the last op: found as the run goes, without its
+/// length known.
+#[test]
+fn the_timeline_samples_every_power_of_two_th_op() {
+    let opts = RunOptions { policy: "pytorch".into(), ..RunOptions::default() };
+    for n in [1, 1999, 2000, 2001, 4000, 4001, 9_999, 64_001] {
+        let ops = (0..n)
+            .map(|i| match i % 2 {
+                0 => Op::Alloc { id: AllocId(i / 2), size: 512 * (1 + i % 7), stream: StreamId(0) },
+                _ => Op::FreeRequested { id: AllocId(i / 2) },
+            })
+            .collect();
+        let trace = Trace { ops, ..Trace::default() };
+        let report = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
+        let stride = (0..).map(|k| 1u64 << k).find(|s| n <= 2000 * s).unwrap();
+        let mut expected: Vec<u64> = (0..n).step_by(stride as usize).collect();
+        if expected.last() != Some(&(n - 1)) {
+            expected.push(n - 1);
+        }
+        let got: Vec<u64> = report.metrics.timeline.iter().map(|p| p.op_index).collect();
+        assert_eq!(got, expected, "{n} ops");
+    }
 }

@@ -33,4 +33,4 @@ pub use config::{SimConfig, H100_FREE_AT_START_BYTES, H100_TOTAL_BYTES};
 pub use cost::{CostModel, CostPoint, ADDRESS_CALL_NS, H100_FREE_NS, H100_MALLOC_NS};
 pub use device::{SimDevice, PAGE_BYTES};
 pub use faults::Fault;
-pub use recorded::{DeviceCall, Divergence, RecordedDevice};
+pub use recorded::{DeviceCall, Divergence, RecordedDevice, RecordedFeed};

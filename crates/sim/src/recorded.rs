@@ -23,6 +23,9 @@
 //!   divergence (`oom` entries stay when the policy failed without asking the device, as under
 //!   a memory fraction).
 //!
+//! A replay that starts while its trace is still being read gets the events through a
+//! [`RecordedFeed`] instead, each op's before the op begins ([`RecordedDevice::fed`]).
+//!
 //! After a divergence every call goes to the model. The model keeps the books all along
 //! (reserved bytes, address ranges, costs), so it continues from the right free memory, and
 //! `mem_info` always comes from it.
@@ -31,7 +34,13 @@ use crate::SimDevice;
 use allocsim_core::{
     CallKind, Device, DeviceCalls, DeviceError, MemInfo, RecordedEvent, RecordedKind,
 };
+use std::cell::RefCell;
 use std::fmt;
+use std::rc::Rc;
+
+/// Recorded events handed to a [`RecordedDevice`] as the trace is read: appended in op order
+/// (each op's events whole, in recorded order), every op's before the op begins.
+pub type RecordedFeed = Rc<RefCell<Vec<RecordedEvent>>>;
 
 /// A device call as the policy made it (`addr` is 0 for `malloc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +112,8 @@ pub struct RecordedDevice {
     model: SimDevice,
     divergence: Option<Divergence>,
     followed_calls: u64,
+    /// Where more of `expected` comes from, if it is not all known at the start.
+    feed: Option<RecordedFeed>,
 }
 
 impl RecordedDevice {
@@ -121,6 +132,22 @@ impl RecordedDevice {
             model,
             divergence: None,
             followed_calls: 0,
+            feed: None,
+        }
+    }
+
+    /// Follow the events that `feed` will hold. The lookahead of `reserve_address` (for
+    /// expandable segments) sees only the events fed so far.
+    pub fn fed(feed: RecordedFeed, model: SimDevice) -> Self {
+        RecordedDevice { feed: Some(feed), ..RecordedDevice::new(&[], model) }
+    }
+
+    /// Move what the feed holds to `expected`.
+    #[cold]
+    fn pull(&mut self) {
+        if let Some(feed) = &self.feed {
+            let mut fed = feed.borrow_mut();
+            self.expected.extend(fed.drain(..).filter(|e| e.kind.is_segment_event()));
         }
     }
 
@@ -175,7 +202,10 @@ impl RecordedDevice {
     /// How many recorded device events, other than `oom`s, were not consumed, and the op of
     /// the first; `None` if all were.
     fn unconsumed(&self) -> Option<(usize, u64)> {
-        let mut left = self.expected[self.cursor..].iter().filter(|e| e.kind != RecordedKind::Oom);
+        let fed = self.feed.as_ref().map(|f| f.borrow());
+        let fed = fed.iter().flat_map(|f| f.iter()).filter(|e| e.kind.is_segment_event());
+        let mut left =
+            self.expected[self.cursor..].iter().chain(fed).filter(|e| e.kind != RecordedKind::Oom);
         let first_op = left.next()?.op;
         Some((left.count() + 1, first_op))
     }
@@ -196,6 +226,9 @@ impl Device for RecordedDevice {
             let detail = format!("ops went backwards, from {} to {index}", self.op);
             self.diverge(None, None, Some(detail));
             return;
+        }
+        if self.cursor == self.expected.len() {
+            self.pull();
         }
         // Most ops have no device events: the next one expected is a later op's.
         if self.expected.get(self.cursor).is_none_or(|e| e.op > index) {

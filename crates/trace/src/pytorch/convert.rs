@@ -534,6 +534,20 @@ impl<'a> StreamConvert<'a> {
         true
     }
 
+    /// The ops converted so far and the recorded events whose op is settled, from the start:
+    /// later entries only append to both. `None` once the history shows it starts mid-run (its
+    /// ids are renumbered at the end).
+    pub fn settled(&self) -> Option<(&[Op], &[RecordedEvent])> {
+        if !self.finder.out.is_empty() {
+            return None;
+        }
+        let b = &self.builder;
+        // Device events wait in the run, completions for what ends them: their op is not
+        // known yet, and none before them is retagged.
+        let waiting = b.run.iter().copied().chain(b.completions.iter().map(|c| c.recorded)).min();
+        Some((&b.ops, &b.recorded[..waiting.unwrap_or(b.recorded.len())]))
+    }
+
     /// The conversion, or `None` when the trace needs [`convert`]. `interned`: the stacks
     /// [`Frames::Interned`] indexes (none if every stack came listed).
     pub fn finish(

@@ -8,12 +8,14 @@
 mod convert;
 mod edits;
 mod entries;
+mod overlap;
 mod pools;
 mod sidecar;
 mod stacks;
 mod write;
 
 pub use convert::UNKNOWN_STREAM;
+pub use overlap::{OpFeed, Overlap};
 pub use sidecar::sidecar_path;
 pub use write::{trace_to_snapshot, SYNTHETIC_BASE};
 
@@ -21,7 +23,7 @@ use crate::error::TraceError;
 use crate::inflate::Inflater;
 use crate::pickle::{self, Value};
 use crate::ReadOptions;
-use allocsim_core::{Trace, TraceMeta};
+use allocsim_core::{RecordedEvent, Trace, TraceMeta};
 use entries::Ctx;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -41,12 +43,44 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// including every error, makes the file be read again the generic way, which gives the same
 /// trace or the same error.
 pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
-    let streamed = if opts.streaming { read_snapshot_streaming(path, opts)? } else { None };
+    Ok(read(path, opts, None)?.0)
+}
+
+/// [`read_snapshot`], with `replay` run on this thread while the file is read, over the ops
+/// as they settle (see [`overlap`]). Its result comes back only if the finished trace is what
+/// it assumed: ops, recorded device events and meta the same as those it was given.
+pub fn read_snapshot_replaying<R>(
+    path: &Path,
+    opts: &ReadOptions,
+    replay: impl FnOnce(Overlap) -> R,
+) -> Result<(Trace, Option<R>), TraceError> {
+    let (mut replay, mut result) = (Some(replay), None);
+    let mut run = |overlap: Overlap| result = replay.take().map(|f| f(overlap));
+    let (trace, faithful) = read(path, opts, Some(&mut run))?;
+    Ok((trace, result.filter(|_| faithful)))
+}
+
+/// [`read_snapshot`], and whether `replay` (if given, and if the file came through the
+/// pipelined pass) saw the finished trace's ops, recorded device events and meta.
+fn read(
+    path: &Path,
+    opts: &ReadOptions,
+    replay: Option<&mut dyn FnMut(Overlap)>,
+) -> Result<(Trace, bool), TraceError> {
+    // What the replay may assume of the meta before the end: the sidecar's, default settings.
+    let mut meta = TraceMeta { source_format: SOURCE_FORMAT.to_string(), ..TraceMeta::default() };
+    if opts.sidecar && replay.is_some() {
+        sidecar::apply(path, &mut meta)?;
+    }
+    let (streamed, sent) = match opts.streaming {
+        true => streaming(path, opts, replay.map(|r| (meta.clone(), r)))?,
+        false => (None, None),
+    };
     let mut trace = match streamed {
         Some(trace) => trace,
         None => {
             let root = parse(open(path)?, path, opts)?;
-            convert_root(&root, path, opts, None)?
+            convert_root(&root, path, opts, None)?.0
         }
     };
     if opts.sidecar {
@@ -60,7 +94,18 @@ pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceErro
              could not have failed first (the recording shows both alike)"
         ));
     }
-    Ok(trace)
+    let faithful = sent.is_some_and(|sent| {
+        let mut device_events: Vec<RecordedEvent> =
+            trace.recorded.iter().filter(|e| e.kind.is_segment_event()).copied().collect();
+        device_events.sort_by_key(|e| e.op);
+        read_as_empty_cache == 0
+            && !sent.pools_inferred
+            && trace.start.is_none()
+            && sent.ops == trace.ops.len()
+            && sent.device_events == device_events
+            && trace.meta == meta
+    });
+    Ok((trace, faithful))
 }
 
 /// The decompressed pickle stream of a snapshot file.
@@ -107,20 +152,30 @@ pub fn read_snapshot_streaming(
     path: &Path,
     opts: &ReadOptions,
 ) -> Result<Option<Trace>, TraceError> {
-    let first = match pipelined_pass(path, opts)? {
-        Pass::NotPlain => stream_pass(path, opts, true)?,
+    Ok(streaming(path, opts, None)?.0)
+}
+
+/// [`read_snapshot_streaming`] with a replay beside the pipelined pass, and what its feed
+/// handed over if the trace came from that pass.
+fn streaming(
+    path: &Path,
+    opts: &ReadOptions,
+    replay: Option<(TraceMeta, &mut dyn FnMut(Overlap))>,
+) -> Result<(Option<Trace>, Option<overlap::Sent>), TraceError> {
+    let (first, sent) = match pipelined_pass(path, opts, replay)? {
+        (Pass::NotPlain, _) => (stream_pass(path, opts, true)?, None),
         pass => pass,
     };
     let refused = |error| TraceError::Pickle { path: path.to_path_buf(), error };
     Ok(match first {
-        Pass::Done(trace) => Some(*trace),
+        Pass::Done(trace) => (Some(*trace), sent),
         Pass::NeedsEntries => match stream_pass(path, opts, false)? {
-            Pass::Done(trace) => Some(*trace),
+            Pass::Done(trace) => (Some(*trace), None),
             Pass::Refused(error) => return Err(refused(error)),
-            _ => None,
+            _ => (None, None),
         },
         Pass::Refused(error) => return Err(refused(error)),
-        Pass::Unusual | Pass::NotPlain => None,
+        Pass::Unusual | Pass::NotPlain => (None, None),
     })
 }
 
@@ -166,7 +221,15 @@ const AHEAD: usize = 4;
 /// ([`convert::Frames::Interned`]); a stack the table refuses ends the pass with
 /// [`Pass::NotPlain`], for [`stream_pass`] to say why. Every other outcome is the same as
 /// [`stream_pass`]'s.
-fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
+///
+/// With `replay`, this thread runs it over the ops as they settle ([`overlap`]) and the
+/// conversion runs on a thread of its own; the pass then also returns what the feed handed
+/// over, if the replay took every op.
+fn pipelined_pass(
+    path: &Path,
+    opts: &ReadOptions,
+    replay: Option<(TraceMeta, &mut dyn FnMut(Overlap))>,
+) -> Result<(Pass, Option<overlap::Sent>), TraceError> {
     let source = open(path)?;
     let ctx = Ctx { path, device: 0 };
     let (send, received) = sync_channel(AHEAD);
@@ -227,21 +290,34 @@ fn pipelined_pass(path: &Path, opts: &ReadOptions) -> Result<Pass, TraceError> {
             let _ = send.send(Read2Convert::Entries(batch));
             let _ = send.send(Read2Convert::End(end, stacks.map(|s| s.stacks).unwrap_or_default()));
         });
-        let pass = convert_received(ctx, opts.stacks, received, spare);
+        let (pass, sent) = match replay {
+            None => convert_received(ctx, opts.stacks, received, spare, None),
+            Some((meta, replay)) => {
+                let (overlap, feeder, complete) = overlap::feed(meta);
+                let converter = scope.spawn(move || {
+                    convert_received(ctx, opts.stacks, received, spare, Some(feeder))
+                });
+                replay(overlap);
+                let (pass, sent) = converter.join().unwrap_or((Pass::Unusual, None));
+                (pass, sent.filter(|_| complete.get()))
+            }
+        };
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         // A reading thread that panicked said nothing: the generic reader decides.
-        Ok(if reader.join().is_ok() { pass } else { Pass::Unusual })
+        Ok(if reader.join().is_ok() { (pass, sent) } else { (Pass::Unusual, None) })
     })
 }
 
-/// The converting side of [`pipelined_pass`]. Returning drops `received`, which stops the
-/// reading thread if it is still at work.
+/// The converting side of [`pipelined_pass`], handing the settled ops to `feeder` after each
+/// batch if there is one. Returning drops `received`, which stops the reading thread if it is
+/// still at work.
 fn convert_received(
     ctx: Ctx<'_>,
     stacks: bool,
     received: Receiver<Read2Convert>,
     spare: SyncSender<Vec<ReadEntry>>,
-) -> Pass {
+    mut feeder: Option<overlap::Feeder>,
+) -> (Pass, Option<overlap::Sent>) {
     let mut conv = convert::StreamConvert::new(ctx, stacks);
     let mut count = 0;
     for message in received {
@@ -250,7 +326,7 @@ fn convert_received(
                 for (entry, stack, annotation) in entries.drain(..) {
                     let frames = stack.map(convert::Frames::Interned);
                     if !conv.push(count, entry, frames, annotation) {
-                        return Pass::NeedsEntries;
+                        return (Pass::NeedsEntries, None);
                     }
                     count += 1;
                 }
@@ -258,14 +334,22 @@ fn convert_received(
                 if entries.capacity() >= SMALL_BATCH {
                     let _ = spare.try_send(entries);
                 }
+                // A history that starts mid-run, or a replay that stopped, ends the feed.
+                if let Some(f) = feeder.as_mut() {
+                    if !conv.settled().is_some_and(|(ops, recorded)| f.send(ops, recorded)) {
+                        feeder = None;
+                    }
+                }
             }
             // An error from here on is left to the generic reader too, so every message comes
             // from one place.
-            Read2Convert::End(Ok(head), stacks) => return finish_streamed(conv, head, stacks),
-            Read2Convert::End(Err(pass), _) => return pass,
+            Read2Convert::End(Ok(head), stacks) => {
+                return finish_streamed(conv, head, stacks, feeder)
+            }
+            Read2Convert::End(Err(pass), _) => return (pass, None),
         }
     }
-    Pass::Unusual
+    (Pass::Unusual, None)
 }
 
 /// The list the record streamer reads, and the fields it keeps of each entry.
@@ -323,11 +407,11 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     // one place.
     Ok(match conv {
         Some(conv) => match head_of(ctx, &records.root, count, opts) {
-            Ok(head) => finish_streamed(conv, head, Vec::new()),
+            Ok(head) => finish_streamed(conv, head, Vec::new(), None).0,
             Err(_) => Pass::Unusual,
         },
         None => match convert_root(&records.root, path, opts, Some(entries)) {
-            Ok(trace) => Pass::Done(Box::new(trace)),
+            Ok((trace, _)) => Pass::Done(Box::new(trace)),
             Err(_) => Pass::Unusual,
         },
     })
@@ -340,7 +424,7 @@ pub fn snapshot_to_trace(
     with_stacks: bool,
 ) -> Result<Trace, TraceError> {
     let opts = ReadOptions { stacks: with_stacks, ..ReadOptions::default() };
-    convert_root(root, path, &opts, None)
+    Ok(convert_root(root, path, &opts, None)?.0)
 }
 
 /// What a snapshot says besides its entries.
@@ -380,18 +464,29 @@ fn read_root(
 
 /// The trace of a conversion done as the entries came, or [`Pass::NeedsEntries`].
 /// `interned`: the stacks of the reading thread's table, if it had one.
+/// `feeder` gets the last ops before the pools are inferred, so a replay beside the pass runs
+/// on meanwhile.
 fn finish_streamed(
     conv: convert::StreamConvert<'_>,
     head: Head,
     interned: Vec<allocsim_core::Stack>,
-) -> Pass {
-    match conv.finish(&head.last, interned) {
-        Some(converted) => Pass::Done(Box::new(trace_of(head, converted))),
-        None => Pass::NeedsEntries,
+    feeder: Option<overlap::Feeder>,
+) -> (Pass, Option<overlap::Sent>) {
+    let Some(converted) = conv.finish(&head.last, interned) else {
+        return (Pass::NeedsEntries, None);
+    };
+    let feeder = feeder.filter(|_| converted.start.is_none());
+    let mut sent =
+        feeder.and_then(|mut f| f.send(&converted.ops, &converted.recorded).then(|| f.end()));
+    let (trace, pools_inferred) = trace_of(head, converted);
+    if let Some(sent) = sent.as_mut() {
+        sent.pools_inferred = pools_inferred;
     }
+    (Pass::Done(Box::new(trace)), sent)
 }
 
-fn trace_of(head: Head, converted: convert::Converted) -> Trace {
+/// The trace, and whether private pools were inferred (which adds and changes ops).
+fn trace_of(head: Head, converted: convert::Converted) -> (Trace, bool) {
     let mut warnings = Vec::new();
     if head.device != 0 {
         warnings.push(format!("the trace of device {} is read", head.device));
@@ -414,8 +509,9 @@ fn trace_of(head: Head, converted: convert::Converted) -> Trace {
         warnings,
     };
     let notes = pools::infer_pools(&mut trace, &head.last);
+    let pools_inferred = !notes.is_empty();
     trace.warnings.extend(notes);
-    trace
+    (trace, pools_inferred)
 }
 
 fn convert_root(
@@ -423,7 +519,7 @@ fn convert_root(
     path: &Path,
     opts: &ReadOptions,
     streamed: Option<entries::Entries>,
-) -> Result<Trace, TraceError> {
+) -> Result<(Trace, bool), TraceError> {
     let ctx = Ctx { path, device: 0 };
     let streamed_len = streamed.as_ref().map_or(0, |e| e.list.len());
     let (head, entries) = read_root(ctx, root, streamed, streamed_len, opts)?;
