@@ -26,14 +26,15 @@ fn read_trace(path: &Path) -> anyhow::Result<Trace> {
     allocsim_trace::read_trace_with(path, &read_options()).map_err(with_hint)
 }
 
-/// Read a PyTorch snapshot as the command line says, replaying it as it is read
+/// Read a PyTorch snapshot as the command line says, but without its stacks (a replay shows
+/// none; interning them was a twentieth of the reading), replaying it as it is read
 /// ([`allocsim_trace::pytorch::read_snapshot_replaying`]).
 pub fn read_snapshot_replaying<R>(
     path: &Path,
     replay: impl FnOnce(allocsim_trace::pytorch::Overlap) -> R,
 ) -> anyhow::Result<(Trace, Option<R>)> {
-    allocsim_trace::pytorch::read_snapshot_replaying(path, &read_options(), replay)
-        .map_err(with_hint)
+    let opts = allocsim_trace::ReadOptions { stacks: false, ..read_options() };
+    allocsim_trace::pytorch::read_snapshot_replaying(path, &opts, replay).map_err(with_hint)
 }
 
 /// A reader's error, with what to do about a memory limit reached.

@@ -933,20 +933,16 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
     let mut reserved = trace.start.as_ref().map_or(0, StartState::reserved_bytes);
     let mut edits = Edits::default();
     let mut splits = 0;
-    let mut i = 0;
     let recorded = &trace.recorded;
-    while i < recorded.len() {
-        let op = recorded[i].op;
-        let (mut end, mut device_calls) = (i, false);
-        while let Some(r) = recorded.get(end).filter(|r| r.op == op) {
-            device_calls |= r.kind.is_segment_event();
-            end += 1;
-        }
-        // Most runs are the program's own events alone: nothing to read there.
-        if !device_calls {
-            i = end;
-            continue;
-        }
+    // Runs of one op's events that hold a device call (most hold none: the program's own
+    // events alone), found from their device calls.
+    let mut next = 0;
+    while let Some(found) = recorded[next..].iter().position(|r| r.kind.is_segment_event()) {
+        let at = next + found;
+        let op = recorded[at].op;
+        let i = at - recorded[next..at].iter().rev().take_while(|r| r.op == op).count();
+        let end = at + recorded[at..].iter().take_while(|r| r.op == op).count();
+        next = end;
         let run = &recorded[i..end];
         let first_reserve = run
             .iter()
@@ -981,7 +977,6 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
                 _ => {}
             }
         }
-        i = end;
     }
     if splits > 0 {
         edits.apply(trace);
