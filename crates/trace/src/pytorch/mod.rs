@@ -23,7 +23,7 @@ use crate::error::TraceError;
 use crate::inflate::Inflater;
 use crate::pickle::{self, Value};
 use crate::ReadOptions;
-use allocsim_core::{RecordedEvent, Trace, TraceMeta};
+use allocsim_core::{Trace, TraceMeta};
 use entries::Ctx;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -95,14 +95,11 @@ fn read(
         ));
     }
     let faithful = sent.is_some_and(|sent| {
-        let mut device_events: Vec<RecordedEvent> =
-            trace.recorded.iter().filter(|e| e.kind.is_segment_event()).copied().collect();
-        device_events.sort_by_key(|e| e.op);
-        read_as_empty_cache == 0
+        sent.events_sent
             && !sent.pools_inferred
+            && read_as_empty_cache == 0
             && trace.start.is_none()
             && sent.ops == trace.ops.len()
-            && sent.device_events == device_events
             && trace.meta == meta
     });
     Ok((trace, faithful))
@@ -290,19 +287,21 @@ fn pipelined_pass(
             let _ = send.send(Read2Convert::Entries(batch));
             let _ = send.send(Read2Convert::End(end, stacks.map(|s| s.stacks).unwrap_or_default()));
         });
+        let convert = move |feeder| {
+            let done = convert_received(ctx, opts.stacks, received, spare, feeder);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            done
+        };
         let (pass, sent) = match replay {
-            None => convert_received(ctx, opts.stacks, received, spare, None),
+            None => convert(None),
             Some((meta, replay)) => {
                 let (overlap, feeder, complete) = overlap::feed(meta);
-                let converter = scope.spawn(move || {
-                    convert_received(ctx, opts.stacks, received, spare, Some(feeder))
-                });
+                let converter = scope.spawn(move || convert(Some(feeder)));
                 replay(overlap);
                 let (pass, sent) = converter.join().unwrap_or((Pass::Unusual, None));
                 (pass, sent.filter(|_| complete.get()))
             }
         };
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         // A reading thread that panicked said nothing: the generic reader decides.
         Ok(if reader.join().is_ok() { (pass, sent) } else { (Pass::Unusual, None) })
     })
@@ -476,8 +475,9 @@ fn finish_streamed(
         return (Pass::NeedsEntries, None);
     };
     let feeder = feeder.filter(|_| converted.start.is_none());
-    let mut sent =
-        feeder.and_then(|mut f| f.send(&converted.ops, &converted.recorded).then(|| f.end()));
+    let mut sent = feeder.and_then(|mut f| {
+        f.send(&converted.ops, &converted.recorded).then(|| f.end(&converted.recorded))
+    });
     let (trace, pools_inferred) = trace_of(head, converted);
     if let Some(sent) = sent.as_mut() {
         sent.pools_inferred = pools_inferred;

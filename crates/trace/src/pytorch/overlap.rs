@@ -53,7 +53,19 @@ pub struct OpFeed {
 impl Iterator for OpFeed {
     type Item = Op;
 
+    #[inline]
     fn next(&mut self) -> Option<Op> {
+        match self.ops.next() {
+            Some(op) => Some(op),
+            None => self.next_chunk(),
+        }
+    }
+}
+
+impl OpFeed {
+    /// The first op of the next chunk, waiting for it.
+    #[cold]
+    fn next_chunk(&mut self) -> Option<Op> {
         loop {
             if let Some(op) = self.ops.next() {
                 return Some(op);
@@ -80,7 +92,8 @@ impl Iterator for OpFeed {
     }
 }
 
-/// An emptied iterator's vector, for another chunk.
+/// An emptied iterator's vector, for another chunk: collecting a `vec::IntoIter` into a
+/// `Vec` keeps its allocation.
 fn reuse(ops: std::vec::IntoIter<Op>) -> Vec<Op> {
     let mut v: Vec<Op> = ops.collect();
     v.clear();
@@ -136,17 +149,24 @@ impl Feeder {
         self.chunks.send(Some(chunk)).is_ok()
     }
 
-    /// The last ops were sent: the feed ends here.
-    pub(super) fn end(self) -> Sent {
+    /// The last ops were sent, `recorded` is the conversion's whole recording: the feed ends
+    /// here. What it sent, held against the recording (the device events sent are those a
+    /// `RecordedDevice` of the whole recording expects, in its order).
+    pub(super) fn end(self, recorded: &[RecordedEvent]) -> Sent {
         let _ = self.chunks.send(None);
-        Sent { ops: self.ops_sent, device_events: self.device_events, pools_inferred: false }
+        let mut device_events: Vec<RecordedEvent> =
+            recorded.iter().filter(|e| e.kind.is_segment_event()).copied().collect();
+        device_events.sort_by_key(|e| e.op);
+        let events_sent = device_events == self.device_events;
+        Sent { ops: self.ops_sent, events_sent, pools_inferred: false }
     }
 }
 
 /// What a feed that ended handed over, to hold against the finished trace.
 pub(super) struct Sent {
     pub(super) ops: usize,
-    pub(super) device_events: Vec<RecordedEvent>,
+    /// The device events sent are the recording's.
+    pub(super) events_sent: bool,
     /// The pool inference added or changed ops after the last were sent.
     pub(super) pools_inferred: bool,
 }
