@@ -176,11 +176,7 @@ pub fn run_trace_streamed<O: Borrow<Op>>(
     extra: &mut [&mut dyn Observer],
     progress: impl FnMut(u64),
 ) -> Result<RunReport, ConfigError> {
-    if opts.fidelity {
-        return Err(ConfigError(
-            "the fidelity comparison needs the whole recording, not a stream of ops".to_string(),
-        ));
-    }
+    streamable(opts)?;
     let head = Head {
         meta: &head.meta,
         start: head.start.as_ref(),
@@ -208,10 +204,8 @@ pub fn run_trace_fed<O: Borrow<Op>>(
     extra: &mut [&mut dyn Observer],
     progress: impl FnMut(u64),
 ) -> Option<Result<RunReport, ConfigError>> {
-    if opts.fidelity {
-        return Some(Err(ConfigError(
-            "the fidelity comparison needs the whole recording, not a stream of ops".to_string(),
-        )));
+    if let Err(e) = streamable(opts) {
+        return Some(Err(e));
     }
     let conf = opts.alloc_conf.as_ref().or(head.meta.alloc_conf.as_ref());
     let expandable = allocsim_policies::pytorch::Config::parse(conf.map_or("", |c| c))
@@ -229,6 +223,16 @@ pub fn run_trace_fed<O: Borrow<Op>>(
         has_recording: true,
     };
     Some(run_head(head, ops, opts, extra, progress))
+}
+
+/// A run of ops that come as they are read cannot compare itself with the whole recording.
+fn streamable(opts: &RunOptions) -> Result<(), ConfigError> {
+    match opts.fidelity {
+        true => Err(ConfigError(
+            "the fidelity comparison needs the whole recording, not a stream of ops".to_string(),
+        )),
+        false => Ok(()),
+    }
 }
 
 /// Whether a run follows the recording's device calls ([`DeviceChoice`]).
