@@ -5,8 +5,8 @@
 //! converted ops only ever get appended, so the caller's thread can replay them as the
 //! converting thread settles them ([`read_snapshot_replaying`]). The replay assumes what only
 //! the end of the file tells: the history starts with the allocator's first call, the
-//! recorded settings are PyTorch's defaults, no private pool needs ops of its own and no run
-//! of device frees is an `empty_cache` the free memory gives away. The file's end says whether
+//! settings are the sidecar's or PyTorch's defaults, no private pool needs ops of its own and
+//! no run of device frees is an `empty_cache` the free memory gives away. The file's end says whether
 //! it was so; only then is the replay's result kept, otherwise the caller replays the finished
 //! trace as before. Either way the result is the same.
 //!
