@@ -177,14 +177,7 @@ pub fn run_trace_streamed<O: Borrow<Op>>(
     progress: impl FnMut(u64),
 ) -> Result<RunReport, ConfigError> {
     streamable(opts)?;
-    let head = Head {
-        meta: &head.meta,
-        start: head.start.as_ref(),
-        seedable: true,
-        recorded: &head.recorded,
-        feed: None,
-        has_recording: recorded_len > 0,
-    };
+    let head = Head { has_recording: recorded_len > 0, ..Head::of(head) };
     run_head(head, ops, opts, extra, progress)
 }
 
@@ -214,14 +207,7 @@ pub fn run_trace_fed<O: Borrow<Op>>(
     if reserves && follows_recording(opts, &head.meta, true) {
         return None;
     }
-    let head = Head {
-        meta: &head.meta,
-        start: head.start.as_ref(),
-        seedable: true,
-        recorded: &[],
-        feed: Some(&feed),
-        has_recording: true,
-    };
+    let head = Head { feed: Some(&feed), has_recording: true, ..Head::of(head) };
     Some(run_head(head, ops, opts, extra, progress))
 }
 
