@@ -20,6 +20,7 @@ mod read;
 mod step;
 mod stream;
 mod strings;
+mod template;
 mod value;
 mod write;
 

@@ -359,3 +359,211 @@ fn histories_mid_run_or_without_completions_still_stream() {
         assert!(!fast.warnings.is_empty(), "{name}: {:?}", fast.warnings);
     }
 }
+
+/// A snapshot written opcode by opcode as CPython writes one (keys memoized once, a fresh
+/// `"N/A"` memoized in every entry), with entries whose shape changes now and then in each way
+/// that must stop the streamer reading an entry by the last one's shape (`pickle::template`).
+mod changing_shapes {
+    use std::collections::HashMap;
+
+    #[derive(Default)]
+    struct Pickler {
+        out: Vec<u8>,
+        memo: u32,
+        keys: HashMap<&'static str, u32>,
+    }
+
+    impl Pickler {
+        fn memoize(&mut self) -> u32 {
+            self.out.push(0x94);
+            self.memo += 1;
+            self.memo - 1
+        }
+        fn get(&mut self, i: u32) {
+            match u8::try_from(i) {
+                Ok(i) => self.out.extend([b'h', i]),
+                Err(_) => {
+                    self.out.push(b'j');
+                    self.out.extend(i.to_le_bytes());
+                }
+            }
+        }
+        fn text(&mut self, s: &str) {
+            self.out.extend([0x8c, s.len() as u8]);
+            self.out.extend(s.as_bytes());
+        }
+        /// A string memoized the first time, a GET after.
+        fn key(&mut self, s: &'static str) {
+            match self.keys.get(s) {
+                Some(&i) => self.get(i),
+                None => {
+                    self.text(s);
+                    let i = self.memoize();
+                    self.keys.insert(s, i);
+                }
+            }
+        }
+        fn int(&mut self, v: i64, long: bool) {
+            if long {
+                self.out.extend([0x8a, 8]);
+                self.out.extend(v.to_le_bytes());
+            } else if let Ok(b) = u8::try_from(v) {
+                self.out.extend([b'K', b]);
+            } else if let Ok(h) = u16::try_from(v) {
+                self.out.push(b'M');
+                self.out.extend(h.to_le_bytes());
+            } else if let Ok(w) = i32::try_from(v) {
+                self.out.push(b'J');
+                self.out.extend(w.to_le_bytes());
+            } else {
+                self.out.extend([0x8a, 8]);
+                self.out.extend(v.to_le_bytes());
+            }
+        }
+    }
+
+    /// The snapshot's bytes: `entries` entries of a history that frees each block it
+    /// allocates, shapes drawn from `seed`.
+    pub fn snapshot(entries: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed | 1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut p = Pickler::default();
+        p.out.extend(b"\x80\x04}");
+        p.memoize();
+        p.out.push(b'(');
+        p.key("device_traces");
+        p.out.push(b']');
+        p.memoize();
+        p.out.extend(b"]");
+        p.memoize();
+        p.out.push(b'(');
+        let base = 0x7f00_0000_0000_i64;
+        // The memo key of an earlier `"N/A"`, to store over.
+        let mut old_na = None;
+        for i in 0..entries {
+            let action = ["alloc", "free_requested", "free_completed"][i % 3];
+            let addr = base + (i / 3 % 64) as i64 * 512;
+            // Mostly the plain shape; otherwise one change, each about as often.
+            let change = match next() % 24 {
+                // Seed 4 changes the memo entry of a key under the learned shape, once.
+                _ if seed == 4 && i == 2500 => 10,
+                _ if seed == 4 && (2490..2510).contains(&i) => 99,
+                c @ 0..=9 => c,
+                _ => 99,
+            };
+            p.out.push(b'}');
+            if change != 0 {
+                p.memoize();
+            }
+            p.out.push(b'(');
+            p.key("action");
+            if change == 1 {
+                // The action as a fresh string, memoized.
+                p.text(action);
+                p.memoize();
+            } else {
+                p.key(action);
+            }
+            p.key("addr");
+            p.int(addr, change == 2);
+            p.key("size");
+            p.int([512, 70_000, 1 << 40][next() as usize % 3], false);
+            p.key("stream");
+            p.int(0, false);
+            if change == 10 {
+                // An ignored key whose value is stored over the memo entry of the key
+                // `stream`: later entries' `stream` key reads as `size` (the last wins).
+                p.key("extra");
+                p.text("size");
+                p.out.push(b'r');
+                p.out.extend(p.keys["stream"].to_le_bytes());
+            }
+            p.key("time_us");
+            p.int(1_795_338_726_900_000 + i as i64, false);
+            p.key("compile_context");
+            match change {
+                // The `"N/A"` of an earlier entry, by GET.
+                3 => p.key("N/A"),
+                // Stored over an earlier entry's memo key: the memo changes.
+                4 if old_na.is_some() => {
+                    p.text("N/A");
+                    p.out.extend([b'r']);
+                    p.out.extend(old_na.unwrap_or(0u32).to_le_bytes());
+                }
+                _ => {
+                    p.text("N/A");
+                    let at = p.memoize();
+                    old_na.get_or_insert(at);
+                }
+            }
+            p.key("user_metadata");
+            match change {
+                // Another text: not PyTorch's default annotation.
+                5 => p.text("step 3"),
+                // A GET of the `"N/A"` memoized by this very entry (not the default).
+                6 => p.get(p.memo - 1),
+                _ => p.key(""),
+            }
+            if change == 7 {
+                p.key("extra");
+                p.out.push(b'N');
+            }
+            if change == 8 {
+                // A FRAME in the middle of an entry.
+                p.out.push(0x95);
+                p.out.extend(0u64.to_le_bytes());
+            }
+            p.out.push(b'u');
+            if change == 9 {
+                // The batch ends early: a single entry appended on its own.
+                p.out.extend(b"e}(");
+                p.key("action");
+                p.key("snapshot");
+                p.out.extend(b"ua(");
+            }
+        }
+        p.out.extend(b"eau.");
+        p.out
+    }
+}
+
+#[test]
+fn entries_that_change_shape_give_what_the_generic_reader_gives() {
+    let dir = common::scratch("stream-shapes");
+    for seed in 1..=4 {
+        let bytes = changing_shapes::snapshot(3000, seed);
+        let path = dir.join(format!("shapes-{seed}.pickle"));
+        std::fs::write(&path, &bytes).unwrap();
+        agree(&path).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let fast = pytorch::read_snapshot_streaming(&path, &device_0(streaming())).unwrap();
+        assert!(fast.is_some(), "seed {seed}: streamed without falling back");
+        // Corrupted: one to three bytes anywhere in the entries.
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let (mut ok, mut err) = (0, 0);
+        for round in 0..150 {
+            let mut bad = bytes.clone();
+            for _ in 0..1 + round % 3 {
+                let r = next();
+                let i = 40 + r as usize % (bad.len() - 40);
+                bad[i] = (r >> 40) as u8;
+            }
+            std::fs::write(&path, &bad).unwrap();
+            match agree(&path) {
+                Ok(()) => ok += 1,
+                Err(_) => err += 1,
+            }
+        }
+        assert!(ok > 10 && err > 10, "seed {seed}: both outcomes exercised: {ok} ok, {err} errors");
+    }
+}

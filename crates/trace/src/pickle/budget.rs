@@ -19,11 +19,17 @@ pub(super) const BOX: u64 = 16 + 24;
 pub(super) const ITEM: u64 = size_of::<Value>() as u64;
 pub(super) const PAIR: u64 = 2 * ITEM;
 
+/// [`own_bytes`] of a string.
+#[inline]
+pub(super) fn str_bytes(s: &String) -> u64 {
+    BOX + s.capacity() as u64
+}
+
 /// The bytes of `v`'s own allocation, without what its items hold.
 #[inline]
 pub(super) fn own_bytes(v: &Value) -> u64 {
     match v {
-        Value::Str(s) => BOX + s.capacity() as u64,
+        Value::Str(s) => str_bytes(s),
         Value::Bytes(b) => BOX + b.capacity() as u64,
         Value::List(items) | Value::Tuple(items) => BOX + items.capacity() as u64 * ITEM,
         Value::Dict(pairs) => BOX + pairs.capacity() as u64 * PAIR,

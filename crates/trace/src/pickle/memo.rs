@@ -169,6 +169,37 @@ impl MemoTable {
         Some(())
     }
 
+    /// The slot (1 + its index) of the key stored last, for [`MemoTable::append_again`].
+    #[inline]
+    pub fn last_slot(&self) -> u32 {
+        self.dense.last().copied().unwrap_or(EMPTY)
+    }
+
+    /// [`MemoTable::append`] of the marker `Streamed` (`string` None) or of `string` at depth
+    /// 0, when slot `slot` (as [`MemoTable::last_slot`] told) holds it and is one of the last
+    /// two: the case where `append` adds a key for a slot it has, found here with no search
+    /// and no value made. `false`, storing nothing, in any other case.
+    #[inline(always)]
+    pub fn append_again(&mut self, slot: u32, string: Option<&Rc<String>>) -> bool {
+        let i = slot as usize;
+        let same = match (self.slots.get(i.wrapping_sub(1)), string) {
+            (Some(Slot::Streamed), None) => true,
+            (Some(Slot::Value(Value::Str(held))), Some(s)) => Rc::ptr_eq(held, s),
+            _ => false,
+        };
+        let n = self.slots.len();
+        if !same || i + 1 < n || n >= u32::MAX as usize - 1 {
+            return false;
+        }
+        if self.len != self.dense.len() || !self.sparse.is_empty() {
+            return false;
+        }
+        self.dense.push(slot);
+        self.depth.push(0);
+        self.len += 1;
+        true
+    }
+
     /// The `dense` entry for `slot`: one of the last two slots if it is the same marker or
     /// string (a snapshot's entries alternate a dict marker and a string), the slot of the
     /// same list if it has one, else a new one. `inline(always)`: with `inline` alone the

@@ -24,6 +24,7 @@ use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes as op;
 use super::read::{release, Failure, Slot, Vm};
 use super::strings::StrCache;
+use super::template::{Seen, Template};
 use super::{Limits, PickleError, Value};
 use std::io::Read;
 use std::rc::Rc;
@@ -81,6 +82,8 @@ struct State<'k, F> {
     by_bytes: ListsByBytes,
     /// The streamed list, once found (for the identity check at the end).
     list: Option<*const Vec<Value>>,
+    /// The shape of the last record read in place, to read the next one by.
+    template: Template,
 }
 
 impl<F: FnMut(&[Option<Value>]) -> bool> State<'_, F> {
@@ -202,6 +205,7 @@ fn stream<R: Read>(
         lists: ListCache::default(),
         by_bytes: ListsByBytes::default(),
         list: None,
+        template: Template::default(),
     };
     let mut vm = Vm::new(reader, limits);
     vm.start()?;
@@ -349,7 +353,8 @@ impl<R: Read> Vm<'_, R> {
     }
 
     /// One record, just after its `EMPTY_DICT`: read in place from the buffer when it is
-    /// flat and lies in the buffer whole ([`flat_record`]), else an opcode at a time.
+    /// flat and lies in the buffer whole, by the last record's shape ([`Template`]) when it
+    /// has it, else by [`flat_record`]; else an opcode at a time.
     fn flat_or_record(
         &mut self,
         state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,
@@ -359,7 +364,27 @@ impl<R: Read> Vm<'_, R> {
         let window = self.input.window(FLAT_WINDOW_BYTES)?;
         let mark = self.memo.mark();
         let max_depth = self.limits.max_depth;
-        match flat_record(window, &mut self.memo, &mut self.strings, state, max_depth) {
+        let mut read = None;
+        if let Some(w) = window.first_chunk::<FLAT_WINDOW_BYTES>() {
+            let fields = &mut state.fields;
+            read = state.template.read(w, &mut self.memo, fields, &mut state.present);
+            if read.is_none() {
+                self.memo.rollback(mark);
+                state.present = 0;
+            }
+        }
+        if read.is_none() {
+            read = flat_record(window, &mut self.memo, &mut self.strings, state, max_depth);
+            if let Some((used, _)) = read {
+                let seen = Seen {
+                    keys: &state.memo_key_cache,
+                    fields: &state.fields,
+                    strings: &state.value_cache,
+                };
+                state.template.learn(&window[..used], FLAT_LIMIT, &self.memo, seen);
+            }
+        }
+        match read {
             Some((used, cost)) => {
                 self.input.consume(used);
                 if self.memo.len() > self.limits.max_memo {
