@@ -91,6 +91,26 @@ pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// Set by the `allocsim` binary, whose process ends with the command: see [`at_exit`].
+static PROCESS_ENDS_WITH_COMMAND: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Tell the commands that the process ends when they return (the `allocsim` binary does; the
+/// Python module, which runs many commands in one process, does not).
+pub fn process_ends_with_command() {
+    PROCESS_ENDS_WITH_COMMAND.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Drop `value`, unless the process ends with this command: then its memory goes back to the
+/// kernel with the process, and freeing it first (tens of MB for a large trace, handed back
+/// page by page) is time the user waits for nothing: 3 ms after the Llama snapshot's replay,
+/// longer than printing its report.
+pub fn at_exit<T>(value: T) {
+    if PROCESS_ENDS_WITH_COMMAND.load(std::sync::atomic::Ordering::Relaxed) {
+        std::mem::forget(value);
+    }
+}
+
 /// Run a parsed command line: what `allocsim` does between parsing its arguments and
 /// printing an error. Trace files are read with the command line's reader options.
 pub fn execute(cli: Cli) -> anyhow::Result<ExitCode> {

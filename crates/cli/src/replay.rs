@@ -253,6 +253,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     emit(&out)?;
+    crate::at_exit((trace, report));
     Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
