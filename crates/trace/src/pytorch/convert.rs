@@ -59,6 +59,9 @@ pub struct Converted {
     pub start: Option<StartState>,
     pub ops: Vec<Op>,
     pub recorded: Vec<RecordedEvent>,
+    /// Where the device events (segment allocations, frees, maps and unmaps) are in
+    /// `recorded`: a few hundred of its hundreds of thousands, for those that read only them.
+    pub device_events: Vec<u32>,
     pub stacks: Vec<allocsim_core::Stack>,
     pub op_stacks: Vec<(u64, u32)>,
     pub op_times: Vec<(u64, i64)>,
@@ -203,6 +206,8 @@ struct Builder<'a> {
     ctx: Ctx<'a>,
     ops: Vec<Op>,
     recorded: Vec<RecordedEvent>,
+    /// See [`Converted::device_events`].
+    device_events: Vec<u32>,
     op_stacks: Vec<(u64, u32)>,
     op_times: Vec<(u64, i64)>,
     /// Each entry's `time_us` by entry index, for the op it becomes.
@@ -596,6 +601,7 @@ impl<'a> Builder<'a> {
             ctx,
             ops: Vec::with_capacity(entries / 2),
             recorded: Vec::with_capacity(entries),
+            device_events: Vec::new(),
             op_stacks: Vec::new(),
             op_times: Vec::with_capacity(entries / 2),
             entry_times: Vec::with_capacity(entries),
@@ -677,6 +683,7 @@ impl<'a> Builder<'a> {
             start: start.map(|(state, _)| state),
             ops: self.ops,
             recorded: self.recorded,
+            device_events: self.device_events,
             stacks: self.stacks.map(|s| s.stacks).unwrap_or_default(),
             op_stacks: self.op_stacks,
             op_times: self.op_times,
@@ -693,6 +700,9 @@ impl<'a> Builder<'a> {
 
     fn record(&mut self, op: u64, kind: RecordedKind, e: &Entry) {
         let (addr, size, stream) = (e.addr, e.size, e.stream);
+        if kind.is_segment_event() {
+            self.device_events.push(self.recorded.len() as u32);
+        }
         self.recorded.push(RecordedEvent { op, kind, addr, size, stream });
     }
 
@@ -920,8 +930,9 @@ const RETRY_HEADROOM_BYTES: u64 = 2 << 30;
 /// the frees before it were no retry path but an `empty_cache` the program called right before
 /// (the recording shows the two alike). Each such allocation gets an `Op::EmptyCache` before
 /// it (and before the pool contexts begun right before it), which takes the run's frees and the
-/// completions before them. Returns how many.
-pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
+/// completions before them. `device_events`: where the device events are in
+/// `trace.recorded`, ascending. Returns how many.
+pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace, device_events: &[u32]) -> usize {
     let Some(free_at_start) = trace.meta.device_free_bytes else { return 0 };
     // Under a memory fraction the cap refuses before the driver does, and garbage collection
     // frees segments before an allocation that then reserves one: leave those runs as they are.
@@ -937,8 +948,11 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace) -> usize {
     // Runs of one op's events that hold a device call (most hold none: the program's own
     // events alone), found from their device calls.
     let mut next = 0;
-    while let Some(found) = recorded[next..].iter().position(|r| r.kind.is_segment_event()) {
-        let at = next + found;
+    for at in device_events.iter().map(|&r| r as usize) {
+        if at < next {
+            // In the run of the device event before.
+            continue;
+        }
         let op = recorded[at].op;
         let i = at - recorded[next..at].iter().rev().take_while(|r| r.op == op).count();
         let end = at + recorded[at..].iter().take_while(|r| r.op == op).count();

@@ -76,17 +76,17 @@ fn read(
         true => streaming(path, opts, replay.map(|r| (meta.clone(), r)))?,
         false => (None, None),
     };
-    let mut trace = match streamed {
-        Some(trace) => trace,
+    let Assembled { mut trace, device_events, .. } = match streamed {
+        Some(assembled) => assembled,
         None => {
             let root = parse(open(path)?, path, opts)?;
-            convert_root(&root, path, opts, None)?.0
+            convert_root(&root, path, opts, None)?
         }
     };
     if opts.sidecar {
         sidecar::apply(path, &mut trace.meta)?;
     }
-    let read_as_empty_cache = convert::split_empty_cache_runs(&mut trace);
+    let read_as_empty_cache = convert::split_empty_cache_runs(&mut trace, &device_events);
     if read_as_empty_cache > 0 {
         trace.warnings.push(format!(
             "{read_as_empty_cache} runs of device frees before an allocation were read as \
@@ -149,7 +149,7 @@ pub fn read_snapshot_streaming(
     path: &Path,
     opts: &ReadOptions,
 ) -> Result<Option<Trace>, TraceError> {
-    Ok(streaming(path, opts, None)?.0)
+    Ok(streaming(path, opts, None)?.0.map(|assembled| assembled.trace))
 }
 
 /// [`read_snapshot_streaming`] with a replay beside the pipelined pass, and what its feed
@@ -158,7 +158,7 @@ fn streaming(
     path: &Path,
     opts: &ReadOptions,
     replay: Option<(TraceMeta, &mut dyn FnMut(Overlap))>,
-) -> Result<(Option<Trace>, Option<overlap::Sent>), TraceError> {
+) -> Result<(Option<Assembled>, Option<overlap::Sent>), TraceError> {
     let (first, sent) = match pipelined_pass(path, opts, replay)? {
         (Pass::NotPlain, _) => (stream_pass(path, opts, true)?, None),
         pass => pass,
@@ -177,7 +177,7 @@ fn streaming(
 }
 
 enum Pass {
-    Done(Box<Trace>),
+    Done(Box<Assembled>),
     /// The entries must be listed first: convert from the list.
     NeedsEntries,
     /// For the generic reader.
@@ -410,7 +410,7 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
             Err(_) => Pass::Unusual,
         },
         None => match convert_root(&records.root, path, opts, Some(entries)) {
-            Ok((trace, _)) => Pass::Done(Box::new(trace)),
+            Ok(assembled) => Pass::Done(Box::new(assembled)),
             Err(_) => Pass::Unusual,
         },
     })
@@ -423,7 +423,7 @@ pub fn snapshot_to_trace(
     with_stacks: bool,
 ) -> Result<Trace, TraceError> {
     let opts = ReadOptions { stacks: with_stacks, ..ReadOptions::default() };
-    Ok(convert_root(root, path, &opts, None)?.0)
+    Ok(convert_root(root, path, &opts, None)?.trace)
 }
 
 /// What a snapshot says besides its entries.
@@ -476,17 +476,27 @@ fn finish_streamed(
     };
     let feeder = feeder.filter(|_| converted.start.is_none());
     let mut sent = feeder.and_then(|mut f| {
-        f.send(&converted.ops, &converted.recorded).then(|| f.end(&converted.recorded))
+        let (ops, recorded) = (&converted.ops, &converted.recorded);
+        f.send(ops, recorded).then(|| f.end(recorded, &converted.device_events))
     });
-    let (trace, pools_inferred) = trace_of(head, converted);
+    let assembled = trace_of(head, converted);
     if let Some(sent) = sent.as_mut() {
-        sent.pools_inferred = pools_inferred;
+        sent.pools_inferred = assembled.pools_inferred;
     }
-    (Pass::Done(Box::new(trace)), sent)
+    (Pass::Done(Box::new(assembled)), sent)
 }
 
-/// The trace, and whether private pools were inferred (which adds and changes ops).
-fn trace_of(head: Head, converted: convert::Converted) -> (Trace, bool) {
+/// A snapshot's trace as converted.
+struct Assembled {
+    trace: Trace,
+    /// Where the device events are in `trace.recorded` (see
+    /// [`convert::Converted::device_events`]).
+    device_events: Vec<u32>,
+    /// Whether private pools were inferred (which adds and changes ops).
+    pools_inferred: bool,
+}
+
+fn trace_of(head: Head, converted: convert::Converted) -> Assembled {
     let mut warnings = Vec::new();
     if head.device != 0 {
         warnings.push(format!("the trace of device {} is read", head.device));
@@ -508,10 +518,16 @@ fn trace_of(head: Head, converted: convert::Converted) -> (Trace, bool) {
         op_annotations: converted.op_annotations,
         warnings,
     };
-    let notes = pools::infer_pools(&mut trace, &head.last);
+    let mut device_events = converted.device_events;
+    let notes = pools::infer_pools(&mut trace, &device_events, &head.last);
     let pools_inferred = !notes.is_empty();
     trace.warnings.extend(notes);
-    (trace, pools_inferred)
+    if pools_inferred {
+        // The pools' ops moved the events.
+        let device = trace.recorded.iter().enumerate().filter(|(_, e)| e.kind.is_segment_event());
+        device_events = device.map(|(r, _)| r as u32).collect();
+    }
+    Assembled { trace, device_events, pools_inferred }
 }
 
 fn convert_root(
@@ -519,7 +535,7 @@ fn convert_root(
     path: &Path,
     opts: &ReadOptions,
     streamed: Option<entries::Entries>,
-) -> Result<(Trace, bool), TraceError> {
+) -> Result<Assembled, TraceError> {
     let ctx = Ctx { path, device: 0 };
     let streamed_len = streamed.as_ref().map_or(0, |e| e.list.len());
     let (head, entries) = read_root(ctx, root, streamed, streamed_len, opts)?;

@@ -149,13 +149,14 @@ impl Feeder {
         self.chunks.send(Some(chunk)).is_ok()
     }
 
-    /// The last ops were sent, `recorded` is the conversion's whole recording: the feed ends
-    /// here. What it sent, held against the recording (the device events sent are those a
-    /// `RecordedDevice` of the whole recording expects, in its order).
-    pub(super) fn end(self, recorded: &[RecordedEvent]) -> Sent {
+    /// The last ops were sent, `recorded` is the conversion's whole recording, with its device
+    /// events at `device` ([`Converted::device_events`](super::convert::Converted)): the feed
+    /// ends here. What it sent, held against the recording (the device events sent are those
+    /// a `RecordedDevice` of the whole recording expects, in its order).
+    pub(super) fn end(self, recorded: &[RecordedEvent], device: &[u32]) -> Sent {
         let _ = self.chunks.send(None);
         let mut device_events: Vec<RecordedEvent> =
-            recorded.iter().filter(|e| e.kind.is_segment_event()).copied().collect();
+            device.iter().map(|&r| recorded[r as usize]).collect();
         device_events.sort_by_key(|e| e.op);
         let events_sent = device_events == self.device_events;
         Sent { ops: self.ops_sent, events_sent, pools_inferred: false }

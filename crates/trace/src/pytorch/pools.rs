@@ -21,7 +21,9 @@
 
 use super::edits::Edits;
 use super::entries::segment_pool;
-use allocsim_core::{MemPoolId, Op, Pool, PoolAction, RecordedKind, SnapshotSegment, Trace};
+use allocsim_core::{
+    MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind, SnapshotSegment, Trace,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One segment's life in the recording.
@@ -152,8 +154,8 @@ enum Detail {
 }
 
 /// Follow the segments, and as much of the allocations as `detail` says, through the
-/// recording.
-fn scan(trace: &Trace, detail: Detail) -> Scan {
+/// recording, whose device events are at `device_events` (all a scan of the segments reads).
+fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
     let mut instances: Vec<Instance> = Vec::new();
     let mut live = LiveSegments::default();
     // Live blocks per instance.
@@ -166,49 +168,59 @@ fn scan(trace: &Trace, detail: Detail) -> Scan {
     let mut alloc_in = Vec::new();
     let mut freed = Vec::new();
     let mut sites = Vec::new();
-    for (r, e) in trace.recorded.iter().enumerate() {
-        match e.kind {
-            RecordedKind::SegmentAlloc => {
-                live.insert(e.addr, e.size, instances.len());
-                instances.push(Instance { pool: None, reserved_by: Some(e.op) });
-                blocks.push(0);
-            }
-            RecordedKind::SegmentFree => {
-                if let Some((_, i)) = live.remove(e.addr) {
-                    freed.push((r, i));
-                }
-            }
-            RecordedKind::Alloc if detail >= Detail::Allocations => {
-                if let Some((start, size, i)) = live.containing(e.addr) {
-                    alloc_in.push((e.op, i));
-                    if detail == Detail::Sites {
-                        let empty = blocks[i] == 0;
-                        sites.push(Site { r, instance: i, segment: (start, size), empty });
-                    }
-                    blocks[i] += 1;
-                }
-            }
-            RecordedKind::FreeCompleted if detail == Detail::Sites => {
-                if let Some((_, _, i)) = live.containing(e.addr) {
-                    blocks[i] = blocks[i].saturating_sub(1);
-                }
-            }
-            _ => {}
+    let mut visit = |r: usize, e: &RecordedEvent| match e.kind {
+        RecordedKind::SegmentAlloc => {
+            live.insert(e.addr, e.size, instances.len());
+            instances.push(Instance { pool: None, reserved_by: Some(e.op) });
+            blocks.push(0);
         }
+        RecordedKind::SegmentFree => {
+            if let Some((_, i)) = live.remove(e.addr) {
+                freed.push((r, i));
+            }
+        }
+        RecordedKind::Alloc if detail >= Detail::Allocations => {
+            if let Some((start, size, i)) = live.containing(e.addr) {
+                alloc_in.push((e.op, i));
+                if detail == Detail::Sites {
+                    let empty = blocks[i] == 0;
+                    sites.push(Site { r, instance: i, segment: (start, size), empty });
+                }
+                blocks[i] += 1;
+            }
+        }
+        RecordedKind::FreeCompleted if detail == Detail::Sites => {
+            if let Some((_, _, i)) = live.containing(e.addr) {
+                blocks[i] = blocks[i].saturating_sub(1);
+            }
+        }
+        _ => {}
+    };
+    if detail == Detail::Segments {
+        for &r in device_events {
+            visit(r as usize, &trace.recorded[r as usize]);
+        }
+    } else {
+        trace.recorded.iter().enumerate().for_each(|(r, e)| visit(r, e));
     }
     Scan { instances, live, alloc_in, freed, sites }
 }
 
-/// Infer the pools and add their ops (see the module doc). Returns what was inferred and
-/// what had to be guessed, for the trace's warnings; nothing when no private pool shows.
-pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
+/// Infer the pools and add their ops (see the module doc). `device_events`: where the device
+/// events are in `trace.recorded`. Returns what was inferred and what had to be guessed, for
+/// the trace's warnings; nothing when no private pool shows.
+pub fn infer_pools(
+    trace: &mut Trace,
+    device_events: &[u32],
+    last: &[SnapshotSegment],
+) -> Vec<String> {
     let known: BTreeSet<MemPoolId> =
         last.iter().map(|s| s.pool_id).filter(|p| !p.is_default()).collect();
     // Private pools alive at the end show in `last`; one released before is found from the
     // segments' frees, reading the allocations only where the frees alone do not tell.
     let mut detail = if known.is_empty() { Detail::Segments } else { Detail::Sites };
     let (Scan { instances, mut alloc_in, freed, mut sites, .. }, released) = loop {
-        let mut scan = scan(trace, detail);
+        let mut scan = scan(trace, device_events, detail);
         for seg in last {
             if let Some(&(_, i)) = scan.live.by_start.get(&seg.address) {
                 scan.instances[i].pool = Some(seg.pool_id);
@@ -225,7 +237,7 @@ pub fn infer_pools(trace: &mut Trace, last: &[SnapshotSegment]) -> Vec<String> {
     }
     if detail < Detail::Sites {
         // The same segments in the same order: the instances found stay valid.
-        let again = scan(trace, Detail::Sites);
+        let again = scan(trace, device_events, Detail::Sites);
         (alloc_in, sites) = (again.alloc_in, again.sites);
         by_op(&mut alloc_in);
     }
