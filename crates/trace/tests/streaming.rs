@@ -423,8 +423,9 @@ mod changing_shapes {
     }
 
     /// The snapshot's bytes: `entries` entries of a history that frees each block it
-    /// allocates, shapes drawn from `seed`.
-    pub fn snapshot(entries: usize, seed: u64) -> Vec<u8> {
+    /// allocates, shapes drawn from `seed`; with `frames`, each entry has a stack, a list of
+    /// its own or (a free completion's) its free request's.
+    pub fn snapshot(entries: usize, seed: u64, frames: bool) -> Vec<u8> {
         let mut state = seed | 1;
         let mut next = move || {
             state ^= state << 13;
@@ -445,6 +446,9 @@ mod changing_shapes {
         let base = 0x7f00_0000_0000_i64;
         // The memo key of an earlier `"N/A"`, to store over.
         let mut old_na = None;
+        // The memo keys of the frame dicts, and of the last stack.
+        let mut frame_keys: Vec<u32> = Vec::new();
+        let mut last_stack = None;
         for i in 0..entries {
             let action = ["alloc", "free_requested", "free_completed"][i % 3];
             let addr = base + (i / 3 % 64) as i64 * 512;
@@ -454,6 +458,7 @@ mod changing_shapes {
                 _ if seed == 4 && i == 2500 => 10,
                 _ if seed == 4 && (2490..2510).contains(&i) => 99,
                 c @ 0..=9 => c,
+                c @ 10..=11 if frames => c + 1,
                 _ => 99,
             };
             p.out.push(b'}');
@@ -486,6 +491,7 @@ mod changing_shapes {
             p.key("time_us");
             p.int(1_795_338_726_900_000 + i as i64, false);
             p.key("compile_context");
+            let mut own_na = None;
             match change {
                 // The `"N/A"` of an earlier entry, by GET.
                 3 => p.key("N/A"),
@@ -499,6 +505,51 @@ mod changing_shapes {
                     p.text("N/A");
                     let at = p.memoize();
                     old_na.get_or_insert(at);
+                    own_na = Some(at);
+                }
+            }
+            if frames {
+                p.key("frames");
+                match (i % 3, last_stack) {
+                    // A free completion: its request's list.
+                    (2, Some(list)) if change != 11 => p.get(list),
+                    _ if frame_keys.is_empty() => {
+                        // The first stack: its frames, dicts met for the first time.
+                        p.out.push(b']');
+                        last_stack = Some(p.memoize());
+                        p.out.push(b'(');
+                        for (f, name) in ["forward", "backward", "step"].iter().enumerate() {
+                            p.out.push(b'}');
+                            frame_keys.push(p.memoize());
+                            p.out.push(b'(');
+                            p.key("name");
+                            p.text(name);
+                            p.memoize();
+                            p.key("filename");
+                            p.key("train.py");
+                            p.key("line");
+                            p.int(10 * f as i64 + 1, false);
+                            p.out.push(b'u');
+                        }
+                        p.out.push(b'e');
+                    }
+                    _ => {
+                        // A list of its own, of one to three frames met before; now and then
+                        // a single frame appended alone.
+                        p.out.push(b']');
+                        last_stack = Some(p.memoize());
+                        let n = 1 + next() as usize % 3;
+                        if n == 1 && change == 12 {
+                            p.get(frame_keys[0]);
+                            p.out.push(b'a');
+                        } else {
+                            p.out.push(b'(');
+                            for &f in &frame_keys[..n] {
+                                p.get(f);
+                            }
+                            p.out.push(b'e');
+                        }
+                    }
                 }
             }
             p.key("user_metadata");
@@ -506,7 +557,7 @@ mod changing_shapes {
                 // Another text: not PyTorch's default annotation.
                 5 => p.text("step 3"),
                 // A GET of the `"N/A"` memoized by this very entry (not the default).
-                6 => p.get(p.memo - 1),
+                6 if own_na.is_some() => p.get(own_na.unwrap_or(0)),
                 _ => p.key(""),
             }
             if change == 7 {
@@ -535,8 +586,8 @@ mod changing_shapes {
 #[test]
 fn entries_that_change_shape_give_what_the_generic_reader_gives() {
     let dir = common::scratch("stream-shapes");
-    for seed in 1..=4 {
-        let bytes = changing_shapes::snapshot(3000, seed);
+    for seed in 1..=6 {
+        let bytes = changing_shapes::snapshot(3000, seed, seed > 4);
         let path = dir.join(format!("shapes-{seed}.pickle"));
         std::fs::write(&path, &bytes).unwrap();
         agree(&path).unwrap_or_else(|e| panic!("seed {seed}: {e}"));

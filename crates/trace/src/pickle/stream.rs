@@ -24,7 +24,7 @@ use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes as op;
 use super::read::{release, Failure, Slot, Vm};
 use super::strings::StrCache;
-use super::template::{Seen, Template};
+use super::template::{Lists, Seen, Templates};
 use super::{Limits, PickleError, Value};
 use std::io::Read;
 use std::rc::Rc;
@@ -82,8 +82,8 @@ struct State<'k, F> {
     by_bytes: ListsByBytes,
     /// The streamed list, once found (for the identity check at the end).
     list: Option<*const Vec<Value>>,
-    /// The shape of the last record read in place, to read the next one by.
-    template: Template,
+    /// The shapes of the last records read in place, to read the next ones by.
+    templates: Templates,
 }
 
 impl<F: FnMut(&[Option<Value>]) -> bool> State<'_, F> {
@@ -205,7 +205,7 @@ fn stream<R: Read>(
         lists: ListCache::default(),
         by_bytes: ListsByBytes::default(),
         list: None,
-        template: Template::default(),
+        templates: Templates::default(),
     };
     let mut vm = Vm::new(reader, limits);
     vm.start()?;
@@ -366,8 +366,14 @@ impl<R: Read> Vm<'_, R> {
         let max_depth = self.limits.max_depth;
         let mut read = None;
         if let Some(w) = window.first_chunk::<FLAT_WINDOW_BYTES>() {
-            let fields = &mut state.fields;
-            read = state.template.read(w, &mut self.memo, fields, &mut state.present);
+            let lists = Lists {
+                by_bytes: &mut state.by_bytes,
+                cache: &mut state.lists,
+                items: &mut state.items,
+                max_depth,
+            };
+            let (fields, present) = (&mut state.fields, &mut state.present);
+            read = state.templates.read(w, &mut self.memo, lists, fields, present);
             if read.is_none() {
                 self.memo.rollback(mark);
                 state.present = 0;
@@ -381,7 +387,7 @@ impl<R: Read> Vm<'_, R> {
                     fields: &state.fields,
                     strings: &state.value_cache,
                 };
-                state.template.learn(&window[..used], FLAT_LIMIT, &self.memo, seen);
+                state.templates.learn(&window[..used], &self.memo, seen);
             }
         }
         match read {
@@ -572,9 +578,9 @@ const RAW_GET: u8 = 4;
 const RAW_LIST: u8 = 5;
 
 /// Bytes a record may take to be read in place: records of a snapshot take about 60.
-const FLAT_WINDOW_BYTES: usize = 1024;
+pub(super) const FLAT_WINDOW_BYTES: usize = 1024;
 /// Where the last opcode of a flat record may start (see `flat_record`).
-const FLAT_LIMIT: usize = FLAT_WINDOW_BYTES - 260;
+pub(super) const FLAT_LIMIT: usize = FLAT_WINDOW_BYTES - 260;
 
 /// One record read in place from `w` (the buffered bytes after its `EMPTY_DICT`) when it is
 /// flat: `[MEMOIZE] MARK (GET-key value [MEMOIZE])* SETITEMS`, with values that are ints,
@@ -786,7 +792,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
 /// arm of [`flat_record`] reads them: `(MARK GET* APPENDS | GET APPEND)*`, up to the first op
 /// that is none of them. `None` where the arm would give up (an op past `FLAT_LIMIT`, or
 /// something else in a batch).
-fn list_end(w: &[u8; FLAT_WINDOW_BYTES], mut p: usize) -> Option<usize> {
+pub(super) fn list_end(w: &[u8; FLAT_WINDOW_BYTES], mut p: usize) -> Option<usize> {
     let get_len = |code| match code {
         op::BINGET => Some(2),
         op::LONG_BINGET => Some(5),
@@ -821,7 +827,7 @@ fn list_end(w: &[u8; FLAT_WINDOW_BYTES], mut p: usize) -> Option<usize> {
 
 /// The items that a list's ops (as [`list_end`] found them) GET, into `items`, and the depth
 /// of the deepest; `None` if one is not a finished value.
-fn list_items(ops: &[u8], memo: &MemoTable, items: &mut Vec<Value>) -> Option<u32> {
+pub(super) fn list_items(ops: &[u8], memo: &MemoTable, items: &mut Vec<Value>) -> Option<u32> {
     items.clear();
     let mut deepest = 0;
     let mut q = 0;

@@ -15,8 +15,10 @@
 //! overwrites, and clears nothing: the memo appends come last, when all else matched.
 
 use super::budget::{own_bytes, str_bytes};
+use super::lists::{ListCache, ListsByBytes};
 use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes as op;
+use super::stream::{list_end, list_items, FLAT_LIMIT, FLAT_WINDOW_BYTES};
 use super::Value;
 use std::rc::Rc;
 
@@ -39,10 +41,13 @@ enum Shape {
     AnyStr,
     /// `NONE`, `NEWTRUE` or `NEWFALSE`: this opcode.
     Op(u8),
+    /// `EMPTY_LIST MEMOIZE` and the `GET`s of its items, as `flat_record` reads a stack: any
+    /// number of them, then at most `rest` bytes to the record's end.
+    List { rest: usize },
 }
 
 impl Shape {
-    /// The most bytes a value of this shape takes, opcode included.
+    /// The most bytes a value of this shape takes, opcode included (a list's items aside).
     fn max_len(&self) -> usize {
         match self {
             Shape::Int => 1 + 9,
@@ -50,7 +55,23 @@ impl Shape {
             Shape::Str(s) => 2 + s.len(),
             Shape::AnyStr => 2 + 255,
             Shape::Op(_) => 1,
+            Shape::List { .. } => 2,
         }
+    }
+}
+
+/// The record streamer's lists (see `flat_record`), for a record's stack.
+pub(super) struct Lists<'a> {
+    pub by_bytes: &'a mut ListsByBytes,
+    pub cache: &'a mut ListCache,
+    pub items: &'a mut Vec<Value>,
+    pub max_depth: u32,
+}
+
+impl Lists<'_> {
+    fn reborrow(&mut self) -> Lists<'_> {
+        let Lists { by_bytes, cache, items, max_depth } = self;
+        Lists { by_bytes, cache, items, max_depth: *max_depth }
     }
 }
 
@@ -94,9 +115,9 @@ struct Pair {
     memoized: bool,
 }
 
-/// The shape of the last record `flat_record` read in place, while the memo only grew.
+/// The shape of a record `flat_record` read in place, while the memo only grew.
 #[derive(Debug, Default)]
-pub(super) struct Template {
+struct Template {
     /// The memo's epoch when learned: while it stands, a key's `GET` names the same string.
     epoch: u64,
     dict_memoized: bool,
@@ -104,9 +125,76 @@ pub(super) struct Template {
     pairs: Vec<Pair>,
     /// The bytes after the last value: its memo put, and `SETITEMS`.
     end: Fixed,
+    /// The pairs whose value gets a memo entry (a memo put after it, or a list's own).
+    puts: Vec<usize>,
     /// The memo slot of each entry the last record of this shape appended (the dict's
     /// first), for [`MemoTable::append_again`].
     slots: [u32; MAX_PAIRS + 1],
+}
+
+/// Shapes a [`Templates`] keeps: a snapshot with stacks alternates three kinds of entry (an
+/// allocation and a free request, each with a list of its own, and a free completion sharing
+/// its request's).
+const SHAPES: usize = 4;
+
+/// The shapes of the last records read in place, each tried first after the one it last
+/// followed.
+#[derive(Debug, Default)]
+pub(super) struct Templates {
+    shapes: Vec<Template>,
+    /// The shape that read the last record.
+    last: usize,
+    /// For each shape, the one that read the record after it last time.
+    after: [usize; SHAPES],
+    /// Where the next shape learned goes, once all are taken.
+    next: usize,
+}
+
+impl Templates {
+    /// Read one record by a shape it has ([`Template::read`]). `None`: no shape matched, and
+    /// the memo holds what it held unless an append failed (the caller rolls back); the
+    /// fields set on the way are some of the record's own (its first pairs, as it has them).
+    #[inline(always)]
+    pub fn read(
+        &mut self,
+        w: &[u8; FLAT_WINDOW_BYTES],
+        memo: &mut MemoTable,
+        mut lists: Lists<'_>,
+        fields: &mut [Option<Value>],
+        present: &mut u64,
+    ) -> Option<(usize, u64)> {
+        let first = self.after[self.last];
+        let len = memo.len();
+        // The shape that followed the last record's, then the others.
+        let order = std::iter::once(first).chain((0..self.shapes.len()).filter(|&i| i != first));
+        for i in order {
+            let Some(shape) = self.shapes.get_mut(i) else { break };
+            if let Some(read) = shape.read(w, memo, lists.reborrow(), fields, present) {
+                (self.after[self.last], self.last) = (i, i);
+                return Some(read);
+            }
+            if memo.len() != len {
+                return None;
+            }
+            *present = 0;
+        }
+        None
+    }
+
+    /// Learn the shape of a record no shape matched and `flat_record` read (see
+    /// [`Template::learn`]), in place of the one learned longest ago once all are taken.
+    pub fn learn(&mut self, record: &[u8], memo: &MemoTable, seen: Seen<'_>) {
+        let Some(shape) = Template::learn(record, memo, seen) else { return };
+        let i = if self.shapes.len() < SHAPES {
+            self.shapes.push(shape);
+            self.shapes.len() - 1
+        } else {
+            self.shapes[self.next] = shape;
+            self.next
+        };
+        self.next = (i + 1) % SHAPES;
+        (self.after[self.last], self.last) = (i, i);
+    }
 }
 
 /// What [`Template::learn`] needs of the record streamer's state.
@@ -120,70 +208,93 @@ pub(super) struct Seen<'a> {
 }
 
 impl Template {
-    /// Learn the shape of `record`, the bytes after `EMPTY_DICT` that `flat_record` has just
-    /// read (it ends with `SETITEMS`). Keeps the template learned before if this record has
-    /// another kind of value (a list, say), no pair, more pairs than `seen.keys` covers, or a
-    /// shape whose records may take `limit` bytes or more.
-    pub fn learn(&mut self, record: &[u8], limit: usize, memo: &MemoTable, seen: Seen<'_>) {
+    /// The shape of `record`, the bytes after `EMPTY_DICT` that `flat_record` has just read
+    /// (it ends with `SETITEMS`); `None` if it has another kind of value (a list not memoized,
+    /// say), no pair, more pairs than `seen.keys` covers, or a shape whose records may reach
+    /// `FLAT_LIMIT` besides their lists' items.
+    fn learn(record: &[u8], memo: &MemoTable, seen: Seen<'_>) -> Option<Template> {
+        // The record as `flat_record` saw it, for `list_end`.
+        let mut window = [0; FLAT_WINDOW_BYTES];
+        if let Some(w) = window.get_mut(..record.len()) {
+            w.copy_from_slice(record);
+        }
         let byte = |p: usize| record.get(p).copied();
         let dict_memoized = byte(0) == Some(op::MEMOIZE);
         let mut p = usize::from(dict_memoized);
         if byte(p) != Some(op::MARK) {
-            return;
+            return None;
         }
         p += 1;
         // Where the fixed bytes before the next value start.
         let mut fixed = 0;
-        let mut pairs: Vec<Pair> = Vec::with_capacity(self.pairs.capacity().max(8));
+        let mut pairs: Vec<Pair> = Vec::with_capacity(8);
         let mut max_len = 0;
         while let Some(code) = byte(p) {
             if code == op::SETITEMS {
-                let Some(end) = Fixed::of(&record[fixed..=p]) else { return };
+                let Some(end) = Fixed::of(&record[fixed..=p]) else { return None };
                 max_len += p + 1 - fixed;
-                if p + 1 == record.len() && !pairs.is_empty() && max_len <= limit {
-                    let (epoch, slots) = (memo.epoch(), [0; MAX_PAIRS + 1]);
-                    *self = Template { epoch, dict_memoized, pairs, end, slots };
+                // What may follow each list.
+                let mut rest = p + 1 - fixed;
+                for pair in pairs.iter_mut().rev() {
+                    match &mut pair.shape {
+                        Shape::List { rest: after } => *after = rest,
+                        shape => rest += usize::from(pair.before.len) + shape.max_len(),
+                    }
                 }
-                return;
+                if p + 1 == record.len() && !pairs.is_empty() && max_len < FLAT_LIMIT {
+                    let (epoch, slots) = (memo.epoch(), [0; MAX_PAIRS + 1]);
+                    let put = |p: &Pair| p.memoized || matches!(p.shape, Shape::List { .. });
+                    let puts = (0..pairs.len()).filter(|&i| put(&pairs[i])).collect();
+                    return Some(Template { epoch, dict_memoized, pairs, end, puts, slots });
+                }
+                return None;
             }
             let key = match code {
                 op::BINGET => u64::from(byte(p + 1).unwrap_or(0)),
                 op::LONG_BINGET => match record.get(p + 1..p + 5) {
                     Some(b) => u64::from(u32::from_le_bytes(b.try_into().unwrap_or_default())),
-                    None => return,
+                    None => return None,
                 },
-                _ => return,
+                _ => return None,
             };
             p += if code == op::BINGET { 2 } else { 5 };
             let at = pairs.len();
             let field = match seen.keys.get(at) {
                 Some(&(k, field)) if k == key && at < MAX_PAIRS => field,
-                _ => return,
+                _ => return None,
             };
             let Some(before) = Fixed::of(record.get(fixed..p).unwrap_or_default()) else {
-                return;
+                return None;
             };
-            let Some(code) = byte(p) else { return };
+            let Some(code) = byte(p) else { return None };
             let value_len = match code {
                 op::BININT1 => 1,
                 op::BININT2 => 2,
                 op::BININT => 4,
                 op::LONG1 => match byte(p + 1) {
                     Some(n @ 1..=8) => 1 + usize::from(n),
-                    _ => return,
+                    _ => return None,
                 },
                 op::BINGET => 1,
                 op::LONG_BINGET => 4,
                 op::SHORT_BINUNICODE => 1 + usize::from(byte(p + 1).unwrap_or(0)),
                 op::NONE | op::NEWTRUE | op::NEWFALSE => 0,
-                _ => return,
+                // A memoized list of GETs, as far as `list_end` reads it.
+                op::EMPTY_LIST if byte(p + 1) == Some(op::MEMOIZE) => {
+                    match list_end(&window, p + 2) {
+                        Some(end) if end <= record.len() => end - p - 1,
+                        _ => return None,
+                    }
+                }
+                _ => return None,
             };
-            let Some(value) = record.get(p + 1..p + 1 + value_len) else { return };
+            let Some(value) = record.get(p + 1..p + 1 + value_len) else { return None };
             p += 1 + value_len;
             let memoized = byte(p) == Some(op::MEMOIZE);
             let shape = match code {
                 op::BININT1 | op::BININT2 | op::BININT | op::LONG1 => Shape::Int,
                 op::BINGET | op::LONG_BINGET => Shape::Get,
+                op::EMPTY_LIST => Shape::List { rest: 0 },
                 op::SHORT_BINUNICODE if field == IGNORED && !memoized => Shape::AnyStr,
                 op::SHORT_BINUNICODE => {
                     // The string made for the memo (as `flat_record` makes it, so that it is
@@ -194,16 +305,22 @@ impl Template {
                     };
                     match held {
                         Some(s) if s.as_bytes() == &value[1..] => Shape::Str(s.clone()),
-                        _ => return,
+                        _ => return None,
                     }
                 }
                 _ => Shape::Op(code),
             };
+            let lists = pairs.iter().filter(|p| matches!(p.shape, Shape::List { .. })).count();
+            if matches!(shape, Shape::List { .. }) && (memoized || lists > 0) {
+                // A list memoized twice, or a second list: `read` keeps one, memoized once.
+                return None;
+            }
             max_len += usize::from(before.len) + shape.max_len();
             fixed = p;
             p += usize::from(memoized);
             pairs.push(Pair { before, field, shape, memoized });
         }
+        None
     }
 
     /// Read one record of the learned shape from `w` (the bytes after its `EMPTY_DICT`), as
@@ -216,10 +333,11 @@ impl Template {
     /// below which `flat_record` reads opcodes, which leaves room in `w` for any argument:
     /// so it is read with no check of its length on the way.
     #[inline(always)]
-    pub fn read<const WINDOW: usize>(
+    fn read(
         &mut self,
-        w: &[u8; WINDOW],
+        w: &[u8; FLAT_WINDOW_BYTES],
         memo: &mut MemoTable,
+        lists: Lists<'_>,
         fields: &mut [Option<Value>],
         present: &mut u64,
     ) -> Option<(usize, u64)> {
@@ -227,8 +345,11 @@ impl Template {
             return None;
         }
         let mut p = 0;
-        // The argument of each memoized value, appended once the whole record matched.
+        let mut cost = 0;
+        // The argument of each memoized value, and the list, appended once the whole record
+        // matched.
         let mut args = [0u64; MAX_PAIRS];
+        let mut list = None;
         for (at, pair) in self.pairs.iter().enumerate() {
             if !pair.before.at(w, p)? {
                 return None;
@@ -238,7 +359,7 @@ impl Template {
             p += 1;
             let f = usize::from(pair.field);
             let keep = pair.field != IGNORED;
-            let arg = match &pair.shape {
+            match &pair.shape {
                 Shape::Int => {
                     let arg = u64::from_le_bytes(*w.get(p + 1..)?.first_chunk::<8>()?);
                     let x = match code {
@@ -273,7 +394,9 @@ impl Template {
                             slot => *slot = Some(Value::Int(x as i64)),
                         }
                     }
-                    x
+                    if pair.memoized {
+                        args[at] = x;
+                    }
                 }
                 Shape::Get => {
                     let key = match code {
@@ -295,7 +418,9 @@ impl Template {
                             (v, slot) => *slot = Some(v.clone()),
                         }
                     }
-                    key
+                    if pair.memoized {
+                        args[at] = key;
+                    }
                 }
                 Shape::Str(s) if code == op::SHORT_BINUNICODE => {
                     let n = usize::from(w[p]);
@@ -310,22 +435,49 @@ impl Template {
                             _ => fields[f] = Some(Value::Str(s.clone())),
                         }
                     }
-                    0
                 }
                 Shape::AnyStr if code == op::SHORT_BINUNICODE => {
                     p += 1 + usize::from(w[p]);
-                    0
                 }
                 &Shape::Op(expected) if code == expected => {
                     if keep {
                         *present |= 1 << pair.field;
                         fields[f] = Some(constant(code));
                     }
-                    0
+                }
+                &Shape::List { rest } if code == op::EMPTY_LIST && w[p] == op::MEMOIZE => {
+                    // As the `EMPTY_LIST` arm of `flat_record` builds it.
+                    let body = p + 1;
+                    p = list_end(w, body)?;
+                    if p + rest > FLAT_LIMIT {
+                        return None;
+                    }
+                    let ops = &w[body..p];
+                    let (value, depth) = match lists.by_bytes.find(ops, memo.epoch()) {
+                        Some((rc, depth)) => (Value::List(rc.clone()), depth),
+                        None => {
+                            let depth = list_items(ops, memo, lists.items)?.saturating_add(1);
+                            let (value, shared) = lists.cache.get(lists.items);
+                            if !shared {
+                                cost += own_bytes(&value);
+                            }
+                            if let Value::List(rc) = &value {
+                                lists.by_bytes.insert(ops, memo.epoch(), rc, depth);
+                            }
+                            (value, depth)
+                        }
+                    };
+                    if depth > lists.max_depth {
+                        return None;
+                    }
+                    if keep {
+                        *present |= 1 << pair.field;
+                        fields[f] = Some(value.clone());
+                    }
+                    list = Some((value, depth));
                 }
                 _ => return None,
-            };
-            args[at] = arg;
+            }
         }
         if !self.end.at(w, p)? {
             return None;
@@ -333,12 +485,12 @@ impl Template {
         p += usize::from(self.end.len);
         // All matched: the memo entries, in the order the record made them. Most are the
         // marker or the string the last record appended, in a slot of the memo already.
-        let mut cost = 0;
         let mut slots = self.slots.iter_mut();
         if self.dict_memoized {
             append_again(slots.next()?, memo, None, || Memo::Streamed)?;
         }
-        for (pair, &arg) in self.pairs.iter().zip(&args).filter(|(pair, _)| pair.memoized) {
+        for &at in &self.puts {
+            let (pair, arg) = (&self.pairs[at], args[at]);
             match &pair.shape {
                 Shape::Str(s) => {
                     cost += str_bytes(s);
@@ -353,6 +505,10 @@ impl Template {
                     memo.append(Memo::Value(v, depth))?;
                 }
                 &Shape::Op(code) => memo.append(Memo::Value(constant(code), 0))?,
+                Shape::List { .. } => {
+                    let (value, depth) = list.take()?;
+                    memo.append(Memo::Value(value, depth))?;
+                }
                 Shape::AnyStr => return None,
             }
         }
