@@ -231,7 +231,7 @@ impl Template {
         let mut max_len = 0;
         while let Some(code) = byte(p) {
             if code == op::SETITEMS {
-                let Some(end) = Fixed::of(&record[fixed..=p]) else { return None };
+                let end = Fixed::of(&record[fixed..=p])?;
                 max_len += p + 1 - fixed;
                 // What may follow each list.
                 let mut rest = p + 1 - fixed;
@@ -251,10 +251,9 @@ impl Template {
             }
             let key = match code {
                 op::BINGET => u64::from(byte(p + 1).unwrap_or(0)),
-                op::LONG_BINGET => match record.get(p + 1..p + 5) {
-                    Some(b) => u64::from(u32::from_le_bytes(b.try_into().unwrap_or_default())),
-                    None => return None,
-                },
+                op::LONG_BINGET => {
+                    u64::from(u32::from_le_bytes(*record.get(p + 1..)?.first_chunk()?))
+                }
                 _ => return None,
             };
             p += if code == op::BINGET { 2 } else { 5 };
@@ -263,10 +262,8 @@ impl Template {
                 Some(&(k, field)) if k == key && at < MAX_PAIRS => field,
                 _ => return None,
             };
-            let Some(before) = Fixed::of(record.get(fixed..p).unwrap_or_default()) else {
-                return None;
-            };
-            let Some(code) = byte(p) else { return None };
+            let before = Fixed::of(record.get(fixed..p)?)?;
+            let code = byte(p)?;
             let value_len = match code {
                 op::BININT1 => 1,
                 op::BININT2 => 2,
@@ -288,7 +285,7 @@ impl Template {
                 }
                 _ => return None,
             };
-            let Some(value) = record.get(p + 1..p + 1 + value_len) else { return None };
+            let value = record.get(p + 1..p + 1 + value_len)?;
             p += 1 + value_len;
             let memoized = byte(p) == Some(op::MEMOIZE);
             let shape = match code {
