@@ -356,17 +356,30 @@ const ENTRIES: pickle::RecordSpec<'static> =
     pickle::RecordSpec { top_key: "device_traces", fields: &entries::ENTRY_FIELDS };
 
 /// Entry `i` from the fields of a streamed record, and its `frames`; `None` for a record that
-/// is no valid entry (the generic reader then says why).
+/// is no valid entry (the generic reader then says why). `inline(always)`, with the unusual
+/// entries out of line: 1.6 M instructions fewer on the
+/// Llama snapshot's reading thread (the plain entry is returned into the sink's frame).
+#[inline(always)]
 fn streamed_entry<'v>(
     ctx: Ctx<'_>,
     i: usize,
     fields: &'v [Option<Value>],
 ) -> Option<(entries::Entry, entries::Extras<'v>)> {
     let fields: &[Option<Value>; 9] = fields.try_into().ok()?;
-    entries::entry_plain(fields).or_else(|| {
-        let fields = fields.each_ref().map(Option::as_ref);
-        entries::entry_from_fields(ctx, i, &fields).ok()
-    })
+    entries::entry_plain(fields).or_else(|| unusual_entry(ctx, i, fields))
+}
+
+/// [`streamed_entry`] of an entry that is not plain (an annotation, a snapshot marker, an
+/// error to find).
+#[cold]
+#[inline(never)]
+fn unusual_entry<'v>(
+    ctx: Ctx<'_>,
+    i: usize,
+    fields: &'v [Option<Value>; 9],
+) -> Option<(entries::Entry, entries::Extras<'v>)> {
+    let fields = fields.each_ref().map(Option::as_ref);
+    entries::entry_from_fields(ctx, i, &fields).ok()
 }
 
 /// One streaming read, converting as the entries come (`as_they_come`) or from their list.
