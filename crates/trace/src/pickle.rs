@@ -12,6 +12,7 @@
 //! tools (`torch.cuda._memory_viz`) open.
 
 mod budget;
+mod inplace;
 mod input;
 mod lists;
 mod memo;

@@ -15,10 +15,10 @@
 //! overwrites, and clears nothing: the memo appends come last, when all else matched.
 
 use super::budget::{own_bytes, str_bytes};
+use super::inplace::{list_end, list_items, FLAT_LIMIT, FLAT_WINDOW_BYTES};
 use super::lists::{ListCache, ListsByBytes};
 use super::memo::{Memo, MemoRef, MemoTable};
 use super::opcodes as op;
-use super::stream::{list_end, list_items, FLAT_LIMIT, FLAT_WINDOW_BYTES};
 use super::Value;
 use std::rc::Rc;
 
