@@ -390,6 +390,41 @@ mod tests {
         assert!(appended.append(Memo::Streamed).is_none());
     }
 
+    /// `append_again` stores what `append` would, into the slot it names, while that slot holds
+    /// the same marker or string and is one of the last two; otherwise it stores nothing.
+    #[test]
+    fn append_again_is_append_into_a_slot_known() {
+        let na = Rc::new("N/A".to_string());
+        let (mut again, mut plain) = (MemoTable::default(), MemoTable::default());
+        for m in [&mut again, &mut plain] {
+            m.append(Memo::Streamed).unwrap();
+            m.append(Memo::Value(Value::Str(na.clone()), 0)).unwrap();
+        }
+        let (marker, string) = (again.dense[0], again.last_slot());
+        for _ in 0..3 {
+            assert!(again.append_again(marker, None));
+            assert!(again.append_again(string, Some(&na)));
+            plain.append(Memo::Streamed).unwrap();
+            plain.append(Memo::Value(Value::Str(na.clone()), 0)).unwrap();
+        }
+        assert_eq!((again.len(), again.slots.len()), (plain.len(), plain.slots.len()));
+        for key in 0..again.len() as u64 {
+            assert_eq!(str_at(&again, key), str_at(&plain, key));
+            let streamed = |m: &MemoTable| matches!(m.get(key), Some(MemoRef::Streamed));
+            assert_eq!(streamed(&again), streamed(&plain));
+        }
+        // Another string, a slot that is not the marker, a slot never given: nothing stored.
+        let len = again.len();
+        assert!(!again.append_again(string, Some(&Rc::new("N/A".to_string()))));
+        assert!(!again.append_again(string, None));
+        assert!(!again.append_again(0, None));
+        // A slot no longer among the last two.
+        again.append(Memo::Value(Value::Str(Rc::new("x".to_string())), 0)).unwrap();
+        again.append(Memo::Value(Value::Str(Rc::new("y".to_string())), 0)).unwrap();
+        assert!(!again.append_again(marker, None));
+        assert_eq!(again.len(), len + 2);
+    }
+
     /// One list under many keys takes one slot; a list whose slot a rollback took back gets
     /// a new one.
     #[test]

@@ -354,8 +354,8 @@ impl<R: Read> Vm<'_, R> {
     }
 
     /// One record, just after its `EMPTY_DICT`: read in place from the buffer when it is
-    /// flat and lies in the buffer whole, by the last record's shape ([`Template`]) when it
-    /// has it, else by [`flat_record`]; else an opcode at a time.
+    /// flat and lies in the buffer whole, by the shape of one read before ([`Templates`]) or
+    /// else by [`flat_record`] (then its shape is learned); else an opcode at a time.
     fn flat_or_record(
         &mut self,
         state: &mut State<'_, impl FnMut(&[Option<Value>]) -> bool>,

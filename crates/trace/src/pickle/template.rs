@@ -1,11 +1,12 @@
 //! A record's opcodes, learned from one record and matched against the next.
 //!
-//! The records of a snapshot's trace repeat one shape: the same keys, written as the same
+//! The records of a snapshot's trace repeat a few shapes: the same keys, written as the same
 //! `GET`s of strings memoized once, in the same order, each followed by a value of the same
 //! kind, memoized or not in the same places. `flat_record` (in `stream`) reads any flat
 //! record, deciding at every opcode what it is; a [`Template`] is what it found in one record,
-//! and reading the next as "the same again" checks a key with one masked compare and a value's
-//! opcode against the one kind expected. Without stacks that is most of reading a snapshot.
+//! and reading the next as "the same again" checks the bytes between two values (a memo put,
+//! the next key's `GET`) with one masked compare, and a value's opcode against the one kind
+//! expected. A stack's list of frames met before is read as `flat_record` reads it.
 //!
 //! It is a shortcut of `flat_record`, never a reader of its own: a record it accepts is one
 //! `flat_record` would accept, and it leaves the fields, the memo and the charge as
@@ -26,7 +27,7 @@ use std::rc::Rc;
 const IGNORED: u8 = u8::MAX;
 
 /// Most pairs a template holds (a snapshot's records have about eight).
-pub(super) const MAX_PAIRS: usize = 16;
+const MAX_PAIRS: usize = 16;
 
 /// What a record's value is, as learned.
 #[derive(Debug, Clone)]
@@ -99,7 +100,7 @@ impl Fixed {
 
     /// Whether `w` has these bytes at `p`.
     #[inline(always)]
-    fn at<const WINDOW: usize>(&self, w: &[u8; WINDOW], p: usize) -> Option<bool> {
+    fn at(&self, w: &[u8; FLAT_WINDOW_BYTES], p: usize) -> Option<bool> {
         Some(u64::from_le_bytes(*w.get(p..)?.first_chunk::<8>()?) & self.mask == self.word)
     }
 }
@@ -116,12 +117,12 @@ struct Pair {
 }
 
 /// The shape of a record `flat_record` read in place, while the memo only grew.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Template {
     /// The memo's epoch when learned: while it stands, a key's `GET` names the same string.
     epoch: u64,
     dict_memoized: bool,
-    /// Empty: nothing learned.
+    /// At least one.
     pairs: Vec<Pair>,
     /// The bytes after the last value: its memo put, and `SETITEMS`.
     end: Fixed,
@@ -326,9 +327,10 @@ impl Template {
     /// record is not of that shape; the memo then holds what it held (unless an append
     /// failed, which `flat_record` would refuse too: the caller rolls back).
     ///
-    /// A record of this shape takes fewer than `limit` bytes (`learn` made sure), the bound
-    /// below which `flat_record` reads opcodes, which leaves room in `w` for any argument:
-    /// so it is read with no check of its length on the way.
+    /// A record of this shape takes fewer than `FLAT_LIMIT` bytes besides its list's items
+    /// (`learn` made sure, and after a list its `rest` is checked), the bound below which
+    /// `flat_record` reads opcodes, which leaves room in `w` for any argument: so it is read
+    /// with no check of its length on the way.
     #[inline(always)]
     fn read(
         &mut self,
@@ -338,7 +340,7 @@ impl Template {
         fields: &mut [Option<Value>],
         present: &mut u64,
     ) -> Option<(usize, u64)> {
-        if self.pairs.is_empty() || memo.epoch() != self.epoch {
+        if memo.epoch() != self.epoch {
             return None;
         }
         let mut p = 0;
