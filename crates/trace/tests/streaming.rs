@@ -39,6 +39,43 @@ fn agree(path: &Path) -> Result<(), String> {
     }
 }
 
+/// A xorshift generator from `seed` (not 0).
+fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
+/// `rounds` copies of `good` with one to three bytes changed, at `place(random, len)`, written
+/// to `path`: how many both readers read alike, and how many both refused alike.
+fn corrupted_agree(
+    good: &[u8],
+    path: &Path,
+    rounds: usize,
+    seed: u64,
+    place: impl Fn(u64, usize) -> usize,
+) -> (usize, usize) {
+    let mut next = xorshift(seed | 1);
+    let (mut ok, mut err) = (0, 0);
+    for round in 0..rounds {
+        let mut bytes = good.to_vec();
+        for _ in 0..1 + round % 3 {
+            let r = next();
+            let i = place(r, bytes.len());
+            bytes[i] = (r >> 40) as u8;
+        }
+        std::fs::write(path, &bytes).unwrap();
+        match agree(path) {
+            Ok(()) => ok += 1,
+            Err(_) => err += 1,
+        }
+    }
+    (ok, err)
+}
+
 fn real_traces() -> Vec<PathBuf> {
     let mut paths = Vec::new();
     for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra", "pytorch-2.11-h100-user"] {
@@ -300,30 +337,16 @@ fn stacks_give_what_the_generic_reader_gives() {
 #[test]
 fn corrupted_snapshots_give_what_the_generic_reader_gives() {
     let good = std::fs::read(fixture()).unwrap();
-    let dir = common::scratch("stream-mut");
-    let path = dir.join("m.pickle");
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
+    let path = common::scratch("stream-mut").join("m.pickle");
+    // Mostly in the entries (where the streamer works), sometimes anywhere.
+    let place = |r: u64, len: usize| {
+        if r.is_multiple_of(4) {
+            r as usize % len
+        } else {
+            2000 + r as usize % 3000
+        }
     };
-    let (mut ok, mut err) = (0, 0);
-    for round in 0..600 {
-        let mut bytes = good.clone();
-        // Mostly in the entries (where the streamer works), sometimes anywhere.
-        for _ in 0..1 + round % 3 {
-            let r = next();
-            let i = if r % 4 == 0 { r as usize % bytes.len() } else { 2000 + r as usize % 3000 };
-            bytes[i] = (r >> 40) as u8;
-        }
-        std::fs::write(&path, &bytes).unwrap();
-        match agree(&path) {
-            Ok(()) => ok += 1,
-            Err(_) => err += 1,
-        }
-    }
+    let (ok, err) = corrupted_agree(&good, &path, 600, 0x2545_f491_4f6c_dd1d, place);
     assert!(ok > 50 && err > 50, "both outcomes exercised: {ok} ok, {err} errors");
 }
 
@@ -426,13 +449,7 @@ mod changing_shapes {
     /// allocates, shapes drawn from `seed`; with `frames`, each entry has a stack, a list of
     /// its own or (a free completion's) its free request's.
     pub fn snapshot(entries: usize, seed: u64, frames: bool) -> Vec<u8> {
-        let mut state = seed | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = super::xorshift(seed | 1);
         let mut p = Pickler::default();
         p.out.extend(b"\x80\x04}");
         p.memoize();
@@ -594,27 +611,8 @@ fn entries_that_change_shape_give_what_the_generic_reader_gives() {
         let fast = pytorch::read_snapshot_streaming(&path, &device_0(streaming())).unwrap();
         assert!(fast.is_some(), "seed {seed}: streamed without falling back");
         // Corrupted: one to three bytes anywhere in the entries.
-        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        let (mut ok, mut err) = (0, 0);
-        for round in 0..150 {
-            let mut bad = bytes.clone();
-            for _ in 0..1 + round % 3 {
-                let r = next();
-                let i = 40 + r as usize % (bad.len() - 40);
-                bad[i] = (r >> 40) as u8;
-            }
-            std::fs::write(&path, &bad).unwrap();
-            match agree(&path) {
-                Ok(()) => ok += 1,
-                Err(_) => err += 1,
-            }
-        }
+        let place = |r: u64, len: usize| 40 + r as usize % (len - 40);
+        let (ok, err) = corrupted_agree(&bytes, &path, 150, seed.wrapping_mul(0x9e37_79b9), place);
         assert!(ok > 10 && err > 10, "seed {seed}: both outcomes exercised: {ok} ok, {err} errors");
     }
 }
