@@ -357,8 +357,8 @@ const ENTRIES: pickle::RecordSpec<'static> =
 
 /// Entry `i` from the fields of a streamed record, and its `frames`; `None` for a record that
 /// is no valid entry (the generic reader then says why). `inline(always)`, with the unusual
-/// entries out of line: 1.6 M instructions fewer on the
-/// Llama snapshot's reading thread (the plain entry is returned into the sink's frame).
+/// entries out of line: 1.6 M instructions fewer on the Llama snapshot's reading thread (the
+/// plain entry is returned into the sink's frame).
 #[inline(always)]
 fn streamed_entry<'v>(
     ctx: Ctx<'_>,
@@ -536,7 +536,7 @@ fn trace_of(head: Head, converted: convert::Converted) -> Assembled {
     let pools_inferred = !notes.is_empty();
     trace.warnings.extend(notes);
     if pools_inferred {
-        // The pools' ops moved the events.
+        // The pools' edits may have moved the events: find them again.
         let device = trace.recorded.iter().enumerate().filter(|(_, e)| e.kind.is_segment_event());
         device_events = device.map(|(r, _)| r as u32).collect();
     }
