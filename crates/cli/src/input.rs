@@ -23,7 +23,46 @@ pub fn read_options() -> allocsim_trace::ReadOptions {
 
 /// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
 fn read_trace(path: &Path) -> anyhow::Result<Trace> {
-    allocsim_trace::read_trace_with(path, &read_options()).map_err(with_hint)
+    with_read_bar(path, read_options(), |opts| allocsim_trace::read_trace_with(path, opts))
+        .map_err(with_hint)
+}
+
+/// Files at least this big get a bar of the bytes read (a snapshot of this size takes a
+/// second or more).
+const READ_BAR_FROM_BYTES: u64 = 16 << 20;
+
+/// `read(opts)`, with a progress bar on stderr of the bytes of `path` read, when the file is
+/// big and stderr a terminal. The bar follows [`allocsim_trace::ReadOptions::bytes_read`] from
+/// a thread of its own, woken ten times a second and at the end.
+fn with_read_bar<T>(
+    path: &Path,
+    mut opts: allocsim_trace::ReadOptions,
+    read: impl FnOnce(&allocsim_trace::ReadOptions) -> T,
+) -> T {
+    use std::io::IsTerminal;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let total = std::fs::metadata(path).map_or(0, |m| m.len());
+    if total < READ_BAR_FROM_BYTES || !std::io::stderr().is_terminal() {
+        return read(&opts);
+    }
+    let count = std::sync::Arc::new(AtomicU64::new(0));
+    opts.bytes_read = Some(count.clone());
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let ticker = scope.spawn(|| {
+            let bar = bytes_bar("read", total);
+            while !done.load(Ordering::Relaxed) {
+                // A file read twice (the generic reader after the fast one) counts twice.
+                bar.set_position(count.load(Ordering::Relaxed) % (total + 1));
+                std::thread::park_timeout(std::time::Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        });
+        let out = read(&opts);
+        done.store(true, Ordering::Relaxed);
+        ticker.thread().unpark();
+        out
+    })
 }
 
 /// Read a PyTorch snapshot as the command line says, but without its stacks (a replay shows
@@ -34,7 +73,10 @@ pub fn read_snapshot_replaying<R>(
     replay: impl FnOnce(allocsim_trace::pytorch::Overlap) -> R,
 ) -> anyhow::Result<(Trace, Option<R>)> {
     let opts = allocsim_trace::ReadOptions { stacks: false, ..read_options() };
-    allocsim_trace::pytorch::read_snapshot_replaying(path, &opts, replay).map_err(with_hint)
+    with_read_bar(path, opts, |opts| {
+        allocsim_trace::pytorch::read_snapshot_replaying(path, opts, replay)
+    })
+    .map_err(with_hint)
 }
 
 /// A reader's error, with what to do about a memory limit reached.
@@ -102,6 +144,19 @@ pub fn bar(label: &str, total: u64, unit: &'static str) -> indicatif::ProgressBa
     .with_key("rate", move |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
         let _ = w.write_str(&format!("{}/s", readable(s.per_sec(), unit)));
     });
+    let bar = indicatif::ProgressBar::new(total).with_style(style);
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+/// A progress bar on stderr of bytes: `label`, the bar, `done/total`, the rate and the time
+/// left, as in `read  [=====>    ] 12.1 MiB/27.0 MiB  19.8 MiB/s  ETA 1s`.
+fn bytes_bar(label: &str, total: u64) -> indicatif::ProgressBar {
+    let style = indicatif::ProgressStyle::with_template(
+        "{prefix:>9} [{bar:30}] {bytes}/{total_bytes}  {bytes_per_sec}  ETA {eta}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
     let bar = indicatif::ProgressBar::new(total).with_style(style);
     bar.set_prefix(label.to_string());
     bar

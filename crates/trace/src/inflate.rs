@@ -6,8 +6,7 @@
 //! directly; only the wall time changes.
 
 use flate2::bufread::MultiGzDecoder;
-use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufRead, Read};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 /// Bytes per block handed from the inflating thread to the reader: `SMALL_BLOCK` for the first
@@ -30,7 +29,7 @@ pub struct Inflater {
 }
 
 impl Inflater {
-    pub fn new(mut decoder: MultiGzDecoder<BufReader<File>>) -> Self {
+    pub fn new(mut decoder: MultiGzDecoder<impl BufRead + Send + 'static>) -> Self {
         let (send, blocks) = sync_channel(AHEAD);
         let (spare, reuse) = sync_channel::<Vec<u8>>(AHEAD + 2);
         let mut inflated = 0;
@@ -105,7 +104,8 @@ mod tests {
     use super::*;
     use flate2::write::GzEncoder;
     use flate2::Compression;
-    use std::io::Write;
+    use std::fs::File;
+    use std::io::{BufReader, Write};
 
     fn gz_file(data: &[u8], name: &str) -> std::path::PathBuf {
         let path =

@@ -28,6 +28,8 @@ use allocsim_core::Trace;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 /// A trace file format, chosen by extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +99,9 @@ pub struct ReadOptions {
     /// Which GPU's trace to read from a snapshot of several (`device_traces[N]`). `None`: the
     /// one that has entries; a snapshot where several have entries is refused.
     pub cuda_device: Option<usize>,
+    /// The bytes of a snapshot file read so far are added here as they are read, for a
+    /// progress bar (a file read a second time, by the generic reader, counts again).
+    pub bytes_read: Option<Arc<AtomicU64>>,
 }
 
 impl Default for ReadOptions {
@@ -107,6 +112,7 @@ impl Default for ReadOptions {
             limits: pickle::Limits::default(),
             streaming: true,
             cuda_device: None,
+            bytes_read: None,
         }
     }
 }

@@ -616,3 +616,41 @@ fn entries_that_change_shape_give_what_the_generic_reader_gives() {
         assert!(ok > 10 && err > 10, "seed {seed}: both outcomes exercised: {ok} ok, {err} errors");
     }
 }
+
+/// `bytes_read` ends at the file's size, gzipped or not, on every path that reads a snapshot:
+/// the streaming reader, the one that replays as it reads, and the generic reader.
+#[test]
+fn bytes_read_counts_the_whole_file() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let gz = common::traces_dir().join("gpt2_train.pickle.gz");
+    let plain = common::scratch("bytes-read").join("gpt2_train.pickle");
+    let mut inflated = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap()),
+        &mut inflated,
+    )
+    .unwrap();
+    std::fs::write(&plain, &inflated).unwrap();
+    for path in [&gz, &plain] {
+        let size = std::fs::metadata(path).unwrap().len();
+        for streaming in [true, false] {
+            let count = Arc::new(AtomicU64::new(0));
+            let opts = ReadOptions { bytes_read: Some(count.clone()), streaming, ..generic() };
+            read_trace_with(path, &opts).unwrap();
+            assert_eq!(
+                count.load(Ordering::Relaxed),
+                size,
+                "{} streaming {streaming}",
+                path.display()
+            );
+        }
+        let count = Arc::new(AtomicU64::new(0));
+        let opts = ReadOptions { bytes_read: Some(count.clone()), ..streaming() };
+        let mut fed = 0;
+        pytorch::read_snapshot_replaying(path, &opts, |o| fed = o.ops.count()).unwrap();
+        assert!(fed > 0, "{}: the replay was fed no op", path.display());
+        assert_eq!(count.load(Ordering::Relaxed), size, "{} replaying", path.display());
+    }
+    std::fs::remove_dir_all(plain.parent().unwrap()).unwrap();
+}

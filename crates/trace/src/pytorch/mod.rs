@@ -28,7 +28,9 @@ use entries::Ctx;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 
 /// The `source_format` of traces read from a snapshot.
 pub const SOURCE_FORMAT: &str = "pytorch-snapshot";
@@ -79,7 +81,7 @@ fn read(
     let Assembled { mut trace, device_events, .. } = match streamed {
         Some(assembled) => assembled,
         None => {
-            let root = parse(open(path)?, path, opts)?;
+            let root = parse(open(path, opts)?, path, opts)?;
             convert_root(&root, path, opts, None)?
         }
     };
@@ -107,8 +109,24 @@ fn read(
 
 /// The decompressed pickle stream of a snapshot file.
 enum Source {
-    Plain(BufReader<File>),
+    Plain(BufReader<Counted>),
     Gzip(Box<Inflater>),
+}
+
+/// A file that adds the bytes read from it to [`ReadOptions::bytes_read`], if set.
+struct Counted {
+    file: File,
+    bytes_read: Option<Arc<AtomicU64>>,
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        if let Some(count) = &self.bytes_read {
+            count.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
 }
 
 impl Read for Source {
@@ -120,8 +138,9 @@ impl Read for Source {
     }
 }
 
-fn open(path: &Path) -> Result<Source, TraceError> {
+fn open(path: &Path, opts: &ReadOptions) -> Result<Source, TraceError> {
     let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let file = Counted { file, bytes_read: opts.bytes_read.clone() };
     let mut reader = BufReader::with_capacity(256 * 1024, file);
     let head = reader.fill_buf().map_err(|e| TraceError::io(path, e))?;
     if head.is_empty() {
@@ -227,7 +246,7 @@ fn pipelined_pass(
     opts: &ReadOptions,
     replay: Option<(TraceMeta, &mut dyn FnMut(Overlap))>,
 ) -> Result<(Pass, Option<overlap::Sent>), TraceError> {
-    let source = open(path)?;
+    let source = open(path, opts)?;
     let ctx = Ctx { path, device: 0 };
     let (send, received) = sync_channel(AHEAD);
     // Batches go back to the reading thread once converted: a fresh one each time cost
@@ -243,7 +262,7 @@ fn pipelined_pass(
             let (mut count, mut not_plain) = (0, false);
             let mut stacks = opts.stacks.then(stacks::Stacks::default);
             let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if stop.load(Ordering::Relaxed) {
                     return false;
                 }
                 let Some((entry, extras)) = streamed_entry(ctx, count, fields) else {
@@ -289,7 +308,7 @@ fn pipelined_pass(
         });
         let convert = move |feeder| {
             let done = convert_received(ctx, opts.stacks, received, spare, feeder);
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            stop.store(true, Ordering::Relaxed);
             done
         };
         let (pass, sent) = match replay {
@@ -384,7 +403,7 @@ fn unusual_entry<'v>(
 
 /// One streaming read, converting as the entries come (`as_they_come`) or from their list.
 fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pass, TraceError> {
-    let source = open(path)?;
+    let source = open(path, opts)?;
     let ctx = Ctx { path, device: 0 };
     let mut entries = entries::Entries::default();
     let mut conv = as_they_come.then(|| convert::StreamConvert::new(ctx, opts.stacks));
