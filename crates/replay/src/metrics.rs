@@ -44,7 +44,7 @@ pub struct MetricsReport {
 /// The metrics observer.
 ///
 /// The timeline and the fragmentation samples are taken after every `stride`-th op from op
-/// 0, `stride` the smallest power of two that leaves at most [`SAMPLES`] of them. The run's
+/// 0, `stride` the smallest power of two that leaves at most `SAMPLES` of them. The run's
 /// length need not be known: the stride starts at 1 and doubles, keeping every other sample,
 /// whenever the samples would pass `SAMPLES`, which ends at the same samples as that stride
 /// from the start (so a replay that starts before its trace is read whole reports what one

@@ -73,7 +73,7 @@ pub struct PlacementThreshold {
 pub struct Capacity {
     /// Under the driver placement. `None` if the run does not fit the device at all.
     pub capacity_bytes: Option<u64>,
-    /// The least any placement needed less [`band_margin`], and the most any needed
+    /// The least any placement needed less `band_margin`, and the most any needed
     /// (`None` if under some placement the run does not fit the device at all).
     pub low_bytes: Option<u64>,
     pub high_bytes: Option<u64>,

@@ -46,7 +46,7 @@ pub enum Placement {
     /// blocks has the lowest address.
     Descending,
     /// The CUDA driver's two-level rule, read off the recordings (docs/capacity.md): ranges are
-    /// packed into chunks of whole [`CHUNK_BYTES`], a new range goes first fit into the newest
+    /// packed into chunks of whole `CHUNK_BYTES`, a new range goes first fit into the newest
     /// chunk with room, else into a new chunk placed as `Descending` places it; an emptied chunk
     /// goes back. Two chunks the CUDA context and libraries partly fill exist from the start.
     #[default]

@@ -11,7 +11,8 @@
 //! - [`strategy`]: the same programs as proptest strategies, which shrink.
 //! - [`conf`]: PyTorch allocator settings strings.
 //! - [`oracles`]: what must hold, shared by every front end.
-//! - [`reference`]: a deliberately simple model of PyTorch's rules, for differential tests.
+//! - [`reference`](mod@reference): a deliberately simple model of PyTorch's rules, for
+//!   differential tests.
 //! - [`suite`], [`shrink`], [`targets`]: the property-suite runner, a shrinker for seeded
 //!   finds, and the fuzz targets' bodies.
 //!

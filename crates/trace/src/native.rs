@@ -1,7 +1,7 @@
 //! allocsim's own format: everything a `Trace` holds, losslessly, two ways.
 //!
 //! - `.allocsim`: `b"ALLOCSIM"`, a little-endian `u32` version, then the trace. Version 2
-//!   (written) is a header and chunks ([`chunked`]): compact, fast, and streamed, so a trace
+//!   (written) is a header and chunks (`chunked`): compact, fast, and streamed, so a trace
 //!   of any length replays in bounded memory ([`read_native_ops`]). Version 1 (still read) is
 //!   bincode 2 (standard config) of [`NativeFile`] in one piece.
 //! - `.allocsim.json`: [`NativeFile`] as JSON (schema [`VERSION`]), for people and other

@@ -49,8 +49,8 @@ pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceErro
 }
 
 /// [`read_snapshot`], with `replay` run on this thread while the file is read, over the ops
-/// as they settle (see [`overlap`]). Its result comes back only if the finished trace is what
-/// it assumed: ops, recorded device events and meta the same as those it was given.
+/// as they settle (see the `overlap` module). Its result comes back only if the finished trace
+/// is what it assumed: ops, recorded device events and meta the same as those it was given.
 pub fn read_snapshot_replaying<R>(
     path: &Path,
     opts: &ReadOptions,
@@ -161,7 +161,7 @@ fn parse<R: Read>(reader: R, path: &Path, opts: &ReadOptions) -> Result<Value, T
 /// The trace by way of the record streamer alone, or `None` where [`read_snapshot`] would
 /// fall back to the generic reader (without the sidecar; for tests and benchmarks).
 ///
-/// The entries are converted as they stream in ([`convert::StreamConvert`]); a trace that
+/// The entries are converted as they stream in (`convert::StreamConvert`); a trace that
 /// needs the whole list first (one without `free_completed` entries) is streamed again into a
 /// list of entries and converted from it.
 pub fn read_snapshot_streaming(
