@@ -149,6 +149,7 @@ impl Bucket {
     }
 
     /// The first block with key >= `key`, with its position in a list (`NO_POS` in a tree).
+    #[inline(always)]
     fn at_least(&self, key: Key) -> Option<(Entry, u32)> {
         match self {
             Bucket::Flat(v) => {
@@ -174,8 +175,21 @@ impl Bucket {
         }
     }
 
+    /// The smallest block, with its position in a list (`NO_POS` in a tree).
+    #[inline(always)]
     fn first(&self) -> Option<(Entry, u32)> {
-        self.at_least(0)
+        match self {
+            Bucket::Flat(v) => {
+                let (mut best, mut at) = (Key::MAX, NO_POS);
+                for (i, x) in v.iter().enumerate() {
+                    if x.key() < best {
+                        (best, at) = (x.key(), i as u32);
+                    }
+                }
+                v.get(at as usize).map(|e| (*e, at))
+            }
+            Bucket::Tree(t) => t.iter().next().map(|kv| (entry(kv), NO_POS)),
+        }
     }
 
     fn last(&self) -> Option<Entry> {
@@ -272,6 +286,7 @@ impl StreamSet {
     }
 
     /// The first block with key >= `key`, with its class and position.
+    #[inline(always)]
     fn at_least(&self, key: Key) -> Option<(Entry, usize, u32)> {
         let c = class_of((key >> 64) as u64);
         if let Some((e, at)) = self.buckets[c].at_least(key) {

@@ -115,6 +115,7 @@ impl PyTorchAllocator {
     }
 
     /// The block serving `id` while it is allocated or pending.
+    #[inline]
     fn block_of(&self, id: AllocId) -> Option<u32> {
         Some(self.ids.get(id)).filter(|&index| index != NIL)
     }

@@ -10,6 +10,7 @@ pub use super::config::{
 };
 
 /// `DeviceCachingAllocator::round_size`.
+#[inline]
 pub fn round_size(config: &Config, size: u64) -> u64 {
     if size < K_MIN_BLOCK_SIZE {
         return K_MIN_BLOCK_SIZE;
