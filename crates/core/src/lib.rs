@@ -23,7 +23,7 @@ pub use device::{CallKind, CallStats, Device, DeviceCalls, DeviceError, DynDevic
 pub use event::Event;
 pub use ids::{AllocId, MemPoolId, Pool, StreamId, GIB, KIB, MIB};
 pub use idtable::IdTable;
-pub use op::{Op, PoolAction};
+pub use op::{Op, OpSource, PoolAction};
 pub use snapshot::{BlockState, SnapshotBlock, SnapshotSegment};
 pub use start::{StartState, UNKNOWN_STREAM};
 pub use stats::{MemoryStats, Stat, StatArray};

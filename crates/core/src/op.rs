@@ -7,6 +7,7 @@
 //! have no use for (a policy without stream semantics treats `RecordStream` as a no-op).
 
 use crate::{AllocId, MemPoolId, StreamId};
+use std::borrow::Borrow;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
@@ -91,6 +92,31 @@ impl Op {
             | Op::SetMemoryFraction { .. }
             | Op::SetAllocatorSettings { .. }
             | Op::Pool { .. } => None,
+        }
+    }
+}
+
+/// Where a replay loop gets its ops. Any iterator of ops (owned or borrowed) is one, stepped
+/// op by op. A decoder may instead drive the loop itself: it calls `step` from the place where
+/// it has just read the op's kind, so that the replay's own branch on that kind folds into the
+/// decoder's, and each op costs one unpredictable jump instead of two (the kind of the next op
+/// is data, mispredicted about as often as an allocation follows a free).
+pub trait OpSource {
+    /// Call `step` with each op in order until it returns false or the ops end.
+    fn drive(self, step: impl FnMut(&Op) -> bool);
+}
+
+impl<I> OpSource for I
+where
+    I: IntoIterator,
+    I::Item: Borrow<Op>,
+{
+    #[inline(always)]
+    fn drive(self, mut step: impl FnMut(&Op) -> bool) {
+        for op in self {
+            if !step(op.borrow()) {
+                break;
+            }
         }
     }
 }

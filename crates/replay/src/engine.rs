@@ -4,9 +4,8 @@
 use crate::Observer;
 use allocsim_core::{
     Allocator, BlockState, ConfigError, Device, DynAllocator, DynDevice, Emit, Env, Event, Granted,
-    IdTable, MemoryStats, OomInfo, Op, StartState,
+    IdTable, MemoryStats, OomInfo, Op, OpSource, StartState,
 };
-use std::borrow::Borrow;
 
 /// What happened to an op.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,23 +112,25 @@ impl<'a, A: Allocator, D: Device> Engine<'a, A, D> {
 
     /// Run `ops` one after the other until an observer asks to stop; `progress` hears the
     /// count every 4096 ops and at the end. Returns how many ran.
-    pub fn run<O: Borrow<Op>, B: Observer + ?Sized>(
+    pub fn run<B: Observer + ?Sized>(
         &mut self,
-        ops: impl IntoIterator<Item = O>,
+        ops: impl OpSource,
         observer: &mut B,
         mut progress: impl FnMut(u64),
     ) -> u64 {
         let mut ran = 0;
-        for op in ops {
-            let keep_going = self.step_with(op.borrow(), observer);
-            ran += 1;
-            if ran % 4096 == 0 {
-                progress(ran);
-            }
-            if !keep_going {
-                break;
-            }
-        }
+        // Inlined into each place the source calls it: see `OpSource`.
+        ops.drive(
+            #[inline(always)]
+            |op| {
+                let keep_going = self.step_with(op, observer);
+                ran += 1;
+                if ran % 4096 == 0 {
+                    progress(ran);
+                }
+                keep_going
+            },
+        );
         progress(ran);
         ran
     }

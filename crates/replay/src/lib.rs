@@ -20,14 +20,13 @@ pub use fidelity::{Divergence, Fidelity};
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
 pub use observers::{format_event, CheckObserver, EventLog, Observer, Recorder};
 
-use allocsim_core::{Allocator, Device, DynAllocator, DynDevice, Op};
-use std::borrow::Borrow;
+use allocsim_core::{Allocator, Device, DynAllocator, DynDevice, OpSource};
 
 /// Replay `ops` (their indices are their positions) through `allocator` on `device`,
 /// notifying `observers`. Returns the number of ops run (fewer if an observer stopped the run).
 /// `ops` may borrow from a trace in memory or stream owned ops from a file.
-pub fn replay<O: Borrow<Op>>(
-    ops: impl IntoIterator<Item = O>,
+pub fn replay(
+    ops: impl OpSource,
     allocator: &mut dyn Allocator,
     device: &mut dyn Device,
     observers: &mut [&mut dyn Observer],
@@ -38,15 +37,14 @@ pub fn replay<O: Borrow<Op>>(
 
 /// [`replay`] with one observer, an allocator and a device of known types (see
 /// [`Engine::step_with`]).
-pub fn replay_with<O, B, A, D>(
-    ops: impl IntoIterator<Item = O>,
+pub fn replay_with<B, A, D>(
+    ops: impl OpSource,
     allocator: &mut A,
     device: &mut D,
     observer: &mut B,
     progress: impl FnMut(u64),
 ) -> (u64, Skipped)
 where
-    O: Borrow<Op>,
     B: Observer + ?Sized,
     A: Allocator,
     D: Device,

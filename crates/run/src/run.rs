@@ -4,7 +4,7 @@
 
 use allocsim_check::{CheckConfig, CheckReport, Checker};
 use allocsim_core::{
-    Allocator, ConfigError, Device, DeviceCalls, DynDevice, Env, Event, MemoryStats, Op,
+    Allocator, ConfigError, Device, DeviceCalls, DynDevice, Env, Event, MemoryStats, Op, OpSource,
     RecordedEvent, SnapshotSegment, StartState, Trace, TraceMeta,
 };
 use allocsim_policies::PolicyVisitor;
@@ -13,7 +13,6 @@ use allocsim_replay::{
     OpOutcome, Skipped,
 };
 use allocsim_sim::{Fault, Placement, RecordedDevice, RecordedFeed, SimConfig, SimDevice};
-use std::borrow::Borrow;
 
 /// Which device a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -168,10 +167,10 @@ pub fn run_trace(
 /// only the device events (segment events and ooms) of a recording of `recorded_len` events;
 /// `ops` yields the ops. The fidelity comparison needs the whole recording, so
 /// `opts.fidelity` is refused.
-pub fn run_trace_streamed<O: Borrow<Op>>(
+pub fn run_trace_streamed(
     head: &Trace,
     recorded_len: u64,
-    ops: impl IntoIterator<Item = O>,
+    ops: impl OpSource,
     opts: &RunOptions,
     extra: &mut [&mut dyn Observer],
     progress: impl FnMut(u64),
@@ -189,10 +188,10 @@ pub fn run_trace_streamed<O: Borrow<Op>>(
 /// `None`, running nothing, for a run that follows the recording under a policy that may
 /// reserve address space (expandable segments, the zoo's page maps): the recorded device
 /// places a reservation by looking ahead in the recording, further than the feed may reach.
-pub fn run_trace_fed<O: Borrow<Op>>(
+pub fn run_trace_fed(
     head: &Trace,
     feed: RecordedFeed,
-    ops: impl IntoIterator<Item = O>,
+    ops: impl OpSource,
     opts: &RunOptions,
     extra: &mut [&mut dyn Observer],
     progress: impl FnMut(u64),
@@ -242,9 +241,9 @@ pub fn changes_the_run(opts: &RunOptions, meta: &TraceMeta) -> bool {
         || opts.device_free_bytes.is_some_and(|f| Some(f) != meta.device_free_bytes)
 }
 
-fn run_head<O: Borrow<Op>>(
+fn run_head(
     mut trace: Head<'_>,
-    ops: impl IntoIterator<Item = O>,
+    ops: impl OpSource,
     opts: &RunOptions,
     extra: &mut [&mut dyn Observer],
     progress: impl FnMut(u64),
@@ -293,9 +292,9 @@ pub fn run_trace_on(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_on<O: Borrow<Op>, D: Device>(
+fn run_on<D: Device>(
     trace: Head<'_>,
-    ops: impl IntoIterator<Item = O>,
+    ops: impl OpSource,
     opts: &RunOptions,
     device: &mut D,
     device_name: &'static str,
@@ -333,10 +332,9 @@ struct Replay<'r, 'x, 'y, 't, 'o, I, D, P> {
     progress: P,
 }
 
-impl<I, O, D, P> PolicyVisitor for Replay<'_, '_, '_, '_, '_, I, D, P>
+impl<I, D, P> PolicyVisitor for Replay<'_, '_, '_, '_, '_, I, D, P>
 where
-    I: IntoIterator<Item = O>,
-    O: Borrow<Op>,
+    I: OpSource,
     D: Device,
     P: FnMut(u64),
 {
@@ -358,9 +356,9 @@ struct Run<'t, 'o> {
 }
 
 impl Run<'_, '_> {
-    fn replay<O: Borrow<Op>, A: Allocator, D: Device>(
+    fn replay<A: Allocator, D: Device>(
         self,
-        ops: impl IntoIterator<Item = O>,
+        ops: impl OpSource,
         allocator: &mut A,
         device: &mut D,
         extra: &mut [&mut dyn Observer],

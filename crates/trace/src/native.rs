@@ -298,19 +298,6 @@ pub(crate) fn pool_action_of(tag: u8) -> Option<PoolAction> {
     })
 }
 
-/// An op from the parts the binary layout stores: `tag` 0 alloc (id, size, stream),
-/// 1 free_requested, 2 free_completed (id), 3 record_stream (id, stream).
-#[inline]
-fn op_in_parts(tag: u8, id: u64, size: u64, stream: u64) -> Op {
-    let id = AllocId(id);
-    match tag {
-        0 => Op::Alloc { id, size, stream: StreamId(stream) },
-        1 => Op::FreeRequested { id },
-        2 => Op::FreeCompleted { id },
-        _ => Op::RecordStream { id, stream: StreamId(stream) },
-    }
-}
-
 fn recorded_out(r: &RecordedEvent) -> NativeRecorded {
     let kind = match r.kind {
         RecordedKind::SegmentAlloc => NativeKind::SegmentAlloc,

@@ -26,11 +26,11 @@
 //! it needs before the first op) and can then stream the ops.
 
 use super::{
-    bincode_config, decode_message, frame_in, frame_out, native_err, op_in_parts, recorded_in,
-    recorded_out, NativeFrame, NativeKind, NativeMeta, NativeRecorded, FORMAT_NAME,
+    bincode_config, decode_message, frame_in, frame_out, native_err, recorded_in, recorded_out,
+    NativeFrame, NativeKind, NativeMeta, NativeRecorded, FORMAT_NAME,
 };
 use crate::error::TraceError;
-use allocsim_core::{AllocId, MemPoolId, Op, RecordedEvent, Stack, StreamId, Trace};
+use allocsim_core::{AllocId, MemPoolId, Op, OpSource, RecordedEvent, Stack, StreamId, Trace};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -646,23 +646,37 @@ fn varint_bytewise(b: &[u8], pos: &mut usize) -> Option<u64> {
 /// One op at `*pos` of `b` (the layout in the module doc); `None` if it is not one.
 #[inline(always)]
 fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
+    decode_op_then(b, pos, last_id, |op| op)
+}
+
+/// Decode one op and hand it to `then`. The common kinds each call `then` in an arm of their
+/// own, so that a replay step inlined as `then` knows the kind there ([`PlainOps`]).
+#[inline(always)]
+fn decode_op_then<T>(
+    b: &[u8],
+    pos: &mut usize,
+    last_id: &mut u64,
+    then: impl FnOnce(Op) -> T,
+) -> Option<T> {
     let tag = *b.get(*pos)?;
     *pos += 1;
-    let mut id = |pos: &mut usize| -> Option<u64> {
+    let mut id = |pos: &mut usize| -> Option<AllocId> {
         let id = last_id.wrapping_add(unzigzag(varint(b, pos)?) as u64);
         *last_id = id;
-        Some(id)
+        Some(AllocId(id))
     };
-    Some(match tag {
+    let op = match tag {
         0 => {
             let id = id(pos)?;
             let size = varint(b, pos)?;
-            op_in_parts(0, id, size, varint(b, pos)?)
+            let stream = StreamId(varint(b, pos)?);
+            return Some(then(Op::Alloc { id, size, stream }));
         }
-        1 | 2 => op_in_parts(tag, id(pos)?, 0, 0),
+        1 => return Some(then(Op::FreeRequested { id: id(pos)? })),
+        2 => return Some(then(Op::FreeCompleted { id: id(pos)? })),
         3 => {
             let id = id(pos)?;
-            op_in_parts(3, id, 0, varint(b, pos)?)
+            Op::RecordStream { id, stream: StreamId(varint(b, pos)?) }
         }
         4 => Op::EmptyCache,
         5 => {
@@ -684,18 +698,19 @@ fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
             Op::Pool { pool, action }
         }
         8 => {
-            let id = AllocId(id(pos)?);
+            let id = id(pos)?;
             let (size, stream) = (varint(b, pos)?, StreamId(varint(b, pos)?));
             Op::AllocAt { id, size, stream, addr: varint(b, pos)? }
         }
         _ => return None,
-    })
+    };
+    Some(then(op))
 }
 
 impl<R: Read> NativeOps<R> {
-    /// The ops as plain values, stopping at the first error, which [`NativeOps::take_error`]
-    /// then gives. Cheaper per op than the `Result`s of the iterator itself (no wrapper to
-    /// copy through), for replay loops.
+    /// The ops as an [`OpSource`] for a replay loop, stopping at the first error, which
+    /// [`NativeOps::take_error`] then gives. Cheaper per op than the `Result`s of the iterator
+    /// itself: each op goes straight from the decoder into the loop's step.
     pub fn plain(&mut self) -> PlainOps<'_, R> {
         PlainOps { ops: self }
     }
@@ -712,22 +727,38 @@ pub struct PlainOps<'a, R> {
     ops: &'a mut NativeOps<R>,
 }
 
-impl<R: Read> Iterator for PlainOps<'_, R> {
-    type Item = Op;
-
+impl<R: Read> OpSource for PlainOps<'_, R> {
+    /// Decodes each op into the step, never into a value returned: the step's branch on the
+    /// op's kind folds into the decoder's ([`OpSource`]), and the op is not moved through
+    /// memory on the way (a `Result` or an `Option` returned costs a store-forwarding stall
+    /// per op, seen with `perf annotate`).
     #[inline(always)]
-    fn next(&mut self) -> Option<Op> {
-        // The op is decoded straight into the result, never inside a `Result`: moving it
-        // through one costs a store-forwarding stall per op (seen with `perf annotate`).
-        let ops = &mut *self.ops;
-        if let Some(op) = ops.decode_in_chunk() {
-            return Some(op);
-        }
-        match ops.next_slow()? {
-            Ok(op) => Some(op),
-            Err(e) => {
-                ops.stopped_by = Some(e);
-                None
+    fn drive(self, mut step: impl FnMut(&Op) -> bool) {
+        let ops = self.ops;
+        loop {
+            while ops.left > 0 {
+                let chunk = &mut ops.chunk;
+                let Some(going) = decode_op_then(
+                    &chunk.bytes,
+                    &mut chunk.pos,
+                    &mut ops.last_id,
+                    #[inline(always)]
+                    |op| step(&op),
+                ) else {
+                    break; // a bad op: `next_slow` says what
+                };
+                ops.left -= 1;
+                if !going {
+                    return;
+                }
+            }
+            match ops.next_slow() {
+                Some(Ok(op)) if step(&op) => {}
+                Some(Ok(_)) | None => return,
+                Some(Err(e)) => {
+                    ops.stopped_by = Some(e);
+                    return;
+                }
             }
         }
     }
