@@ -386,7 +386,7 @@ impl FreeSet {
 
     /// Remove the block a lookup just found, without searching for it again. The set must not
     /// have changed since the lookup.
-    #[inline]
+    #[inline(always)]
     pub fn remove_found(&mut self, found: &Found) {
         let key = key_of(&found.key);
         let removed =
