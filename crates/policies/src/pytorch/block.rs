@@ -77,9 +77,10 @@ impl Block {
         self.expandable != NIL
     }
 
-    /// Free with nothing outstanding: the blocks `try_merge_blocks` may absorb.
+    /// Free with nothing outstanding: the blocks `try_merge_blocks` may absorb. The fields are
+    /// combined without short-circuits: one branch on the answer rather than one per field.
     pub fn is_allocatable(&self) -> bool {
-        !self.allocated && !self.pending && self.stream_uses == 0
+        !self.allocated & !self.pending & (self.stream_uses == 0)
     }
 
     pub fn pool(&self) -> Pool {
