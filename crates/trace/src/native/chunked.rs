@@ -511,22 +511,22 @@ impl<R: Read> NativeOps<R> {
         self.total
     }
 
-    /// The next op of the current chunk; `None` at its end or at a bad op (for
-    /// [`NativeOps::next_slow`] to tell which).
+    /// The next op of the current chunk, handed to `then` ([`decode_op_then`]); `None` at the
+    /// chunk's end or at a bad op (for [`NativeOps::next_slow`] to tell which).
     #[inline(always)]
-    fn decode_in_chunk(&mut self) -> Option<Op> {
+    fn decode_in_chunk<T>(&mut self, then: impl FnOnce(Op) -> T) -> Option<T> {
         if self.left == 0 {
             return None;
         }
-        let op = decode_op(&self.chunk.bytes, &mut self.chunk.pos, &mut self.last_id)?;
+        let out = decode_op_then(&self.chunk.bytes, &mut self.chunk.pos, &mut self.last_id, then)?;
         self.left -= 1;
-        Some(op)
+        Some(out)
     }
 
     /// The next op, or the error that ends the ops; `None` after the end or an error.
     #[inline(always)]
     fn decode_next(&mut self) -> Option<Result<Op, TraceError>> {
-        match self.decode_in_chunk() {
+        match self.decode_in_chunk(|op| op) {
             Some(op) => Some(Ok(op)),
             None => self.next_slow(),
         }
@@ -643,13 +643,8 @@ fn varint_bytewise(b: &[u8], pos: &mut usize) -> Option<u64> {
     }
 }
 
-/// One op at `*pos` of `b` (the layout in the module doc); `None` if it is not one.
-#[inline(always)]
-fn decode_op(b: &[u8], pos: &mut usize, last_id: &mut u64) -> Option<Op> {
-    decode_op_then(b, pos, last_id, |op| op)
-}
-
-/// Decode one op and hand it to `then`. The common kinds each call `then` in an arm of their
+/// Decode the op at `*pos` of `b` (the layout in the module doc) and hand it to `then`;
+/// `None` if it is not one. The common kinds each call `then` in an arm of their
 /// own, so that a replay step inlined as `then` knows the kind there ([`PlainOps`]).
 #[inline(always)]
 fn decode_op_then<T>(
@@ -736,18 +731,11 @@ impl<R: Read> OpSource for PlainOps<'_, R> {
     fn drive(self, mut step: impl FnMut(&Op) -> bool) {
         let ops = self.ops;
         loop {
-            while ops.left > 0 {
-                let chunk = &mut ops.chunk;
-                let Some(going) = decode_op_then(
-                    &chunk.bytes,
-                    &mut chunk.pos,
-                    &mut ops.last_id,
-                    #[inline(always)]
-                    |op| step(&op),
-                ) else {
-                    break; // a bad op: `next_slow` says what
-                };
-                ops.left -= 1;
+            // Until the chunk's end or a bad op, which `next_slow` tells apart.
+            while let Some(going) = ops.decode_in_chunk(
+                #[inline(always)]
+                |op| step(&op),
+            ) {
                 if !going {
                     return;
                 }
