@@ -207,9 +207,11 @@ enum Pass {
     Refused(pickle::PickleError),
 }
 
-/// An entry as the reading thread of [`pipelined_pass`] hands it over: with the index of its
-/// stack in the reading thread's table, and its annotation if it is not PyTorch's default.
-type ReadEntry = (entries::Entry, Option<u32>, Option<allocsim_core::Annotation>);
+/// An entry as the reading thread of [`pipelined_pass`] hands it over: its `frames` the index
+/// of its stack in the reading thread's table (or [`entries::NO_FRAMES`]), and its annotation
+/// if it is not PyTorch's default (boxed: rare, and the batches are fresh memory, 56 bytes an
+/// entry so).
+type ReadEntry = (entries::Entry, Option<Box<allocsim_core::Annotation>>);
 
 /// What the reading thread of [`pipelined_pass`] hands over.
 enum Read2Convert {
@@ -221,12 +223,24 @@ enum Read2Convert {
 
 /// Entries per message of [`pipelined_pass`]: `FIRST_BATCH` in the first (so the converter
 /// starts at once), `SMALL_BATCH` up to `SMALL_UNTIL` entries, then `BATCH`. The batches in
-/// flight are fresh memory (about 100 bytes an entry), which a small snapshot feels; a large
-/// one feels each hand-over between the threads more.
+/// flight are fresh memory ([`ReadEntry`]), which a small snapshot feels; a large one feels
+/// each hand-over between the threads more.
 const FIRST_BATCH: usize = 64;
 const SMALL_BATCH: usize = 1024;
 const SMALL_UNTIL: usize = 16 * 1024;
 const BATCH: usize = 4096;
+
+/// The length of the batch that starts with entry `count` (from 0).
+fn batch_len(count: usize) -> usize {
+    if count < FIRST_BATCH {
+        FIRST_BATCH
+    } else if count < SMALL_UNTIL {
+        SMALL_BATCH
+    } else {
+        BATCH
+    }
+}
+
 /// Batches [`pipelined_pass`] may have sent and the converter not taken yet.
 const AHEAD: usize = 4;
 
@@ -258,7 +272,8 @@ fn pipelined_pass(
     std::thread::scope(|scope| {
         let stop = &stop;
         let reader = scope.spawn(move || {
-            let mut batch = Vec::with_capacity(FIRST_BATCH);
+            let mut full = batch_len(0);
+            let mut batch = Vec::with_capacity(full);
             let (mut count, mut not_plain) = (0, false);
             let mut stacks = opts.stacks.then(stacks::Stacks::default);
             let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
@@ -268,29 +283,26 @@ fn pipelined_pass(
                 let Some((entry, extras)) = streamed_entry(ctx, count, fields) else {
                     return false;
                 };
-                let stack = match (extras.frames, stacks.as_mut()) {
-                    (Some(list), Some(table)) => match table.intern(ctx, list, count) {
-                        Ok(stack) => stack,
+                let mut entry = entry;
+                if let (Some(list), Some(table)) = (extras.frames, stacks.as_mut()) {
+                    match table.intern(ctx, list, count) {
+                        Ok(Some(stack)) => entry.frames = stack,
+                        Ok(None) => {}
                         Err(_) => {
                             not_plain = true;
                             return false;
                         }
-                    },
-                    _ => None,
-                };
-                batch.push((entry, stack, extras.annotation()));
+                    }
+                }
+                batch.push((entry, extras.annotation().map(Box::new)));
                 count += 1;
-                let full = if count <= FIRST_BATCH {
-                    FIRST_BATCH
-                } else if count <= SMALL_UNTIL {
-                    SMALL_BATCH
-                } else {
-                    BATCH
-                };
                 if batch.len() < full {
                     return true;
                 }
-                let next = reuse.try_recv().unwrap_or_else(|_| Vec::with_capacity(full));
+                // Sized for the batch it will be: one that grows reallocates into fresh pages.
+                full = batch_len(count);
+                let mut next = reuse.try_recv().unwrap_or_default();
+                next.reserve_exact(full);
                 // A converter that stopped has dropped its end: stop reading too.
                 send.send(Read2Convert::Entries(std::mem::replace(&mut batch, next))).is_ok()
             });
@@ -341,9 +353,11 @@ fn convert_received(
     for message in received {
         match message {
             Read2Convert::Entries(mut entries) => {
-                for (entry, stack, annotation) in entries.drain(..) {
-                    let frames = stack.map(convert::Frames::Interned);
-                    if !conv.push(count, entry, frames, annotation) {
+                for (mut entry, annotation) in entries.drain(..) {
+                    let stack = std::mem::replace(&mut entry.frames, entries::NO_FRAMES);
+                    let frames =
+                        (stack != entries::NO_FRAMES).then_some(convert::Frames::Interned(stack));
+                    if !conv.push(count, entry, frames, annotation.map(|a| *a)) {
                         return (Pass::NeedsEntries, None);
                     }
                     count += 1;
