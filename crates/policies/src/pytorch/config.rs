@@ -120,6 +120,7 @@ impl Config {
 
     /// The division count for a request of `size` bytes
     /// (`AcceleratorAllocatorConfig::roundup_power2_divisions(size)`).
+    #[inline]
     pub fn roundup_divisions_for(&self, size: u64) -> u64 {
         let log_size = 63 - u64::from(size.max(1).leading_zeros());
         let index = log_size.saturating_sub(20).min(K_ROUNDUP_INTERVALS as u64 - 1);

@@ -43,6 +43,7 @@ pub fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
 }
 
 /// `DeviceCachingAllocator::get_allocation_size`: the segment a miss asks for.
+#[inline]
 pub fn get_allocation_size(size: u64) -> u64 {
     if size <= K_SMALL_SIZE {
         K_SMALL_BUFFER
@@ -54,6 +55,7 @@ pub fn get_allocation_size(size: u64) -> u64 {
 }
 
 /// `get_pool`: the small pool serves rounded sizes up to 1 MiB.
+#[inline]
 pub fn is_small(size: u64) -> bool {
     size <= K_SMALL_SIZE
 }
