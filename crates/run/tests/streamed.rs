@@ -67,6 +67,7 @@ fn streamed_runs_report_what_whole_runs_report() {
         );
         assert!(refused.unwrap_err().0.contains("whole recording"));
     }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A snapshot replayed while it is read reports what a replay of the finished trace does,

@@ -171,6 +171,7 @@ mod tests {
         k.write_all(b"data").unwrap();
         assert!(k.commit().is_err());
         assert_eq!(names(&dir), ["out.txt", "sub"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[cfg(unix)]
@@ -195,5 +196,6 @@ mod tests {
         std::os::unix::fs::symlink(&victim, &link).unwrap();
         assert!(same_file(&link, &victim) && !same_file(&link, &dir.join("out")));
         assert!(same_file(&dir.join("new"), &dir.join("./new")), "neither exists");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -189,7 +189,8 @@ fn snapshot_from_ops_only_gives_each_block_an_address_and_reads_back() {
         Op::FreeRequested { id: id(2) },
     ];
     let t = Trace { ops, ..Trace::default() };
-    let path = common::scratch("ops-only").join("t.pickle.gz");
+    let dir = common::scratch("ops-only");
+    let path = dir.join("t.pickle.gz");
     write_trace(&t, &path).unwrap();
     let back = read_trace_with(&path, &ReadOptions::without_sidecar()).unwrap();
     assert_eq!(back.ops, t.ops);
@@ -364,7 +365,8 @@ fn native_lists_are_held_to_the_header_as_they_arrive() {
     let mut t = everything();
     let event = t.recorded[0];
     t.recorded = vec![event; 5];
-    let path = common::scratch("native-claims").join("t.allocsim");
+    let dir = common::scratch("native-claims");
+    let path = dir.join("t.allocsim");
     write_trace(&t, &path).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let old_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;

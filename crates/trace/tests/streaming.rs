@@ -157,11 +157,10 @@ fn records_reach_the_sink_with_the_last_of_repeated_keys() {
     assert!(matches!(refused, Ok(None)));
 }
 
-fn write(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = common::scratch("stream");
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).unwrap();
-    path
+fn write(name: &str, bytes: &[u8]) -> common::ScratchFile {
+    let file = common::scratch("stream").file(name);
+    std::fs::write(&file, bytes).unwrap();
+    file
 }
 
 /// Hand-written pickles: opcodes as bytes, so each shape is exactly the one meant.
@@ -337,7 +336,8 @@ fn stacks_give_what_the_generic_reader_gives() {
 #[test]
 fn corrupted_snapshots_give_what_the_generic_reader_gives() {
     let good = std::fs::read(fixture()).unwrap();
-    let path = common::scratch("stream-mut").join("m.pickle");
+    let dir = common::scratch("stream-mut");
+    let path = dir.join("m.pickle");
     // Mostly in the entries (where the streamer works), sometimes anywhere.
     let place = |r: u64, len: usize| {
         if r.is_multiple_of(4) {
@@ -624,7 +624,8 @@ fn bytes_read_counts_the_whole_file() {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     let gz = common::traces_dir().join("gpt2_train.pickle.gz");
-    let plain = common::scratch("bytes-read").join("gpt2_train.pickle");
+    let dir = common::scratch("bytes-read");
+    let plain = dir.join("gpt2_train.pickle");
     let mut inflated = Vec::new();
     std::io::Read::read_to_end(
         &mut flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap()),

@@ -16,15 +16,65 @@ pub fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
 }
 
-/// A fresh empty directory under the system temp dir, unique per call.
-pub fn scratch(name: &str) -> PathBuf {
+/// A fresh empty directory under the system temp dir, unique per call, removed with what it
+/// holds when the guard is dropped.
+pub fn scratch(name: &str) -> Scratch {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let dir =
         std::env::temp_dir().join(format!("allocsim-trace-{}-{n}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+/// A [`scratch`] directory.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Scratch {
+    /// `name` in the directory, which lives as long as the path.
+    pub fn file(self, name: &str) -> ScratchFile {
+        let path = self.0.join(name);
+        ScratchFile { path, _dir: self }
+    }
+}
+
+/// A path in a [`Scratch`] directory that keeps the directory.
+pub struct ScratchFile {
+    path: PathBuf,
+    _dir: Scratch,
+}
+
+impl std::ops::Deref for ScratchFile {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for ScratchFile {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A trace entry as PyTorch writes it (without time and metadata).
