@@ -261,6 +261,29 @@ fn unexplained_device_frees_become_empty_cache() {
     );
 }
 
+/// An inferred `empty_cache` takes the time of its run's first device free, also in a trace
+/// without stacks.
+#[test]
+fn an_inferred_empty_cache_has_its_first_device_free_time() {
+    let entries = [
+        ("alloc", 0xa00, 10),
+        ("free_requested", 0xa00, 10),
+        ("free_completed", 0xa00, 10),
+        ("segment_free", 0xa00, 2 << 20),
+        ("segment_free", 0xc00, 2 << 20),
+        ("alloc", 0xd00, 30),
+    ];
+    let timed = entries.iter().enumerate().map(|(i, &(action, addr, size))| {
+        let Value::Dict(pairs) = entry(action, addr, size, 0) else { unreachable!() };
+        let mut pairs = (*pairs).clone();
+        pairs.push((Value::str("time_us"), Value::Int(1000 + i as i64)));
+        Value::dict(pairs)
+    });
+    let t = read(timed.collect(), vec![]);
+    assert_eq!(t.ops[2], Op::EmptyCache);
+    assert_eq!(t.op_times, vec![(0, 1000), (1, 1001), (2, 1003), (3, 1005)]);
+}
+
 #[test]
 fn snapshot_entries_are_skipped() {
     let t = read(

@@ -226,8 +226,10 @@ struct Builder<'a> {
     /// Indices into `recorded` of device events waiting for their op.
     run: Vec<usize>,
     run_has_alloc_side: bool,
-    /// Stack and entry index of the run's first device free (an inferred empty_cache's call).
-    run_frames: Option<(Frames, usize)>,
+    /// Stack and entry index of the run's first device event (an inferred empty_cache's
+    /// call, which takes that entry's time and annotation).
+    run_frames: Option<Frames>,
+    run_entry: usize,
     /// The FreeRequested op of the free whose completion may come next, and its address.
     direct: Option<(u64, u64)>,
     /// Frees requested and not yet completed (blocks used on another stream).
@@ -615,6 +617,7 @@ impl<'a> Builder<'a> {
             run: Vec::new(),
             run_has_alloc_side: false,
             run_frames: None,
+            run_entry: 0,
             direct: None,
             pending_frees: 0,
             completions: Vec::new(),
@@ -746,11 +749,8 @@ impl<'a> Builder<'a> {
             self.ops.len() as u64
         } else {
             self.inferred_empty_cache += 1;
-            let (frames, entry) = match self.run_frames.take() {
-                Some((f, e)) => (Some(f), e),
-                None => (None, 0),
-            };
-            self.push_op(Op::EmptyCache, frames.as_ref(), entry)?
+            let frames = self.run_frames.take();
+            self.push_op(Op::EmptyCache, frames.as_ref(), self.run_entry)?
         };
         self.tag_run(op);
         Ok(())
@@ -836,7 +836,8 @@ impl<'a> Builder<'a> {
             _ => RecordedKind::SegmentUnmap,
         };
         if self.run.is_empty() {
-            self.run_frames = frames.map(|f| (f.clone(), i));
+            self.run_frames = frames.cloned();
+            self.run_entry = i;
         }
         self.run_has_alloc_side |= matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
         self.run_has_release |= matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
