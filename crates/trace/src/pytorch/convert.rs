@@ -193,13 +193,26 @@ pub enum Frames {
     Interned(u32),
 }
 
+/// The entry an op comes from: its index and `time_us`.
+#[derive(Debug, Clone, Copy)]
+struct Source {
+    entry: usize,
+    time_us: i64,
+}
+
+impl Source {
+    fn of(entry: usize, e: &Entry) -> Source {
+        Source { entry, time_us: e.time_us }
+    }
+}
+
 /// A deferred `free_completed` waiting for its op: its block's id, its recorded event, and its
-/// stack and entry index.
+/// stack and entry.
 struct Completion {
     id: AllocId,
     recorded: usize,
     frames: Option<Frames>,
-    entry: usize,
+    source: Source,
 }
 
 struct Builder<'a> {
@@ -210,8 +223,6 @@ struct Builder<'a> {
     device_events: Vec<u32>,
     op_stacks: Vec<(u64, u32)>,
     op_times: Vec<(u64, i64)>,
-    /// Each entry's `time_us` by entry index, for the op it becomes.
-    entry_times: Vec<i64>,
     /// The annotations entries refer to ([`Entry::annotation`]).
     annotations: Vec<allocsim_core::Annotation>,
     /// The annotated entries' annotations, by entry index, for the op each becomes.
@@ -226,10 +237,10 @@ struct Builder<'a> {
     /// Indices into `recorded` of device events waiting for their op.
     run: Vec<usize>,
     run_has_alloc_side: bool,
-    /// Stack and entry index of the run's first device event (an inferred empty_cache's
-    /// call, which takes that entry's time and annotation).
+    /// Stack and entry of the run's first device event (an inferred empty_cache's call, which
+    /// takes that entry's time and annotation).
     run_frames: Option<Frames>,
-    run_entry: usize,
+    run_source: Source,
     /// The FreeRequested op of the free whose completion may come next, and its address.
     direct: Option<(u64, u64)>,
     /// Frees requested and not yet completed (blocks used on another stream).
@@ -606,7 +617,6 @@ impl<'a> Builder<'a> {
             device_events: Vec::new(),
             op_stacks: Vec::new(),
             op_times: Vec::with_capacity(entries / 2),
-            entry_times: Vec::with_capacity(entries),
             annotations: Vec::new(),
             entry_annotations: AddrMap::default(),
             op_annotations: Vec::new(),
@@ -617,7 +627,7 @@ impl<'a> Builder<'a> {
             run: Vec::new(),
             run_has_alloc_side: false,
             run_frames: None,
-            run_entry: 0,
+            run_source: Source { entry: 0, time_us: super::entries::NO_TIME },
             direct: None,
             pending_frees: 0,
             completions: Vec::new(),
@@ -710,11 +720,11 @@ impl<'a> Builder<'a> {
     }
 
     /// Push an op, attaching the entry's stack if stacks are kept.
-    fn push_op(&mut self, op: Op, frames: Option<&Frames>, i: usize) -> Result<u64, TraceError> {
-        let index = self.ops.len() as u64;
+    fn push_op(&mut self, op: Op, frames: Option<&Frames>, at: Source) -> Result<u64, TraceError> {
+        let (index, i) = (self.ops.len() as u64, at.entry);
         self.ops.push(op);
-        if let Some(&t) = self.entry_times.get(i).filter(|&&t| t != super::entries::NO_TIME) {
-            self.op_times.push((index, t));
+        if at.time_us != super::entries::NO_TIME {
+            self.op_times.push((index, at.time_us));
         }
         if let Some(&a) = self.entry_annotations.get(&i) {
             self.op_annotations.push((index, a));
@@ -750,7 +760,7 @@ impl<'a> Builder<'a> {
         } else {
             self.inferred_empty_cache += 1;
             let frames = self.run_frames.take();
-            self.push_op(Op::EmptyCache, frames.as_ref(), self.run_entry)?
+            self.push_op(Op::EmptyCache, frames.as_ref(), self.run_source)?
         };
         self.tag_run(op);
         Ok(())
@@ -776,12 +786,6 @@ impl<'a> Builder<'a> {
         frees_complete_at_once: bool,
     ) -> Result<(), TraceError> {
         let expecting = self.direct.take();
-        if self.entry_times.len() == i {
-            self.entry_times.push(e.time_us);
-        } else {
-            self.entry_times.resize(self.entry_times.len().max(i + 1), super::entries::NO_TIME);
-            self.entry_times[i] = e.time_us;
-        }
         if e.annotation != super::entries::NO_ANNOTATION {
             self.entry_annotations.insert(i, e.annotation);
         }
@@ -819,7 +823,7 @@ impl<'a> Builder<'a> {
                         id,
                         recorded,
                         frames: frames.cloned(),
-                        entry: i,
+                        source: Source::of(i, e),
                     });
                 }
             },
@@ -837,7 +841,7 @@ impl<'a> Builder<'a> {
         };
         if self.run.is_empty() {
             self.run_frames = frames.cloned();
-            self.run_entry = i;
+            self.run_source = Source::of(i, e);
         }
         self.run_has_alloc_side |= matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
         self.run_has_release |= matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
@@ -860,7 +864,8 @@ impl<'a> Builder<'a> {
             && (e.action == Action::Oom || self.run_has_release);
         self.settle_completions(synchronized)?;
         let id = self.fresh_id();
-        let k = self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, frames, i)?;
+        let at = Source::of(i, e);
+        let k = self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, frames, at)?;
         self.tag_run(k);
         if e.action == Action::Alloc {
             self.ids.insert(e.addr, id);
@@ -886,9 +891,9 @@ impl<'a> Builder<'a> {
         self.close_run(Some(i))?;
         let id = self.id_at(i, e)?;
         if !completes_next {
-            self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, i)?;
+            self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, Source::of(i, e))?;
         }
-        let k = self.push_op(Op::FreeRequested { id }, frames, i)?;
+        let k = self.push_op(Op::FreeRequested { id }, frames, Source::of(i, e))?;
         self.record(k, RecordedKind::FreeRequested, e);
         if frees_complete_at_once {
             self.ids.remove(&e.addr);
@@ -910,7 +915,8 @@ impl<'a> Builder<'a> {
             if synchronized {
                 self.run.push(c.recorded);
             } else {
-                let k = self.push_op(Op::FreeCompleted { id: c.id }, c.frames.as_ref(), c.entry)?;
+                let k =
+                    self.push_op(Op::FreeCompleted { id: c.id }, c.frames.as_ref(), c.source)?;
                 self.recorded[c.recorded].op = k;
             }
         }
