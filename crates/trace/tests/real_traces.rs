@@ -178,6 +178,25 @@ fn every_real_trace_reads_and_matches_python() {
     }
 }
 
+/// A snapshot written from a bundled recording keeps its clock: no entry's `time_us` is before
+/// the one before it (the recordings' never are), also where the conversion added ops (pool
+/// releases, `empty_cache` calls read from the recording).
+#[test]
+fn written_snapshots_keep_the_recordings_clock() {
+    for path in common::real_traces() {
+        let trace = read_trace(&path).unwrap();
+        let snapshot = allocsim_trace::pytorch::trace_to_snapshot(&trace).unwrap();
+        let entries = snapshot.get("device_traces").and_then(|t| t.as_seq()?.first()?.as_seq());
+        let times: Vec<i64> = entries
+            .unwrap()
+            .iter()
+            .map(|e| e.get("time_us").and_then(|t| t.as_int()).unwrap())
+            .collect();
+        let back = times.windows(2).position(|w| w[1] < w[0]);
+        assert_eq!(back, None, "{}: time_us goes back after entry {back:?}", path.display());
+    }
+}
+
 #[test]
 fn memory_fraction_and_oom_fields() {
     let t = read_trace(common::traces_dir().join("synthetic_oom.pickle.gz")).unwrap();

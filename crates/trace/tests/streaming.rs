@@ -76,25 +76,9 @@ fn corrupted_agree(
     (ok, err)
 }
 
-fn real_traces() -> Vec<PathBuf> {
-    let mut paths = Vec::new();
-    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra", "pytorch-2.11-h100-user"] {
-        let dir = common::traces_dir().join("..").join(dir);
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let path = e.unwrap().path();
-            if path.to_string_lossy().ends_with(".pickle.gz") {
-                paths.push(path);
-            }
-        }
-    }
-    paths.sort();
-    assert!(paths.len() >= 13, "{paths:?}");
-    paths
-}
-
 #[test]
 fn every_real_trace_streams_and_gives_the_generic_trace() {
-    for path in real_traces() {
+    for path in common::real_traces() {
         let fast = pytorch::read_snapshot_streaming(&path, &streaming()).unwrap();
         let fast = fast.unwrap_or_else(|| panic!("{}: fell back", path.display()));
         let slow = read_trace_with(&path, &generic()).unwrap();

@@ -12,6 +12,23 @@ pub fn traces_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces/pytorch-2.11-h100")
 }
 
+/// Every bundled PyTorch snapshot.
+pub fn real_traces() -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    for dir in ["pytorch-2.11-h100", "pytorch-2.11-h100-extra", "pytorch-2.11-h100-user"] {
+        let dir = traces_dir().join("..").join(dir);
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.to_string_lossy().ends_with(".pickle.gz") {
+                paths.push(path);
+            }
+        }
+    }
+    paths.sort();
+    assert!(paths.len() >= 13, "{paths:?}");
+    paths
+}
+
 pub fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
 }
