@@ -310,7 +310,9 @@ struct History {
     seen: HashSet<u64, BuildAddrHasher>,
     /// The segments whose first device call releases them: they were there before the history.
     released_first: Vec<SnapshotSegment>,
-    /// The address and entry index of every `alloc`.
+    /// The address and entry index of every `alloc` of more than 1 MiB: only those lie in a
+    /// large pool's segments, where [`first_alloc_after`] looks (a request of at most 1 MiB
+    /// rounds to at most 1 MiB, a small pool's size).
     allocs: Vec<(u64, usize)>,
 }
 
@@ -318,7 +320,7 @@ impl History {
     #[inline]
     fn step(&mut self, i: usize, e: &Entry) {
         match e.action {
-            Action::Alloc => self.allocs.push((e.addr, i)),
+            Action::Alloc if e.size > MIB => self.allocs.push((e.addr, i)),
             Action::SegmentAlloc | Action::SegmentMap => {
                 self.seen.insert(e.addr);
             }
