@@ -280,10 +280,9 @@ fn pipelined_pass(
                 if stop.load(Ordering::Relaxed) {
                     return false;
                 }
-                let Some((entry, extras)) = streamed_entry(ctx, count, fields) else {
+                let Some((mut entry, extras)) = streamed_entry(ctx, count, fields) else {
                     return false;
                 };
-                let mut entry = entry;
                 if let (Some(list), Some(table)) = (extras.frames, stacks.as_mut()) {
                     match table.intern(ctx, list, count) {
                         Ok(Some(stack)) => entry.frames = stack,
