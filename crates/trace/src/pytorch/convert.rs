@@ -195,14 +195,14 @@ pub enum Frames {
 
 /// The entry an op comes from: its index and `time_us`.
 #[derive(Debug, Clone, Copy)]
-struct Source {
+struct Origin {
     entry: usize,
     time_us: i64,
 }
 
-impl Source {
-    fn of(entry: usize, e: &Entry) -> Source {
-        Source { entry, time_us: e.time_us }
+impl Origin {
+    fn of(entry: usize, e: &Entry) -> Origin {
+        Origin { entry, time_us: e.time_us }
     }
 }
 
@@ -212,7 +212,7 @@ struct Completion {
     id: AllocId,
     recorded: usize,
     frames: Option<Frames>,
-    source: Source,
+    origin: Origin,
 }
 
 struct Builder<'a> {
@@ -240,7 +240,7 @@ struct Builder<'a> {
     /// Stack and entry of the run's first device event (an inferred empty_cache's call, which
     /// takes that entry's time and annotation).
     run_frames: Option<Frames>,
-    run_source: Source,
+    run_origin: Origin,
     /// The FreeRequested op of the free whose completion may come next, and its address.
     direct: Option<(u64, u64)>,
     /// Frees requested and not yet completed (blocks used on another stream).
@@ -629,7 +629,7 @@ impl<'a> Builder<'a> {
             run: Vec::new(),
             run_has_alloc_side: false,
             run_frames: None,
-            run_source: Source { entry: 0, time_us: super::entries::NO_TIME },
+            run_origin: Origin { entry: 0, time_us: super::entries::NO_TIME },
             direct: None,
             pending_frees: 0,
             completions: Vec::new(),
@@ -722,7 +722,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Push an op, attaching the entry's stack if stacks are kept.
-    fn push_op(&mut self, op: Op, frames: Option<&Frames>, at: Source) -> Result<u64, TraceError> {
+    fn push_op(&mut self, op: Op, frames: Option<&Frames>, at: Origin) -> Result<u64, TraceError> {
         let (index, i) = (self.ops.len() as u64, at.entry);
         self.ops.push(op);
         if at.time_us != super::entries::NO_TIME {
@@ -762,7 +762,7 @@ impl<'a> Builder<'a> {
         } else {
             self.inferred_empty_cache += 1;
             let frames = self.run_frames.take();
-            self.push_op(Op::EmptyCache, frames.as_ref(), self.run_source)?
+            self.push_op(Op::EmptyCache, frames.as_ref(), self.run_origin)?
         };
         self.tag_run(op);
         Ok(())
@@ -825,7 +825,7 @@ impl<'a> Builder<'a> {
                         id,
                         recorded,
                         frames: frames.cloned(),
-                        source: Source::of(i, e),
+                        origin: Origin::of(i, e),
                     });
                 }
             },
@@ -843,7 +843,7 @@ impl<'a> Builder<'a> {
         };
         if self.run.is_empty() {
             self.run_frames = frames.cloned();
-            self.run_source = Source::of(i, e);
+            self.run_origin = Origin::of(i, e);
         }
         self.run_has_alloc_side |= matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
         self.run_has_release |= matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
@@ -866,7 +866,7 @@ impl<'a> Builder<'a> {
             && (e.action == Action::Oom || self.run_has_release);
         self.settle_completions(synchronized)?;
         let id = self.fresh_id();
-        let at = Source::of(i, e);
+        let at = Origin::of(i, e);
         let k = self.push_op(Op::Alloc { id, size: e.size, stream: e.stream }, frames, at)?;
         self.tag_run(k);
         if e.action == Action::Alloc {
@@ -893,9 +893,9 @@ impl<'a> Builder<'a> {
         self.close_run(Some(i))?;
         let id = self.id_at(i, e)?;
         if !completes_next {
-            self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, Source::of(i, e))?;
+            self.push_op(Op::RecordStream { id, stream: UNKNOWN_STREAM }, None, Origin::of(i, e))?;
         }
-        let k = self.push_op(Op::FreeRequested { id }, frames, Source::of(i, e))?;
+        let k = self.push_op(Op::FreeRequested { id }, frames, Origin::of(i, e))?;
         self.record(k, RecordedKind::FreeRequested, e);
         if frees_complete_at_once {
             self.ids.remove(&e.addr);
@@ -918,7 +918,7 @@ impl<'a> Builder<'a> {
                 self.run.push(c.recorded);
             } else {
                 let k =
-                    self.push_op(Op::FreeCompleted { id: c.id }, c.frames.as_ref(), c.source)?;
+                    self.push_op(Op::FreeCompleted { id: c.id }, c.frames.as_ref(), c.origin)?;
                 self.recorded[c.recorded].op = k;
             }
         }
