@@ -36,8 +36,10 @@ enum Shape {
     Int,
     /// `BINGET` or `LONG_BINGET` of a finished value.
     Get,
-    /// `SHORT_BINUNICODE` of exactly this text (kept or memoized: this string is used).
-    Str(Rc<String>),
+    /// `SHORT_BINUNICODE` of exactly this text (kept or memoized: this string is used), and
+    /// the opcode, length and text as one [`Fixed`] when they fit in eight bytes (else one
+    /// of length 0).
+    Str(Rc<String>, Fixed),
     /// `SHORT_BINUNICODE` of any text, neither kept nor memoized (`flat_record` skips it).
     AnyStr,
     /// `NONE`, `NEWTRUE` or `NEWFALSE`: this opcode.
@@ -53,7 +55,7 @@ impl Shape {
         match self {
             Shape::Int => 1 + 9,
             Shape::Get => 1 + 4,
-            Shape::Str(s) => 2 + s.len(),
+            Shape::Str(s, _) => 2 + s.len(),
             Shape::AnyStr => 2 + 255,
             Shape::Op(_) => 1,
             Shape::List { .. } => 2,
@@ -302,7 +304,10 @@ impl Template {
                         _ => seen.strings.get(at).and_then(Option::as_ref),
                     };
                     match held {
-                        Some(s) if s.as_bytes() == &value[1..] => Shape::Str(s.clone()),
+                        Some(s) if s.as_bytes() == &value[1..] => Shape::Str(
+                            s.clone(),
+                            Fixed::of(&record[p - 1 - value_len..p]).unwrap_or_default(),
+                        ),
                         _ => return None,
                     }
                 }
@@ -421,12 +426,20 @@ impl Template {
                         args[at] = key;
                     }
                 }
-                Shape::Str(s) if code == op::SHORT_BINUNICODE => {
-                    let n = usize::from(w[p]);
-                    if w[p + 1..].get(..n)? != s.as_bytes() {
-                        return None;
+                Shape::Str(s, fixed) => {
+                    // Opcode, length and text: most often one compare (a snapshot's "N/A").
+                    match fixed.len {
+                        0 => {
+                            let n = usize::from(w[p]);
+                            if code != op::SHORT_BINUNICODE || w[p + 1..].get(..n)? != s.as_bytes()
+                            {
+                                return None;
+                            }
+                            p += 1 + n;
+                        }
+                        len if fixed.at(w, p - 1)? => p += usize::from(len) - 1,
+                        _ => return None,
                     }
-                    p += 1 + n;
                     if keep {
                         *present |= 1 << pair.field;
                         match &fields[f] {
@@ -491,7 +504,7 @@ impl Template {
         for &at in &self.puts {
             let (pair, arg) = (&self.pairs[at], args[at]);
             match &pair.shape {
-                Shape::Str(s) => {
+                Shape::Str(s, _) => {
                     cost += str_bytes(s);
                     let make = || Memo::Value(Value::Str(s.clone()), 0);
                     append_again(slots.next()?, memo, Some(s), make)?;
