@@ -40,13 +40,11 @@ fn report(trace: &Path, out: &Path, extra: &[&str]) {
 
 fn headless(browser: &str, args: &[String]) -> std::process::Output {
     // A profile of its own per call: two browsers on one profile do not both start.
-    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let profile = scratch().join(format!("profile-{n}"));
+    let profile = scratch();
     Command::new(browser)
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
         .arg("--virtual-time-budget=10000")
-        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--user-data-dir={}", profile.path().display()))
         .args(args)
         .output()
         .expect("running chromium")
@@ -74,16 +72,16 @@ fn bundled() -> Vec<PathBuf> {
     traces
 }
 
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("allocsim-browser-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of its own, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("allocsim-browser-").tempdir().unwrap()
 }
 
 #[test]
 fn every_bundled_trace_report_loads_without_errors() {
     let Some(browser) = chromium() else { return };
-    let dir = scratch();
+    let scratch = scratch();
+    let dir = scratch.path();
     let traces = bundled();
     assert_eq!(traces.len(), 38);
     let mut failures = Vec::new();
@@ -103,7 +101,8 @@ fn every_bundled_trace_report_loads_without_errors() {
 #[test]
 fn the_comparison_page_draws_its_panels() {
     let Some(browser) = chromium() else { return };
-    let dir = scratch();
+    let scratch = scratch();
+    let dir = scratch.path();
     let page = dir.join("compare.html");
     let trace = root().join("traces/pytorch-2.11-h100/synthetic_oom.pickle.gz");
     let out = Command::new(env!("CARGO_BIN_EXE_allocsim"))
@@ -149,7 +148,8 @@ fn hex(c: &str) -> [u8; 3] {
 #[test]
 fn screenshots_show_the_timeline() {
     let Some(browser) = chromium() else { return };
-    let dir = scratch();
+    let scratch = scratch();
+    let dir = scratch.path();
     let traces = root().join("traces");
     let cases = [
         ("lab", traces.join("pytorch-2.11-h100/gpt2_train.pickle.gz"), false),

@@ -15,9 +15,13 @@ fn bundled(name: &str) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("allocsim-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A directory of the test's own, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("allocsim-cli-test-").tempdir().unwrap()
+}
+
+/// `bytes` written to `name` in `dir`.
+fn file_in(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let path = dir.join(name);
     std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
     path
@@ -106,8 +110,9 @@ fn bad_inputs_are_refused_cleanly() {
             "line 2",
         ),
     ];
+    let dir = scratch();
     for (what, name, bytes, expect) in cases {
-        assert_refused(&scratch(name, &bytes), what, expect);
+        assert_refused(&file_in(dir.path(), name, &bytes), what, expect);
     }
     let missing = std::env::temp_dir().join("allocsim-no-such-trace.pickle.gz");
     assert_refused(&missing, "missing file", "allocsim-no-such-trace");
@@ -133,9 +138,9 @@ fn fidelity_says_exact_and_convert_round_trips() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && stdout.trim_end().ends_with("\nexact"), "{stdout}");
 
-    let dir = scratch("x", b"").parent().unwrap().to_path_buf();
-    let native = dir.join("roundup.allocsim");
-    let json = dir.join("roundup.allocsim.json");
+    let dir = scratch();
+    let native = dir.path().join("roundup.allocsim");
+    let json = dir.path().join("roundup.allocsim.json");
     for (from, to) in [(trace.as_str(), &native), (&native.to_string_lossy(), &json)] {
         let out = allocsim(&["convert", from, &to.to_string_lossy()]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -153,7 +158,8 @@ fn fidelity_says_exact_and_convert_round_trips() {
 
 #[test]
 fn compare_prints_the_grid_and_writes_the_html_report() {
-    let html = std::env::temp_dir().join(format!("allocsim-compare-{}.html", std::process::id()));
+    let dir = scratch();
+    let html = dir.path().join("compare.html");
     let trace = bundled("resnet50_train.pickle.gz");
     let policies = "pytorch,bfc,rmm_pool";
     let out = allocsim(&[
@@ -190,7 +196,6 @@ fn compare_prints_the_grid_and_writes_the_html_report() {
         assert!(capacity >= row["peak_allocated_bytes"].as_u64().unwrap() / 2, "{row}");
     }
     let page = std::fs::read_to_string(&html).unwrap();
-    std::fs::remove_file(&html).ok();
     // One timeline panel per column (drawn by the embedded uPlot), the segment maps in SVG.
     assert!(page.contains(r#""panels":[{"#) && page.matches(r#""policy":"#).count() == 3);
     assert!(page.contains("<svg") && page.contains("uPlot"), "panels or segment maps missing");
@@ -296,13 +301,13 @@ fn a_what_if_says_what_changed() {
 #[test]
 fn an_exported_snapshot_keeps_the_recorded_times_and_annotations() {
     let trace = user_trace("c_annotated.pickle.gz");
-    let out = std::env::temp_dir().join(format!("allocsim-times-{}.pickle.gz", std::process::id()));
+    let dir = scratch();
+    let out = dir.path().join("times.pickle.gz");
     let run =
         allocsim(&["replay", trace.to_str().unwrap(), "--export-snapshot", out.to_str().unwrap()]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let (source, exported) =
         (allocsim_trace::read_trace(&trace).unwrap(), allocsim_trace::read_trace(&out).unwrap());
-    std::fs::remove_file(&out).ok();
     assert_eq!(source.op_times.len(), source.ops.len(), "every op has its time");
     assert_eq!(exported.op_times, source.op_times);
     let contexts: std::collections::BTreeSet<&str> =
@@ -321,11 +326,11 @@ fn an_exported_snapshot_keeps_the_recorded_times_and_annotations() {
 #[test]
 fn the_report_carries_annotations() {
     let trace = user_trace("c_annotated.pickle.gz");
-    let page = std::env::temp_dir().join(format!("allocsim-ann-{}.html", std::process::id()));
+    let dir = scratch();
+    let page = dir.path().join("annotated.html");
     let out = allocsim(&["report", trace.to_str().unwrap(), "-o", page.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let html = std::fs::read_to_string(&page).unwrap();
-    std::fs::remove_file(&page).ok();
     assert!(html.contains(r#"["Torch-Compiled Region: 0/0","step 0"]"#), "no compile context");
     assert!(html.contains(r#"["N/A","step 2"]"#), "no user metadata");
 }
@@ -354,14 +359,14 @@ fn output_paths_are_checked_first() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
     // fidelity on a trace without recorded events says it needs a PyTorch snapshot.
-    let native = std::env::temp_dir().join(format!("allocsim-fid-{}.allocsim", std::process::id()));
+    let dir = scratch();
+    let native = dir.path().join("workload.allocsim");
     let out =
         allocsim(&["workload", "transformer-train?steps=1", "--out", native.to_str().unwrap()]);
     assert!(out.status.success());
     let out = allocsim(&["fidelity", native.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("fidelity needs a PyTorch memory snapshot"), "{stderr}");
-    let _ = std::fs::remove_file(native);
 }
 
 #[test]
@@ -439,8 +444,8 @@ fn mid_run_histories_say_how_their_statistics_count() {
 
     // d_late_history without its sidecar's stats at start: current values only; with them
     // given on the command line, all 122 keys.
-    let dir = std::env::temp_dir().join(format!("allocsim-late-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = scratch();
+    let dir = scratch.path();
     let late = dir.join("late.pickle.gz");
     std::fs::copy(user_trace("d_late_history.pickle.gz"), &late).unwrap();
     let sidecar: serde_json::Value =
@@ -460,7 +465,6 @@ fn mid_run_histories_say_how_their_statistics_count() {
     assert!(ok && text.contains("exact (29 current values"), "{text}");
     let (ok, text) = fidelity(&["--stats-at-start", &at_start.to_string_lossy()]);
     assert!(ok && text.contains("memory_stats: exact (122 keys)"), "{text}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Private pools: `info` lists what it inferred, `replay` reports each pool, and the exported
@@ -547,10 +551,10 @@ fn a_workload_spec_is_taken_wherever_a_trace_is() {
 #[test]
 fn no_command_writes_over_its_input() {
     let original = std::fs::read(bundled("synthetic_oom.pickle.gz")).unwrap();
-    let input = scratch("own-input.pickle.gz", &original);
-    let dir = input.parent().unwrap();
+    let scratch = scratch();
+    let dir = scratch.path();
+    let input = file_in(dir, "own-input.pickle.gz", &original);
     let link = dir.join("link-to-input.pickle.gz");
-    let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&input, &link).unwrap();
     let (i, l) = (input.to_str().unwrap(), link.to_str().unwrap());
     let dotted = format!("{}/./{}", dir.display(), input.file_name().unwrap().to_string_lossy());
@@ -576,10 +580,11 @@ fn no_command_writes_over_its_input() {
 /// Ctrl-C while an event log is written leaves the file that was there, and no temporary file.
 #[test]
 fn an_interrupted_write_leaves_the_old_file_and_no_temporary() {
-    let log = scratch("interrupted.log", b"the old log\n");
-    let dir = log.parent().unwrap().to_path_buf();
+    let scratch = scratch();
+    let dir = scratch.path();
+    let log = file_in(dir, "interrupted.log", b"the old log\n");
     let temporaries = || {
-        std::fs::read_dir(&dir)
+        std::fs::read_dir(dir)
             .unwrap()
             .filter(|e| {
                 e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".interrupted.log")
@@ -611,7 +616,8 @@ fn an_interrupted_write_leaves_the_old_file_and_no_temporary() {
 /// Settings a trace recorded that the policy refuses: the error names the file and where in it.
 #[test]
 fn recorded_settings_the_policy_refuses_are_named_with_their_file() {
-    let json = scratch("bad-settings.allocsim.json", b"");
+    let dir = scratch();
+    let json = file_in(dir.path(), "bad-settings.allocsim.json", b"");
     let out = allocsim(&["convert", &bundled("synthetic_oom.pickle.gz"), json.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut trace: serde_json::Value =
