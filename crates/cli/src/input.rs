@@ -65,14 +65,20 @@ fn with_read_bar<T>(
     })
 }
 
-/// Read a PyTorch snapshot as the command line says, but without its stacks (a replay shows
-/// none; interning them was a twentieth of the reading), replaying it as it is read
-/// ([`allocsim_trace::pytorch::read_snapshot_replaying`]).
+/// Read a PyTorch snapshot as the command line says, but with only what a replay reads (no
+/// stacks: interning them was a twentieth of the reading; no times; the device events alone
+/// of the recording: a 40-byte event an entry, most of the trace's memory), replaying it as
+/// it is read ([`allocsim_trace::pytorch::read_snapshot_replaying`]).
 pub fn read_snapshot_replaying<R>(
     path: &Path,
     replay: impl FnOnce(allocsim_trace::pytorch::Overlap) -> R,
-) -> anyhow::Result<(Trace, Option<R>)> {
-    let opts = allocsim_trace::ReadOptions { stacks: false, ..read_options() };
+) -> anyhow::Result<allocsim_trace::pytorch::Replayed<R>> {
+    let opts = allocsim_trace::ReadOptions {
+        stacks: false,
+        times: false,
+        events: false,
+        ..read_options()
+    };
     with_read_bar(path, opts, |opts| {
         allocsim_trace::pytorch::read_snapshot_replaying(path, opts, replay)
     })

@@ -169,15 +169,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     let opts = args.options();
     let mut overlapped = None;
+    // Events the recording has, where the snapshot's trace holds only its device events.
+    let mut recorded_len = None;
     let mut trace = match stream.as_mut() {
         Some(s) => std::mem::take(&mut s.head),
         None if overlaps => {
-            let (trace, report) = crate::input::read_snapshot_replaying(&args.trace, |o| {
+            let read = crate::input::read_snapshot_replaying(&args.trace, |o| {
                 let head = allocsim_core::Trace { meta: o.meta, ..Default::default() };
                 allocsim_run::run_trace_fed(&head, o.recorded, o.ops, &opts, &mut [], |_| {})
             })?;
-            overlapped = report.flatten();
-            trace
+            (overlapped, recorded_len) = (read.replay.flatten(), Some(read.recorded_len));
+            read.trace
         }
         None => crate::input::load_trace(&args.trace)?,
     };
@@ -210,6 +212,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             return Err(e.into());
         }
         report
+    } else if let Some(len) = recorded_len {
+        run_trace_streamed(&trace, len, &trace.ops, &opts, &mut extra, progress)
+            .with_context(setup)?
     } else if args.device == DeviceArg::Cuda {
         let (report, wall, gpu) = crate::gpu::replay_on_cuda(&trace, &opts, &mut extra, progress)?;
         cuda_lines = crate::gpu::cuda_timing_lines(&report, wall, &gpu);

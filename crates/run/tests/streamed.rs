@@ -73,9 +73,12 @@ fn streamed_runs_report_what_whole_runs_report() {
 /// A snapshot replayed while it is read reports what a replay of the finished trace does,
 /// under its own settings and what-ifs; and the replay's result is kept exactly when the
 /// history is complete (no pools, mid-run start or settings it could not know before the end).
+/// Read as `allocsim replay` reads it, with only the device events of its recording (and no
+/// stacks or times), the trace replays as the whole one does too.
 #[test]
 fn snapshots_replayed_as_they_are_read_report_what_whole_runs_report() {
-    use allocsim_trace::pytorch::read_snapshot_replaying;
+    use allocsim_trace::{pytorch::read_snapshot_replaying, ReadOptions};
+    let slim = ReadOptions { stacks: false, times: false, events: false, ..Default::default() };
     let options = [
         RunOptions { policy: "pytorch".into(), check: true, ..RunOptions::default() },
         RunOptions { policy: "pytorch".into(), device: DeviceChoice::Sim, ..RunOptions::default() },
@@ -87,24 +90,32 @@ fn snapshots_replayed_as_they_are_read_report_what_whole_runs_report() {
         },
         RunOptions { policy: "bfc".into(), ..RunOptions::default() },
     ];
-    for (name, complete) in [
-        ("pytorch-2.11-h100/gpt2_train.pickle.gz", true),
-        ("pytorch-2.11-h100/synthetic_oom.pickle.gz", true),
-        ("pytorch-2.11-h100-extra/synthetic_pending_frees.pickle.gz", true),
-        ("pytorch-2.11-h100-user/c_ring.pickle.gz", false),
-        ("pytorch-2.11-h100-user/d_mempool.pickle.gz", false),
+    // (trace, history complete, private pools: their inference reads every event)
+    for (name, complete, pools) in [
+        ("pytorch-2.11-h100/gpt2_train.pickle.gz", true, false),
+        ("pytorch-2.11-h100/synthetic_oom.pickle.gz", true, false),
+        ("pytorch-2.11-h100-extra/synthetic_pending_frees.pickle.gz", true, false),
+        ("pytorch-2.11-h100-user/c_ring.pickle.gz", false, false),
+        ("pytorch-2.11-h100-user/d_mempool.pickle.gz", false, true),
     ] {
         let path = traces().join(name);
+        let trace = allocsim_trace::read_trace(&path).unwrap();
         for opts in &options {
-            let (trace, fed) = read_snapshot_replaying(&path, &Default::default(), |o| {
+            let whole = run_trace(&trace, opts, &mut [], |_| {}).unwrap();
+            let what = format!("{name} {opts:?}");
+            let read = read_snapshot_replaying(&path, &slim, |o| {
                 let head = Trace { meta: o.meta, ..Trace::default() };
                 allocsim_run::run_trace_fed(&head, o.recorded, o.ops, opts, &mut [], |_| {})
             })
             .unwrap();
-            let whole = run_trace(&trace, opts, &mut [], |_| {}).unwrap();
-            let what = format!("{name} {opts:?}");
-            let kept = fed.flatten().map(|fed| same(&whole, &fed.unwrap(), &what)).is_some();
-            assert_eq!(kept, complete, "{what}");
+            let kept = read.replay.flatten().map(|fed| same(&whole, &fed.unwrap(), &what));
+            assert_eq!(kept.is_some(), complete, "{what}");
+            assert_eq!(read.recorded_len, trace.recorded.len() as u64, "{what}");
+            let kept_all = read.trace.recorded.len() == trace.recorded.len();
+            assert_eq!(kept_all, pools, "{what}: every event kept");
+            let (ops, len) = (&read.trace.ops, read.recorded_len);
+            let slim_run = run_trace_streamed(&read.trace, len, ops, opts, &mut [], |_| {});
+            same(&whole, &slim_run.unwrap(), &format!("{what}, device events only"));
         }
     }
 }

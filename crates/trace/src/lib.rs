@@ -91,6 +91,14 @@ pub struct ReadOptions {
     pub sidecar: bool,
     /// Keep call stacks (`frames`); skipping them saves time on traces recorded with stacks.
     pub stacks: bool,
+    /// Keep each op's recorded time (`Trace::op_times`), which reports and written snapshots
+    /// show; a replay reads none, and skipping them saves 16 bytes an op.
+    pub times: bool,
+    /// Keep every recorded event in `Trace::recorded`. Off, a snapshot's trace keeps only what
+    /// a replay without the fidelity comparison reads (the device events, OOMs and deferred
+    /// completions: a few hundred of hundreds of thousands) and saves 40 bytes an entry; its
+    /// reader tells how many events the recording has (`pytorch::Replayed::recorded_len`).
+    pub events: bool,
     /// Bounds for the pickle reader.
     pub limits: pickle::Limits,
     /// Read a snapshot's entries straight from the pickle stream (the fast path; the result
@@ -109,6 +117,8 @@ impl Default for ReadOptions {
         ReadOptions {
             sidecar: true,
             stacks: true,
+            times: true,
+            events: true,
             limits: pickle::Limits::default(),
             streaming: true,
             cuda_device: None,

@@ -25,7 +25,7 @@ mod template;
 mod value;
 mod write;
 
-pub use stream::{read_records, RecordSpec, Records};
+pub use stream::{read_records, read_records_after, RecordSpec, Records};
 pub use value::Value;
 pub use write::{to_vec, write};
 

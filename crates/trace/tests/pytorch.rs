@@ -13,10 +13,44 @@ use common::{entry, snapshot, write_pickle};
 
 const MAX: StreamId = StreamId(u64::MAX);
 
+/// The snapshot's trace, read whole; checked against the trace `allocsim replay` reads
+/// ([`slim_read_agrees`]).
 fn read(entries: Vec<Value>, segments: Vec<Value>) -> Trace {
     let dir = common::scratch("pt");
     let path = write_pickle(&dir, "t.pickle", &snapshot(entries, segments, "conf"));
-    read_trace(&path).unwrap_or_else(|e| panic!("{e}"))
+    let trace = read_trace(&path).unwrap_or_else(|e| panic!("{e}"));
+    slim_read_agrees(&path, &trace);
+    trace
+}
+
+/// Read without stacks, times and the program's recorded events (`ReadOptions::events`),
+/// `path` gives the ops, state at the start and warnings of `whole`, and of its recording
+/// every device event and OOM, and the count; every event where the private pools' inference
+/// needs them. Returns how many bytes of the file that read took.
+fn slim_read_agrees(path: &std::path::Path, whole: &Trace) -> u64 {
+    let bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let slim = ReadOptions {
+        stacks: false,
+        times: false,
+        events: false,
+        bytes_read: Some(bytes.clone()),
+        ..ReadOptions::default()
+    };
+    let read = pytorch::read_snapshot_replaying(path, &slim, |_| ()).unwrap();
+    let t = read.trace;
+    assert_eq!((&t.ops, &t.start, &t.warnings), (&whole.ops, &whole.start, &whole.warnings));
+    assert_eq!(read.recorded_len, whole.recorded.len() as u64);
+    let pools = whole.ops.iter().any(|op| matches!(op, Op::Pool { .. }));
+    if pools {
+        assert_eq!(t.recorded, whole.recorded, "every event, for the pools' inference");
+    } else {
+        let device = |r: &&RecordedEvent| r.kind.is_segment_event() || r.kind == K::Oom;
+        let kept: Vec<_> = t.recorded.iter().filter(device).collect();
+        assert_eq!(kept, whole.recorded.iter().filter(device).collect::<Vec<_>>());
+        let program = [K::Alloc, K::FreeRequested];
+        assert!(t.recorded.iter().all(|r| !program.contains(&r.kind)), "{:?}", t.recorded);
+    }
+    bytes.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn read_err(root: &Value) -> String {
@@ -730,6 +764,45 @@ fn private_pools_are_inferred_from_segments_and_release_order() {
         t.recorded.iter().filter(|e| e.kind == K::SegmentFree).map(|e| (e.addr, e.op)).collect();
     assert_eq!(frees, vec![(b as u64, 11), (c as u64, 11), (a as u64, 12)]);
     assert!(t.warnings.iter().any(|w| w.contains("(0, 1) were released")), "{:?}", t.warnings);
+}
+
+/// Read for a replay (`ReadOptions::events` off), a snapshot whose final segments show a
+/// private pool keeps every event from its start, in one read of the file; one whose pool
+/// only its release shows is read again with them, since the pools' inference needs them.
+#[test]
+fn a_replays_read_keeps_every_event_where_the_pools_need_them() {
+    const MIB: i64 = 1 << 20;
+    let (a, b) = (0x1000_0000, 0x2000_0000);
+    let entries = || {
+        vec![
+            entry("segment_alloc", a, 20 * MIB, 0),
+            entry("alloc", a, 4 * MIB, 0),
+            entry("segment_alloc", b, 2 * MIB, 0),
+            entry("alloc", b, 1000, 0),
+            entry("free_requested", b, 1000, 0),
+            entry("free_completed", b, 1000, 0),
+            entry("free_requested", a, 4 * MIB, 0),
+            entry("free_completed", a, 4 * MIB, 0),
+            // Released small pool first: a private pool. Then the default pools.
+            entry("segment_free", b, 2 * MIB, 0),
+            entry("segment_free", a, 20 * MIB, 0),
+        ]
+    };
+    let dir = common::scratch("pt-pools");
+    let released = write_pickle(&dir, "released.pickle", &snapshot(entries(), vec![], "conf"));
+    let mut segment = common::segment(0x9000_0000, 0, vec![]);
+    let Value::Dict(pairs) = &mut segment else { panic!() };
+    std::rc::Rc::get_mut(pairs).unwrap().push((
+        Value::str("segment_pool_id"),
+        Value::Tuple(std::rc::Rc::new(vec![Value::Int(0), Value::Int(2)])),
+    ));
+    let alive = write_pickle(&dir, "alive.pickle", &snapshot(entries(), vec![segment], "conf"));
+    for (path, reads) in [(released, 2), (alive, 1)] {
+        let whole = read_trace(&path).unwrap();
+        assert!(whole.ops.iter().any(|op| matches!(op, Op::Pool { .. })), "{:?}", whole.ops);
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(slim_read_agrees(&path, &whole), reads * size, "{}", path.display());
+    }
 }
 
 /// A pool that only its release shows (none is alive at the end) still has its checkpoint

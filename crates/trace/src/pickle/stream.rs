@@ -177,10 +177,22 @@ pub fn read_records<R: Read>(
     spec: RecordSpec<'_>,
     sink: impl FnMut(&[Option<Value>]) -> bool,
 ) -> Result<Option<Records>, PickleError> {
+    read_records_after(reader, limits, spec, |_| {}, sink)
+}
+
+/// [`read_records`], calling `before` once the list is found, before its first record, with
+/// the top-level dict's keys and values read before `top_key` (key, value, key, value, ...).
+pub fn read_records_after<R: Read>(
+    reader: R,
+    limits: &Limits,
+    spec: RecordSpec<'_>,
+    before: impl FnOnce(&[Value]),
+    sink: impl FnMut(&[Option<Value>]) -> bool,
+) -> Result<Option<Records>, PickleError> {
     if spec.fields.len() > 64 {
         return Ok(None);
     }
-    match stream(reader, limits, spec, sink) {
+    match stream(reader, limits, spec, before, sink) {
         Ok(records) => Ok(Some(records)),
         Err(Failure::Pickle(e)) if e.kind.is_budget() => Err(e),
         Err(_) => Ok(None),
@@ -191,8 +203,10 @@ fn stream<R: Read>(
     reader: R,
     limits: &Limits,
     spec: RecordSpec<'_>,
+    before: impl FnOnce(&[Value]),
     sink: impl FnMut(&[Option<Value>]) -> bool,
 ) -> Result<Records, Failure> {
+    let mut before = Some(before);
     let mut state = State {
         spec,
         sink,
@@ -234,6 +248,9 @@ fn stream<R: Read>(
         }
         vm.step()?;
         if code == op::EMPTY_LIST && state.list.is_none() && vm.at_record_list(spec.top_key) {
+            if let Some(before) = before.take() {
+                before(&vm.root_items_before_key());
+            }
             pending = Some(vm.stream_list(&mut state)?);
         }
     }
@@ -271,6 +288,18 @@ impl<R: Read> Vm<'_, R> {
             _ => false,
         };
         root_open && key && marks_fit && open_empty_list(n - 2) && open_empty_list(n - 1)
+    }
+
+    /// Where [`Vm::at_record_list`] holds: the root dict's keys and values before the key,
+    /// which lie between the root's `MARK` (at stack length 1) and the key.
+    fn root_items_before_key(&self) -> Vec<Value> {
+        let n = self.stack.len();
+        match self.stack.get(1..n - 3) {
+            Some(items) if self.marks.first() == Some(&1) => {
+                items.iter().map(|slot| slot.value.clone()).collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// The next opcode, skipping `FRAME`s (which only group opcodes for buffering).

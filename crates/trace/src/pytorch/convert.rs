@@ -55,10 +55,30 @@ pub use allocsim_core::UNKNOWN_STREAM;
 /// Placeholder op tag of a device event whose op is not known yet.
 const UNTAGGED: u64 = u64::MAX;
 
+/// What a conversion keeps besides ops and recorded events, as [`crate::ReadOptions`] says.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    /// Each op's stack (`ReadOptions::stacks`).
+    pub stacks: bool,
+    /// Each op's time (`ReadOptions::times`).
+    pub times: bool,
+    /// Every recorded event (`ReadOptions::events`).
+    pub events: bool,
+}
+
+impl Keep {
+    pub fn of(opts: &crate::ReadOptions) -> Keep {
+        Keep { stacks: opts.stacks, times: opts.times, events: opts.events }
+    }
+}
+
 pub struct Converted {
     pub start: Option<StartState>,
     pub ops: Vec<Op>,
+    /// The recorded events, all of them or those [`Keep::events`] leaves.
     pub recorded: Vec<RecordedEvent>,
+    /// How many events the recording has, kept or not.
+    pub recorded_len: u64,
     /// Where the device events (segment allocations, frees, maps and unmaps) are in
     /// `recorded`: a few hundred of its hundreds of thousands, for those that read only them.
     pub device_events: Vec<u32>,
@@ -223,6 +243,11 @@ struct Builder<'a> {
     device_events: Vec<u32>,
     op_stacks: Vec<(u64, u32)>,
     op_times: Vec<(u64, i64)>,
+    /// Whether `op_times` is kept ([`Keep::times`]).
+    times: bool,
+    /// Whether every recorded event is kept ([`Keep::events`]), and how many were not.
+    events: bool,
+    events_left_out: u64,
     /// The annotations entries refer to ([`Entry::annotation`]).
     annotations: Vec<allocsim_core::Annotation>,
     /// The annotated entries' annotations, by entry index, for the op each becomes.
@@ -260,7 +285,7 @@ pub fn convert(
     ctx: Ctx<'_>,
     all: &Entries,
     last: &[SnapshotSegment],
-    with_stacks: bool,
+    keep: Keep,
 ) -> Result<Converted, TraceError> {
     let entries = &all.list[..];
     let frames = |e: &Entry| all.frames.get(e.frames as usize).cloned().map(Frames::Listed);
@@ -274,7 +299,7 @@ pub fn convert(
         history.step(i, e);
     }
     let synthetic = finder.finish(last);
-    let mut b = Builder::new(ctx, entries.len(), with_stacks);
+    let mut b = Builder::new(ctx, entries.len(), keep);
     b.annotations = all.annotations.clone();
     let start = (!synthetic.is_empty()).then(|| {
         let ids: Vec<AllocId> = synthetic
@@ -506,12 +531,12 @@ pub struct StreamConvert<'a> {
 }
 
 impl<'a> StreamConvert<'a> {
-    pub fn new(ctx: Ctx<'a>, with_stacks: bool) -> Self {
+    pub fn new(ctx: Ctx<'a>, keep: Keep) -> Self {
         StreamConvert {
             ctx,
             finder: SyntheticFinder::default(),
             history: History::default(),
-            builder: Builder::new(ctx, 0, with_stacks),
+            builder: Builder::new(ctx, 0, keep),
             waiting: None,
             seen_free_requested: false,
             seen_free_completed: false,
@@ -552,6 +577,11 @@ impl<'a> StreamConvert<'a> {
         }
         self.waiting = Some((i, e, frames));
         true
+    }
+
+    /// Keep every recorded event from here on ([`Keep::events`]), before the first entry.
+    pub fn keep_events(&mut self) {
+        self.builder.events = true;
     }
 
     /// The ops converted so far and the recorded events whose op is settled, from the start:
@@ -611,18 +641,21 @@ impl<'a> StreamConvert<'a> {
 const SYNTHETIC_ID: u64 = 1 << 63;
 
 impl<'a> Builder<'a> {
-    fn new(ctx: Ctx<'a>, entries: usize, with_stacks: bool) -> Self {
+    fn new(ctx: Ctx<'a>, entries: usize, keep: Keep) -> Self {
         Builder {
             ctx,
             ops: Vec::with_capacity(entries / 2),
-            recorded: Vec::with_capacity(entries),
+            recorded: Vec::with_capacity(if keep.events { entries } else { 0 }),
             device_events: Vec::new(),
             op_stacks: Vec::new(),
-            op_times: Vec::with_capacity(entries / 2),
+            op_times: Vec::with_capacity(if keep.times { entries / 2 } else { 0 }),
+            times: keep.times,
+            events: keep.events,
+            events_left_out: 0,
             annotations: Vec::new(),
             entry_annotations: AddrMap::default(),
             op_annotations: Vec::new(),
-            stacks: with_stacks.then(Stacks::default),
+            stacks: keep.stacks.then(Stacks::default),
             next_id: 0,
             ids: AddrMap::default(),
             synthetic_ids: AddrMap::default(),
@@ -697,6 +730,7 @@ impl<'a> Builder<'a> {
         Ok(Converted {
             start: start.map(|(state, _)| state),
             ops: self.ops,
+            recorded_len: self.recorded.len() as u64 + self.events_left_out,
             recorded: self.recorded,
             device_events: self.device_events,
             stacks: self.stacks.map(|s| s.stacks).unwrap_or_default(),
@@ -714,6 +748,14 @@ impl<'a> Builder<'a> {
     }
 
     fn record(&mut self, op: u64, kind: RecordedKind, e: &Entry) {
+        // Left out unless kept: the program's own events, whose op is known here (so no
+        // index into `recorded` is taken of them). A deferred completion's op comes later.
+        let program = matches!(kind, RecordedKind::Alloc | RecordedKind::FreeRequested)
+            || (kind == RecordedKind::FreeCompleted && op != UNTAGGED);
+        if program && !self.events {
+            self.events_left_out += 1;
+            return;
+        }
         let (addr, size, stream) = (e.addr, e.size, e.stream);
         if kind.is_segment_event() {
             self.device_events.push(self.recorded.len() as u32);
@@ -725,7 +767,7 @@ impl<'a> Builder<'a> {
     fn push_op(&mut self, op: Op, frames: Option<&Frames>, at: Origin) -> Result<u64, TraceError> {
         let (index, i) = (self.ops.len() as u64, at.entry);
         self.ops.push(op);
-        if at.time_us != super::entries::NO_TIME {
+        if self.times && at.time_us != super::entries::NO_TIME {
             self.op_times.push((index, at.time_us));
         }
         if let Some(&a) = self.entry_annotations.get(&i) {
@@ -1057,8 +1099,9 @@ mod tests {
             },
         ];
         let all = Entries { list: list.clone(), ..Entries::default() };
-        let listed = convert(ctx, &all, &last, false).unwrap();
-        let mut conv = StreamConvert::new(ctx, false);
+        let keep = Keep { stacks: false, times: true, events: true };
+        let listed = convert(ctx, &all, &last, keep).unwrap();
+        let mut conv = StreamConvert::new(ctx, keep);
         for (i, e) in list.into_iter().enumerate() {
             assert!(conv.push(i, e, None, None), "entry {i}");
         }

@@ -372,6 +372,18 @@ pub fn entry_from_fields<'v>(
     Ok((entry, Extras { frames, annotation }))
 }
 
+/// Whether the final `segments`, among the top-level dict's keys and values given as they
+/// come (key, value, ...), show a segment of a private pool (`segment_pool_id` other than
+/// `(0, 0)`); false where they do not say, for [`final_segments`] to judge later.
+pub fn private_pool_alive(root_items: &[Value]) -> bool {
+    let segments = root_items.chunks_exact(2).find(|kv| kv[0].as_str() == Some("segments"));
+    let Some(segments) = segments.and_then(|kv| kv[1].as_seq()) else { return false };
+    segments.iter().any(|seg| {
+        let id = seg.get("segment_pool_id").and_then(Value::as_seq);
+        matches!(id, Some([a, b]) if a.as_int() != Some(0) || b.as_int() != Some(0))
+    })
+}
+
 /// The final `segments` list of the device read, each with its blocks, sorted by address.
 pub fn final_segments(ctx: Ctx<'_>, root: &Value) -> Result<Vec<SnapshotSegment>, TraceError> {
     let Some(segments) = root.get("segments") else {

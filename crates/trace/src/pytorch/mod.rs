@@ -45,7 +45,18 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// including every error, makes the file be read again the generic way, which gives the same
 /// trace or the same error.
 pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
-    Ok(read(path, opts, None)?.0)
+    Ok(read(path, opts, None)?.0.trace)
+}
+
+/// What [`read_snapshot_replaying`] gives.
+#[derive(Debug)]
+pub struct Replayed<R> {
+    pub trace: Trace,
+    /// The replay's result, if the finished trace is what it assumed.
+    pub replay: Option<R>,
+    /// How many events the recording has: `trace.recorded.len()`, or more where
+    /// [`ReadOptions::events`] is off.
+    pub recorded_len: u64,
 }
 
 /// [`read_snapshot`], with `replay` run on this thread while the file is read, over the ops
@@ -55,11 +66,11 @@ pub fn read_snapshot_replaying<R>(
     path: &Path,
     opts: &ReadOptions,
     replay: impl FnOnce(Overlap) -> R,
-) -> Result<(Trace, Option<R>), TraceError> {
+) -> Result<Replayed<R>, TraceError> {
     let (mut replay, mut result) = (Some(replay), None);
     let mut run = |overlap: Overlap| result = replay.take().map(|f| f(overlap));
-    let (trace, faithful) = read(path, opts, Some(&mut run))?;
-    Ok((trace, result.filter(|_| faithful)))
+    let (Replayed { trace, recorded_len, .. }, faithful) = read(path, opts, Some(&mut run))?;
+    Ok(Replayed { trace, replay: result.filter(|_| faithful), recorded_len })
 }
 
 /// [`read_snapshot`], and whether `replay` (if given, and if the file came through the
@@ -68,7 +79,7 @@ fn read(
     path: &Path,
     opts: &ReadOptions,
     replay: Option<&mut dyn FnMut(Overlap)>,
-) -> Result<(Trace, bool), TraceError> {
+) -> Result<(Replayed<()>, bool), TraceError> {
     // What the replay may assume of the meta before the end: the sidecar's, default settings.
     let mut meta = TraceMeta { source_format: SOURCE_FORMAT.to_string(), ..TraceMeta::default() };
     if opts.sidecar && replay.is_some() {
@@ -78,13 +89,17 @@ fn read(
         true => streaming(path, opts, replay.map(|r| (meta.clone(), r)))?,
         false => (None, None),
     };
-    let Assembled { mut trace, device_events, .. } = match streamed {
+    let Assembled { mut trace, device_events, recorded_len, needs_events, .. } = match streamed {
         Some(assembled) => assembled,
         None => {
             let root = parse(open(path, opts)?, path, opts)?;
             convert_root(&root, path, opts, None)?
         }
     };
+    if needs_events {
+        // A private pool shows, and its inference reads the allocations' events.
+        return read(path, &ReadOptions { events: true, ..opts.clone() }, None);
+    }
     if opts.sidecar {
         sidecar::apply(path, &mut trace.meta)?;
     }
@@ -104,7 +119,7 @@ fn read(
             && sent.ops == trace.ops.len()
             && trace.meta == meta
     });
-    Ok((trace, faithful))
+    Ok((Replayed { trace, replay: None, recorded_len }, faithful))
 }
 
 /// The decompressed pickle stream of a snapshot file.
@@ -215,6 +230,9 @@ type ReadEntry = (entries::Entry, Option<Box<allocsim_core::Annotation>>);
 
 /// What the reading thread of [`pipelined_pass`] hands over.
 enum Read2Convert {
+    /// Before the entries: the final segments show a private pool, whose inference reads every
+    /// recorded event ([`ReadOptions::events`] notwithstanding).
+    KeepEvents,
     Entries(Vec<ReadEntry>),
     /// The file is read: the rest of the snapshot, or how the pass ends; and the stacks the
     /// entries' indices name.
@@ -276,7 +294,14 @@ fn pipelined_pass(
             let mut batch = Vec::with_capacity(full);
             let (mut count, mut not_plain) = (0, false);
             let mut stacks = opts.stacks.then(stacks::Stacks::default);
-            let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
+            let early = send.clone();
+            let before = |root: &[Value]| {
+                if !opts.events && entries::private_pool_alive(root) {
+                    let _ = early.send(Read2Convert::KeepEvents);
+                }
+            };
+            let limits = &opts.limits;
+            let records = pickle::read_records_after(source, limits, ENTRIES, before, |fields| {
                 if stop.load(Ordering::Relaxed) {
                     return false;
                 }
@@ -318,7 +343,7 @@ fn pipelined_pass(
             let _ = send.send(Read2Convert::End(end, stacks.map(|s| s.stacks).unwrap_or_default()));
         });
         let convert = move |feeder| {
-            let done = convert_received(ctx, opts.stacks, received, spare, feeder);
+            let done = convert_received(ctx, convert::Keep::of(opts), received, spare, feeder);
             stop.store(true, Ordering::Relaxed);
             done
         };
@@ -342,15 +367,16 @@ fn pipelined_pass(
 /// still at work.
 fn convert_received(
     ctx: Ctx<'_>,
-    stacks: bool,
+    keep: convert::Keep,
     received: Receiver<Read2Convert>,
     spare: SyncSender<Vec<ReadEntry>>,
     mut feeder: Option<overlap::Feeder>,
 ) -> (Pass, Option<overlap::Sent>) {
-    let mut conv = convert::StreamConvert::new(ctx, stacks);
+    let mut conv = convert::StreamConvert::new(ctx, keep);
     let mut count = 0;
     for message in received {
         match message {
+            Read2Convert::KeepEvents => conv.keep_events(),
             Read2Convert::Entries(mut entries) => {
                 for (mut entry, annotation) in entries.drain(..) {
                     let stack = std::mem::replace(&mut entry.frames, entries::NO_FRAMES);
@@ -419,7 +445,7 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     let source = open(path, opts)?;
     let ctx = Ctx { path, device: 0 };
     let mut entries = entries::Entries::default();
-    let mut conv = as_they_come.then(|| convert::StreamConvert::new(ctx, opts.stacks));
+    let mut conv = as_they_come.then(|| convert::StreamConvert::new(ctx, convert::Keep::of(opts)));
     let mut needs_entries = false;
     let mut count = 0;
     let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
@@ -539,6 +565,10 @@ struct Assembled {
     device_events: Vec<u32>,
     /// Whether private pools were inferred (which adds and changes ops).
     pools_inferred: bool,
+    /// How many events the recording has ([`convert::Converted::recorded_len`]).
+    recorded_len: u64,
+    /// A private pool shows, but the conversion kept too few events to infer it.
+    needs_events: bool,
 }
 
 fn trace_of(head: Head, converted: convert::Converted) -> Assembled {
@@ -564,7 +594,17 @@ fn trace_of(head: Head, converted: convert::Converted) -> Assembled {
         warnings,
     };
     let mut device_events = converted.device_events;
-    let notes = pools::infer_pools(&mut trace, &device_events, &head.last);
+    let recorded_len = converted.recorded_len;
+    let all_events = trace.recorded.len() as u64 == recorded_len;
+    let Some(notes) = pools::infer_pools(&mut trace, &device_events, &head.last, all_events) else {
+        return Assembled {
+            trace,
+            device_events,
+            pools_inferred: false,
+            recorded_len,
+            needs_events: true,
+        };
+    };
     let pools_inferred = !notes.is_empty();
     trace.warnings.extend(notes);
     if pools_inferred {
@@ -572,7 +612,7 @@ fn trace_of(head: Head, converted: convert::Converted) -> Assembled {
         let device = trace.recorded.iter().enumerate().filter(|(_, e)| e.kind.is_segment_event());
         device_events = device.map(|(r, _)| r as u32).collect();
     }
-    Assembled { trace, device_events, pools_inferred }
+    Assembled { trace, device_events, pools_inferred, recorded_len, needs_events: false }
 }
 
 fn convert_root(
@@ -585,7 +625,7 @@ fn convert_root(
     let streamed_len = streamed.as_ref().map_or(0, |e| e.list.len());
     let (head, entries) = read_root(ctx, root, streamed, streamed_len, opts)?;
     let ctx = Ctx { device: head.device, ..ctx };
-    let converted = convert::convert(ctx, &entries, &head.last, opts.stacks)?;
+    let converted = convert::convert(ctx, &entries, &head.last, convert::Keep::of(opts))?;
     Ok(trace_of(head, converted))
 }
 

@@ -208,18 +208,24 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
 
 /// Infer the pools and add their ops (see the module doc). `device_events`: where the device
 /// events are in `trace.recorded`. Returns what was inferred and what had to be guessed, for
-/// the trace's warnings; nothing when no private pool shows.
+/// the trace's warnings; nothing when no private pool shows. `None`, changing nothing, when
+/// a private pool shows but `trace.recorded` holds only the device events and deferred
+/// completions (`all_events` false): the allocations' events are needed.
 pub fn infer_pools(
     trace: &mut Trace,
     device_events: &[u32],
     last: &[SnapshotSegment],
-) -> Vec<String> {
+    all_events: bool,
+) -> Option<Vec<String>> {
     let known: BTreeSet<MemPoolId> =
         last.iter().map(|s| s.pool_id).filter(|p| !p.is_default()).collect();
     // Private pools alive at the end show in `last`; one released before is found from the
     // segments' frees, reading the allocations only where the frees alone do not tell.
     let mut detail = if known.is_empty() { Detail::Segments } else { Detail::Sites };
     let (Scan { instances, mut alloc_in, freed, mut sites, .. }, released) = loop {
+        if detail > Detail::Segments && !all_events {
+            return None;
+        }
         let mut scan = scan(trace, device_events, detail);
         for seg in last {
             if let Some(&(_, i)) = scan.live.by_start.get(&seg.address) {
@@ -233,7 +239,10 @@ pub fn infer_pools(
         }
     };
     if known.is_empty() && released.is_empty() {
-        return Vec::new();
+        return Some(Vec::new());
+    }
+    if !all_events {
+        return None;
     }
     if detail < Detail::Sites {
         // The same segments in the same order: the instances found stay valid.
@@ -324,7 +333,7 @@ pub fn infer_pools(
             names(&mut released.iter().map(|(p, _)| p))
         ));
     }
-    notes
+    Some(notes)
 }
 
 /// The private pools whose release the frees show (see the module doc), with the recorded

@@ -5,7 +5,6 @@
 use allocsim_core::Trace;
 use allocsim_trace::pickle::{self, Value};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The bundled real traces.
 pub fn traces_dir() -> PathBuf {
@@ -33,32 +32,33 @@ pub fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
 }
 
-/// A fresh empty directory under the system temp dir, unique per call, removed with what it
-/// holds when the guard is dropped.
+/// A fresh empty directory under the system temp dir, removed with what it holds when the
+/// guard is dropped.
 pub fn scratch(name: &str) -> Scratch {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let dir =
-        std::env::temp_dir().join(format!("allocsim-trace-{}-{n}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
+    let prefix = format!("allocsim-trace-{name}-");
+    Scratch(tempfile::Builder::new().prefix(&prefix).tempdir().unwrap())
 }
 
 /// A [`scratch`] directory.
-pub struct Scratch(PathBuf);
+pub struct Scratch(tempfile::TempDir);
 
 impl std::ops::Deref for Scratch {
     type Target = Path;
     fn deref(&self) -> &Path {
-        &self.0
+        self.0.path()
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        self.0.path()
     }
 }
 
 impl Scratch {
     /// `name` in the directory, which lives as long as the path.
     pub fn file(self, name: &str) -> ScratchFile {
-        let path = self.0.join(name);
+        let path = self.0.path().join(name);
         ScratchFile { path, _dir: self }
     }
 }
@@ -79,18 +79,6 @@ impl std::ops::Deref for ScratchFile {
 impl AsRef<Path> for ScratchFile {
     fn as_ref(&self) -> &Path {
         &self.path
-    }
-}
-
-impl AsRef<Path> for Scratch {
-    fn as_ref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
