@@ -705,17 +705,24 @@ fn mutated_snapshots_never_panic() {
     assert!(converted > 100, "the mutations left enough parseable pickles ({converted})");
 }
 
+/// `segment` (as `common::segment` makes it) in the private pool `(0, n)`.
+fn in_pool(mut segment: Value, n: i64) -> Value {
+    let Value::Dict(pairs) = &mut segment else { panic!("a segment is a dict") };
+    std::rc::Rc::get_mut(pairs).unwrap().push((
+        Value::str("segment_pool_id"),
+        Value::Tuple(std::rc::Rc::new(vec![Value::Int(0), Value::Int(n)])),
+    ));
+    segment
+}
+
 #[test]
 fn private_pools_are_inferred_from_segments_and_release_order() {
     const MIB: i64 = 1 << 20;
     let (a, b, c, d) = (0x1000_0000, 0x2000_0000, 0x3000_0000, 0x9000_0000);
-    let mut pool_segment =
-        common::segment(d, 0, vec![common::block(d, 20 * MIB, 4 * MIB, "active_allocated")]);
-    let Value::Dict(pairs) = &mut pool_segment else { panic!() };
-    std::rc::Rc::get_mut(pairs).unwrap().push((
-        Value::str("segment_pool_id"),
-        Value::Tuple(std::rc::Rc::new(vec![Value::Int(0), Value::Int(2)])),
-    ));
+    let pool_segment = in_pool(
+        common::segment(d, 0, vec![common::block(d, 20 * MIB, 4 * MIB, "active_allocated")]),
+        2,
+    );
     let t = read(
         vec![
             entry("segment_alloc", a, 20 * MIB, 0),
@@ -790,12 +797,7 @@ fn a_replays_read_keeps_every_event_where_the_pools_need_them() {
     };
     let dir = common::scratch("pt-pools");
     let released = write_pickle(&dir, "released.pickle", &snapshot(entries(), vec![], "conf"));
-    let mut segment = common::segment(0x9000_0000, 0, vec![]);
-    let Value::Dict(pairs) = &mut segment else { panic!() };
-    std::rc::Rc::get_mut(pairs).unwrap().push((
-        Value::str("segment_pool_id"),
-        Value::Tuple(std::rc::Rc::new(vec![Value::Int(0), Value::Int(2)])),
-    ));
+    let segment = in_pool(common::segment(0x9000_0000, 0, vec![]), 2);
     let alive = write_pickle(&dir, "alive.pickle", &snapshot(entries(), vec![segment], "conf"));
     for (path, reads) in [(released, 2), (alive, 1)] {
         let whole = read_trace(&path).unwrap();
