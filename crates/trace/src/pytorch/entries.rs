@@ -379,8 +379,11 @@ pub fn private_pool_alive(root_items: &[Value]) -> bool {
     let segments = root_items.chunks_exact(2).find(|kv| kv[0].as_str() == Some("segments"));
     let Some(segments) = segments.and_then(|kv| kv[1].as_seq()) else { return false };
     segments.iter().any(|seg| {
-        let id = seg.get("segment_pool_id").and_then(Value::as_seq);
-        matches!(id, Some([a, b]) if a.as_int() != Some(0) || b.as_int() != Some(0))
+        let Some([a, b]) = seg.get("segment_pool_id").and_then(Value::as_seq) else { return false };
+        match (a.as_int(), b.as_int()) {
+            (Some(a), Some(b)) => !MemPoolId(a as u64, b as u64).is_default(),
+            _ => false,
+        }
     })
 }
 
