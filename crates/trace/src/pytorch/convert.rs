@@ -955,6 +955,9 @@ impl<'a> Builder<'a> {
     /// allocation: the policy completes them itself there, after its cache lookup failed, so
     /// they must not be ops before it.
     fn settle_completions(&mut self, synchronized: bool) -> Result<(), TraceError> {
+        if self.completions.is_empty() {
+            return Ok(());
+        }
         for c in std::mem::take(&mut self.completions) {
             if synchronized {
                 self.run.push(c.recorded);
