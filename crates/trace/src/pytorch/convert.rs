@@ -570,8 +570,10 @@ impl<'a> StreamConvert<'a> {
         if e.action == Action::Snapshot {
             return true;
         }
-        if let Some((j, w, w_frames)) = self.waiting.take() {
-            if self.builder.step(j, &w, w_frames.as_ref(), Some(&e), false).is_err() {
+        // The entry waiting is stepped where it lies, then replaced: moving it out first
+        // cost the Llama snapshot's conversion 4 M instructions more.
+        if let Some((j, w, w_frames)) = &self.waiting {
+            if self.builder.step(*j, w, w_frames.as_ref(), Some(&e), false).is_err() {
                 return false;
             }
         }
@@ -954,10 +956,16 @@ impl<'a> Builder<'a> {
     /// `synchronize_and_free_events` made inside an allocation's release path belong to that
     /// allocation: the policy completes them itself there, after its cache lookup failed, so
     /// they must not be ops before it.
+    #[inline]
     fn settle_completions(&mut self, synchronized: bool) -> Result<(), TraceError> {
         if self.completions.is_empty() {
             return Ok(());
         }
+        self.settle_some_completions(synchronized)
+    }
+
+    #[inline(never)]
+    fn settle_some_completions(&mut self, synchronized: bool) -> Result<(), TraceError> {
         for c in std::mem::take(&mut self.completions) {
             if synchronized {
                 self.run.push(c.recorded);
