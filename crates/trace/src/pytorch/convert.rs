@@ -118,7 +118,7 @@ struct SyntheticFinder {
 }
 
 impl SyntheticFinder {
-    #[inline]
+    #[inline(always)]
     fn step(
         &mut self,
         ctx: Ctx<'_>,
@@ -342,7 +342,7 @@ struct History {
 }
 
 impl History {
-    #[inline]
+    #[inline(always)]
     fn step(&mut self, i: usize, e: &Entry) {
         match e.action {
             Action::Alloc if e.size > MIB => self.allocs.push((e.addr, i)),
@@ -823,6 +823,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Entry `i` (not a `snapshot`), with its stack and the next entry that is not one.
+    #[inline(always)]
     fn step(
         &mut self,
         i: usize,
