@@ -283,6 +283,33 @@ fn stacks_give_what_the_generic_reader_gives() {
         ("field-own-dict", vec![b"}\x94(h\x05h\x11h\x07M\x00\x20h\x08M\x00\x02u".to_vec()]),
         // The same bytes again: the list they built before (`pickle::lists::ListsByBytes`).
         ("again", vec![entry(0x20, b"]\x94(h\x0be"), entry(0x30, b"]\x94(h\x0be")]),
+        // The same after an entry the opcode reader took over (a frame seen for the first
+        // time, memo 21), which took back what the flat reader had added to the memo: the
+        // shape and the list found by bytes still hold, and a list GETs the new frame.
+        (
+            "again-after-new-frame",
+            vec![
+                entry(0x20, b"]\x94(h\x0be"),
+                entry(0x30, b"]\x94(}\x94(h\x0ch\x0duh\x0be"),
+                entry(0x40, b"]\x94(h\x0be"),
+                entry(0x50, b"]\x94(h\x15h\x0be"),
+                entry(0x60, b"]\x94(h\x15h\x0be"),
+            ],
+        ),
+        // A list (under an ignored key, `a.py`) that GETs a string its own entry memoized
+        // (memo 18), in an entry the flat reader gives up on after the list (a dict under
+        // `line`); the next entry's list has the same bytes.
+        (
+            "own-string-taken-back",
+            vec![
+                [
+                    b"}\x94(h\x05h\x06h\x0c\x8c\x01z\x94h\x0d]\x94(h\x12e".as_slice(),
+                    b"h\x0e}(h\x0ch\x0duh\x07M\x00\x20h\x08M\x00\x02u",
+                ]
+                .concat(),
+                b"}\x94(h\x05h\x06h\x0d]\x94(h\x12eh\x07M\x00\x30h\x08M\x00\x02u".to_vec(),
+            ],
+        ),
         // The same bytes after the frame they name (memo 11) was replaced by another dict
         // (`filename` b.py, as an ignored key's value): the new frame.
         (

@@ -48,11 +48,11 @@ pub fn list_end(w: &[u8; FLAT_WINDOW_BYTES], mut p: usize) -> Option<usize> {
     }
 }
 
-/// The items that a list's ops (as [`list_end`] found them) GET, into `items`, and the depth
-/// of the deepest; `None` if one is not a finished value.
-pub fn list_items(ops: &[u8], memo: &MemoTable, items: &mut Vec<Value>) -> Option<u32> {
+/// The items that a list's ops (as [`list_end`] found them) GET, into `items`, the depth of
+/// the deepest and the largest key; `None` if one is not a finished value.
+pub fn list_items(ops: &[u8], memo: &MemoTable, items: &mut Vec<Value>) -> Option<(u32, u64)> {
     items.clear();
-    let mut deepest = 0;
+    let (mut deepest, mut largest) = (0, 0);
     let mut q = 0;
     while let Some(&code) = ops.get(q) {
         let key = match code {
@@ -72,9 +72,10 @@ pub fn list_items(ops: &[u8], memo: &MemoTable, items: &mut Vec<Value>) -> Optio
         };
         let (v, depth) = memo_value(memo, key)?;
         deepest = deepest.max(depth);
+        largest = largest.max(key);
         items.push(v.clone());
     }
-    Some(deepest)
+    Some((deepest, largest))
 }
 
 /// The finished value stored under `key`, and its depth; `None` for anything else.

@@ -84,8 +84,9 @@ pub struct MemoTable {
     /// The slot (1 + index) last given to a list, by the list's address: checked against the
     /// slot before use, so what a rollback took back is never reused.
     list_slots: Vec<(usize, u32)>,
-    /// Bumped whenever an entry already stored changes (replaced, or taken back by a
-    /// rollback): while it stands, every key still holds what it held.
+    /// Bumped whenever a finished value stored is replaced: while it stands, every key that
+    /// held a finished value still holds it, or, after a [`MemoTable::rollback`], nothing
+    /// (see there).
     epoch: u64,
 }
 
@@ -235,9 +236,12 @@ impl MemoTable {
         Mark { len: self.len, dense: self.dense.len(), slots: self.slots.len() }
     }
 
-    /// Forget what [`MemoTable::append`] stored since `mark`.
+    /// Forget what [`MemoTable::append`] stored since `mark`, the start of a record read in
+    /// place, which the opcode reader then reads again, storing equal values under the same
+    /// keys. The epoch stands: what it vouches for names only keys older than the mark (a
+    /// shape learned from an earlier record, `template`; a list found by its bytes, which
+    /// GETs no key of its own record, `ListsByBytes`).
     pub fn rollback(&mut self, mark: Mark) {
-        self.epoch += u64::from(self.len != mark.len);
         self.dense.truncate(mark.dense);
         self.depth.truncate(mark.dense);
         self.slots.truncate(mark.slots);
@@ -251,7 +255,7 @@ impl MemoTable {
         let Some(i) = dense.filter(|_| self.slots.len() < u32::MAX as usize - 1) else {
             let old = self.sparse.insert(key, memo);
             self.len += usize::from(old.is_none());
-            self.epoch += u64::from(old.is_some());
+            self.epoch += u64::from(matches!(old, Some(Memo::Value(..) | Memo::Streamed)));
             return old;
         };
         let (slot, depth) = match memo {
@@ -273,9 +277,13 @@ impl MemoTable {
                 self.deep.remove(&i);
             }
             self.depth[i] = byte;
-            let fresh = std::mem::replace(&mut self.dense[i], index) == EMPTY;
+            let old = std::mem::replace(&mut self.dense[i], index);
+            let fresh = old == EMPTY;
             self.len += usize::from(fresh);
-            self.epoch += u64::from(!fresh);
+            // An open container finished (`OnStack` to its value) changes nothing a reader of
+            // finished values saw: it could not GET the key before.
+            let finished = !fresh && matches!(self.slots[old as usize - 1], Slot::OnStack(_));
+            self.epoch += u64::from(!fresh && !finished);
         }
         None
     }
@@ -336,7 +344,8 @@ mod tests {
         }
     }
 
-    /// The epoch stands while entries are only added, and moves when one stored changes.
+    /// The epoch stands while entries are only added, taken back to a mark or finished (an
+    /// open container's), and moves when a finished value stored is replaced.
     #[test]
     fn the_epoch_moves_when_a_stored_entry_changes() {
         let mut memo = MemoTable::default();
@@ -345,6 +354,11 @@ mod tests {
         memo.set(1, Memo::Value(Value::Int(1), 0));
         memo.set(1 << 40, Memo::Value(Value::Int(2), 0));
         assert_eq!(memo.epoch(), e, "added only");
+        memo.set(2, Memo::OnStack(0));
+        memo.set(2, Memo::Value(Value::Int(5), 1));
+        memo.set(1 << 41, Memo::OnStack(0));
+        memo.set(1 << 41, Memo::Value(Value::Int(6), 1));
+        assert_eq!(memo.epoch(), e, "open containers finished");
         memo.set(1, Memo::Value(Value::Int(3), 0));
         let e1 = memo.epoch();
         assert_ne!(e1, e, "a dense entry replaced");
@@ -356,7 +370,7 @@ mod tests {
         assert_eq!(memo.epoch(), e, "nothing taken back");
         memo.append(Memo::Streamed).unwrap();
         memo.rollback(mark);
-        assert_ne!(memo.epoch(), e, "an entry taken back");
+        assert_eq!(memo.epoch(), e, "an entry added since the mark taken back");
     }
 
     /// `append` stores what `set(len(), ..)` stores, and `rollback` forgets exactly what was

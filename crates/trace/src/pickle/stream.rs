@@ -144,6 +144,7 @@ impl<F: FnMut(&[Option<Value>]) -> bool> State<'_, F> {
         (self.present, self.held) = (0, 0);
     }
 
+    #[inline(always)]
     fn deliver(&mut self) -> Result<(), Failure> {
         // Records mostly set the same fields: only those the last one set and this one did
         // not are cleared.
@@ -630,6 +631,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
     // window cut short by the end of the stream, goes to the opcode reader.
     let w: &[u8; FLAT_WINDOW_BYTES] = w.get(..FLAT_WINDOW_BYTES)?.try_into().ok()?;
     let mut p = 0;
+    let record_start = memo.len() as u64;
     // What the memo keeps of this record (the record itself and its fields are the sink's).
     let mut cost = 0;
     // The next opcode. A `FRAME` (one per 64 KiB) is none of the opcodes a flat record may
@@ -730,7 +732,7 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                     // The list these ops built before: the same items, held once already.
                     Some((list, depth)) => (Value::List(list.clone()), depth),
                     None => {
-                        let deepest = list_items(ops, memo, &mut state.items)?;
+                        let (deepest, largest) = list_items(ops, memo, &mut state.items)?;
                         // `EMPTY_LIST` makes a container of depth 1; appending raises it above
                         // its deepest item.
                         let depth = deepest.saturating_add(1);
@@ -740,7 +742,9 @@ fn flat_record<F: FnMut(&[Option<Value>]) -> bool>(
                             if !shared {
                                 cost += own_bytes(&list);
                             }
-                            if let Value::List(rc) = &list {
+                            // Found by its bytes only if it GETs no key of this record, which
+                            // a rollback takes back (`MemoTable::rollback`).
+                            if let (Value::List(rc), true) = (&list, largest < record_start) {
                                 state.by_bytes.insert(ops, memo.epoch(), rc, depth);
                             }
                             list

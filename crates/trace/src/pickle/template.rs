@@ -468,7 +468,9 @@ impl Template {
                     let (value, depth) = match lists.by_bytes.find(ops, memo.epoch()) {
                         Some((rc, depth)) => (Value::List(rc.clone()), depth),
                         None => {
-                            let depth = list_items(ops, memo, lists.items)?.saturating_add(1);
+                            // Nothing is appended before the whole record matched: every
+                            // key the list GETs is older than the record.
+                            let depth = list_items(ops, memo, lists.items)?.0.saturating_add(1);
                             let (value, shared) = lists.cache.get(lists.items);
                             if !shared {
                                 cost += own_bytes(&value);

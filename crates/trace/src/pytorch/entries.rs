@@ -283,7 +283,7 @@ fn entry<'v>(ctx: Ctx<'_>, i: usize, e: &'v Value) -> Result<(Entry, Extras<'v>)
 /// `None` for anything else, which [`entry_from_fields`] then judges. Never accepts what that
 /// would refuse, and gives the same: it is the same checks, without building an error on the
 /// way.
-#[inline]
+#[inline(always)]
 pub fn entry_plain(fields: &[Option<Value>; 9]) -> Option<(Entry, Extras<'_>)> {
     // Each field taken by reference where it is used: mapping the array to `Option<&Value>`
     // first cost the Llama snapshot's reading thread 2 % more instructions.
