@@ -525,7 +525,9 @@ pub struct StreamConvert<'a> {
     builder: Builder<'a>,
     /// The last entry that is not a `snapshot`, waiting for the next one (a free needs to
     /// know whether its completion comes right after).
-    waiting: Option<(usize, Entry, Option<Frames>)>,
+    waiting: Option<(usize, Entry)>,
+    /// Its stack: apart, so that replacing the entry (`Copy`) drops nothing.
+    waiting_frames: Option<Frames>,
     seen_free_requested: bool,
     seen_free_completed: bool,
 }
@@ -538,6 +540,7 @@ impl<'a> StreamConvert<'a> {
             history: History::default(),
             builder: Builder::new(ctx, 0, keep),
             waiting: None,
+            waiting_frames: None,
             seen_free_requested: false,
             seen_free_completed: false,
         }
@@ -572,12 +575,13 @@ impl<'a> StreamConvert<'a> {
         }
         // The entry waiting is stepped where it lies, then replaced: moving it out first
         // cost the Llama snapshot's conversion 4 M instructions more.
-        if let Some((j, w, w_frames)) = &self.waiting {
-            if self.builder.step(*j, w, w_frames.as_ref(), Some(&e), false).is_err() {
+        if let Some((j, w)) = &self.waiting {
+            if self.builder.step(*j, w, self.waiting_frames.as_ref(), Some(&e), false).is_err() {
                 return false;
             }
         }
-        self.waiting = Some((i, e, frames));
+        self.waiting = Some((i, e));
+        self.waiting_frames = frames;
         true
     }
 
@@ -610,7 +614,8 @@ impl<'a> StreamConvert<'a> {
         if !self.seen_free_completed && self.seen_free_requested {
             return None;
         }
-        if let Some((j, w, w_frames)) = self.waiting.take() {
+        if let Some((j, w)) = self.waiting.take() {
+            let w_frames = self.waiting_frames.take();
             self.builder.step(j, &w, w_frames.as_ref(), None, false).ok()?;
         }
         let synthetic = self.finder.finish(last);
