@@ -71,11 +71,12 @@ impl ListCache {
 ///
 /// PyTorch writes each stack's frames as GETs of the frame dicts' memo keys, so the entries of
 /// one stack carry the same bytes for it: `MARK BINGET a LONG_BINGET b ... APPENDS`. Read by
-/// their keys, those bytes name the same items for as long as no memo entry changes
-/// ([`super::memo::MemoTable::epoch`]), so a list found by its bytes in the same epoch is the
-/// list those items make, and the per-item lookups ([`ListCache`]) are skipped. It holds at
-/// most 1,024 lists, each also in the memo unless a rollback took it back, and their ops
-/// (under a kilobyte each: a flat record's window).
+/// their keys, those bytes name the same items for as long as no finished value in the memo
+/// is replaced ([`super::memo::MemoTable::epoch`]), so a list found by its bytes in the same
+/// epoch is the list those items make, and the per-item lookups ([`ListCache`]) are skipped.
+/// A list is remembered only if it GETs no key of its own record, the keys a rollback takes
+/// back. It holds at most 1,024 lists, each also in the memo unless a rollback took it back,
+/// and their ops (under a kilobyte each: a flat record's window).
 pub struct ListsByBytes {
     slots: Vec<Option<ByBytes>>,
 }
