@@ -84,9 +84,10 @@ pub struct MemoTable {
     /// The slot (1 + index) last given to a list, by the list's address: checked against the
     /// slot before use, so what a rollback took back is never reused.
     list_slots: Vec<(usize, u32)>,
-    /// Bumped whenever a finished value stored is replaced: while it stands, every key that
-    /// held a finished value still holds it, or, after a [`MemoTable::rollback`], nothing
-    /// (see there).
+    /// Bumped whenever an entry that held a finished value or a streamed marker is replaced
+    /// (not when an open container's is finished): while it stands, every key that held a
+    /// finished value still holds it, or, after a [`MemoTable::rollback`], nothing (see
+    /// there).
     epoch: u64,
 }
 
@@ -345,7 +346,7 @@ mod tests {
     }
 
     /// The epoch stands while entries are only added, taken back to a mark or finished (an
-    /// open container's), and moves when a finished value stored is replaced.
+    /// open container's), and moves when a finished value is replaced.
     #[test]
     fn the_epoch_moves_when_a_stored_entry_changes() {
         let mut memo = MemoTable::default();
