@@ -59,16 +59,6 @@ def load_only(path):
     return time.process_time() - t, time.perf_counter() - w
 
 
-def calibrate():
-    """CPU seconds of a fixed CPython loop: the lent hosts run a core at one of two speeds, in
-    phases of seconds (benches/README.md), and this says which one the next run sees."""
-    t = time.process_time()
-    s = 0
-    for i in range(3_000_000):
-        s += i
-    return time.process_time() - t
-
-
 def show(label, xs, unit=1000, fmt="{:.1f}"):
     xs = [x * unit for x in xs]
     print(f"{label}: median {fmt.format(statistics.median(xs))} (min {fmt.format(min(xs))}, "
@@ -133,11 +123,11 @@ if "native" in what:
     run([GEN, LLAMA, out, "10000000"])
     print("native file bytes", os.path.getsize(out), flush=True)
     # Pinned to one core, whose steal time is read around each run: a slow phase that shows
-    # up there is the hypervisor running something else on the core.
+    # up there is the hypervisor running something else on the core. A busy SMT sibling does
+    # not show there: `benches/ab.py` with PROBE_BIN tells those phases apart.
     core = os.environ.get("NATIVE_CPU", "2")
-    cpus, walls, rsss, cals, steals = [], [], [], [], []
+    cpus, walls, steals = [], [], []
     for _ in range(int(os.environ.get("NATIVE_ROUNDS", 7))):
-        cals.append(calibrate())
         st = steal_jiffies(core)
         cpu, wall, _ = run(["taskset", "-c", core, "/bin/sh", "-c", f"exec {BIN} replay {out} > /tmp/out.txt"])
         steals.append((steal_jiffies(core) - st) / os.sysconf("SC_CLK_TCK"))
@@ -145,7 +135,6 @@ if "native" in what:
     rss = peak_rss_kib([BIN, "replay", out])
     show("native 10M: allocsim replay CPU s", cpus, unit=1, fmt="{:.3f}")
     show("native 10M: wall s", walls, unit=1, fmt="{:.3f}")
-    show("native 10M: machine phase, CPython loop ms before each run", cals)
     show(f"native 10M: steal time of cpu {core} during each run, s", steals, unit=1, fmt="{:.3f}")
     print("\n".join(open("/tmp/out.txt").read().split("\n")[:5]), flush=True)
     ops, events = 10030236, 15045395
