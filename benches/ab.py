@@ -5,10 +5,11 @@
 
 The lent machines change speed by up to 2x from one second to the next (a fixed CPython loop
 takes 210 or 460 ms depending on when it runs; the probes below say why), so the medians of
-separate batches cannot tell a 5% change from noise. Here each round runs every binary once, in alternating order,
-and each binary's CPU time is divided by the first binary's in the same round: the machine's
-state cancels, and the median of those ratios resolves a few percent. Prints, per binary, the
-events per second (median and best over the rounds) and the median ratio to the first.
+separate batches cannot tell a 5% change from noise. Here each round runs every binary once,
+in alternating order, and each binary's CPU time is divided by the first binary's in the same
+round: the machine's state cancels, and the median of those ratios resolves a few percent.
+Prints, per binary, the events per second (median and best over the rounds) and the median
+ratio to the first.
 
 With PROBE_BIN set, `machine-probe 1` also runs before the first replay of a round and after
 every replay, and each replay gets the mean of the two probes beside it. Then, per binary,
