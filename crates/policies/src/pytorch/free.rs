@@ -9,7 +9,10 @@ use super::PyTorchAllocator;
 use allocsim_core::{AllocId, Emit, Env, Event, StreamId};
 
 impl PyTorchAllocator {
-    /// `DeviceCachingAllocator::free`.
+    /// `DeviceCachingAllocator::free`. Inlined into the replay loop, which calls it for half
+    /// of all ops: -0.8 % instructions, 0.986 of the time here, 0.962 and 0.998 on the device
+    /// (`benches/README.md`).
+    #[inline(always)]
     pub(super) fn free_impl<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
         let Some(index) = self.block_of(id) else { return };
         let b = &mut self.arena[index];
