@@ -731,14 +731,29 @@ impl<R: Read> OpSource for PlainOps<'_, R> {
     fn drive(self, mut step: impl FnMut(&Op) -> bool) {
         let ops = self.ops;
         loop {
-            // Until the chunk's end or a bad op, which `next_slow` tells apart.
-            while let Some(going) = ops.decode_in_chunk(
-                #[inline(always)]
-                |op| step(&op),
-            ) {
-                if !going {
-                    return;
+            // Until the chunk's end or a bad op, which `next_slow` tells apart. The decoder's
+            // place lives in locals meanwhile: stored through `ops`, it went back to memory
+            // after every varint, since the step inlined beside it might have read it.
+            let (mut pos, mut left, mut last_id) = (ops.chunk.pos, ops.left, ops.last_id);
+            let mut going = true;
+            while left > 0 && going {
+                match decode_op_then(
+                    &ops.chunk.bytes,
+                    &mut pos,
+                    &mut last_id,
+                    #[inline(always)]
+                    |op| step(&op),
+                ) {
+                    Some(g) => {
+                        left -= 1;
+                        going = g;
+                    }
+                    None => break,
                 }
+            }
+            (ops.chunk.pos, ops.left, ops.last_id) = (pos, left, last_id);
+            if !going {
+                return;
             }
             match ops.next_slow() {
                 Some(Ok(op)) if step(&op) => {}
