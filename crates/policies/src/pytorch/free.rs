@@ -10,8 +10,7 @@ use allocsim_core::{AllocId, Emit, Env, Event, StreamId};
 
 impl PyTorchAllocator {
     /// `DeviceCachingAllocator::free`. Inlined into the replay loop, which calls it for half
-    /// of all ops: -0.8 % instructions, 0.986 of the time here, 0.962 and 0.998 on the device
-    /// (`benches/README.md`).
+    /// of all ops (-0.8 % instructions; its time in `benches/README.md`, "Native replay").
     #[inline(always)]
     pub(super) fn free_impl<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
         let Some(index) = self.block_of(id) else { return };
