@@ -511,25 +511,18 @@ impl<R: Read> NativeOps<R> {
         self.total
     }
 
-    /// The next op of the current chunk, handed to `then` ([`decode_op_then`]); `None` at the
-    /// chunk's end or at a bad op (for [`NativeOps::next_slow`] to tell which).
-    #[inline(always)]
-    fn decode_in_chunk<T>(&mut self, then: impl FnOnce(Op) -> T) -> Option<T> {
-        if self.left == 0 {
-            return None;
-        }
-        let out = decode_op_then(&self.chunk.bytes, &mut self.chunk.pos, &mut self.last_id, then)?;
-        self.left -= 1;
-        Some(out)
-    }
-
     /// The next op, or the error that ends the ops; `None` after the end or an error.
     #[inline(always)]
     fn decode_next(&mut self) -> Option<Result<Op, TraceError>> {
-        match self.decode_in_chunk(|op| op) {
-            Some(op) => Some(Ok(op)),
-            None => self.next_slow(),
+        if self.left > 0 {
+            let (bytes, pos) = (&self.chunk.bytes, &mut self.chunk.pos);
+            if let Some(op) = decode_op_then(bytes, pos, &mut self.last_id, |op| op) {
+                self.left -= 1;
+                return Some(Ok(op));
+            }
         }
+        // The chunk's end or a bad op, which `next_slow` tells apart.
+        self.next_slow()
     }
 
     /// At the end of a chunk (or at a bad op): the next chunk's first op, the end, or an error.
