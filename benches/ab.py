@@ -17,10 +17,13 @@ the probes beside its fastest third of replays are set against those beside its 
 third: the probe that moves with the replay names what the slow phases take away (a clock
 that moves is frequency; `alu` and `chase_1m` without the clock, a busy SMT sibling).
 
+With AB_RAW=PATH it also writes every replay's CPU time, and the probes beside it, to PATH as
+JSON, for questions the summary does not answer.
+
 CPU time is user + system of the child, from getrusage; events are what `allocsim replay`
 reports (all must agree). Run it pinned (`taskset -c N`) so the probes see the replays' core.
 """
-import os, resource, statistics, subprocess, sys
+import json, os, resource, statistics, subprocess, sys
 
 if len(sys.argv) < 4:
     sys.exit(__doc__)
@@ -44,7 +47,7 @@ def probe():
 
 
 times = {b: [] for b in bins}
-beside = {b: [] for b in bins}  # the mean of the probes before and after each replay
+beside = {b: [] for b in bins}  # the probes (before, after) each replay
 events = None
 for r in range(rounds):
     last = probe() if probe_bin else None
@@ -57,8 +60,11 @@ for r in range(rounds):
         times[b].append(cpu)
         if probe_bin:
             nxt = probe()
-            beside[b].append({k: (last[k] + nxt[k]) / 2 for k in last})
+            beside[b].append((last, nxt))
             last = nxt
+if os.environ.get("AB_RAW"):
+    with open(os.environ["AB_RAW"], "w") as f:
+        json.dump({"trace": trace, "events": events, "times": times, "probes": beside}, f)
 first = times[bins[0]]
 print(f"{trace}: {events} events, {rounds} rounds")
 for b, xs in times.items():
@@ -72,7 +78,8 @@ for b, xs in times.items():
         fast, slow = order[:third], order[-third:]
         print(f"  fastest third {statistics.median(ev[i] for i in fast):.1f} M events/s, "
               f"slowest third {statistics.median(ev[i] for i in slow):.1f}; probes beside them, ns:")
-        for k in beside[b][0]:
-            f = statistics.median(beside[b][i][k] for i in fast)
-            s = statistics.median(beside[b][i][k] for i in slow)
+        mean = [{k: (a[k] + z[k]) / 2 for k in a} for a, z in beside[b]]
+        for k in mean[0]:
+            f = statistics.median(mean[i][k] for i in fast)
+            s = statistics.median(mean[i][k] for i in slow)
             print(f"    {k:10s} {f:9.3f} {s:9.3f}  x{s / f:.2f}")
