@@ -236,6 +236,25 @@ impl StreamSet {
     fn insert(&mut self, e: Entry) {
         let c = class_of(e.size);
         self.buckets[c].insert(e);
+        self.mark(c);
+    }
+
+    /// [`StreamSet::insert`] into a list that has room without growing; false (and nothing
+    /// done) otherwise.
+    #[inline(always)]
+    fn insert_in_room(&mut self, e: Entry) -> bool {
+        let c = class_of(e.size);
+        match &mut self.buckets[c] {
+            Bucket::Flat(v) if v.len() < v.capacity().min(FLAT_MAX) => v.push(e),
+            _ => return false,
+        }
+        self.mark(c);
+        true
+    }
+
+    /// Class `c` gained a block.
+    #[inline(always)]
+    fn mark(&mut self, c: usize) {
         self.words[c / 64] |= 1 << (c % 64);
         self.summary |= 1 << (c / 64);
         self.len += 1;
@@ -358,14 +377,28 @@ impl FreeSet {
         self.insert_parts(key.stream, key.size, key.addr, key.index);
     }
 
-    /// [`FreeSet::insert`] with the key in registers rather than in memory.
+    /// [`FreeSet::insert`] with the key in registers rather than in memory. The common case
+    /// (the first stream, a list with room) calls nothing, so it saves no registers: the rest
+    /// is [`FreeSet::insert_slow`].
     #[inline(never)]
     fn insert_parts(&mut self, stream: u64, size: u64, addr: u64, index: u32) {
+        let e = Entry { size, addr, index };
+        if let Some(s) = self.streams.first_mut().filter(|s| s.stream == stream) {
+            if s.insert_in_room(e) {
+                return;
+            }
+        }
+        self.insert_slow(stream, e);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn insert_slow(&mut self, stream: u64, e: Entry) {
         let pos = match self.position(stream) {
             Ok(pos) => pos,
             Err(pos) => self.add_stream(pos, stream),
         };
-        self.streams[pos].insert(Entry { size, addr, index });
+        self.streams[pos].insert(e);
     }
 
     #[cold]
