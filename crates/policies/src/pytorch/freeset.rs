@@ -79,6 +79,25 @@ impl Entry {
     }
 }
 
+/// `v.swap_remove(pos)`, the last entry moved field by field. The last entry is often one an
+/// insert wrote a moment ago with narrow stores; `swap_remove`'s copy reads it with a 16-byte
+/// load, which the core cannot forward from two stores, so it waits for them to reach the
+/// cache. The opaque reads keep the loads as narrow as the stores (`benches/README.md`).
+#[inline(always)]
+fn swap_remove(v: &mut Vec<Entry>, pos: usize) {
+    let last = v.len() - 1;
+    if pos != last {
+        let e = &v[last];
+        let moved = Entry {
+            size: std::hint::black_box(e.size),
+            addr: std::hint::black_box(e.addr),
+            index: e.index,
+        };
+        v[pos] = moved;
+    }
+    v.truncate(last);
+}
+
 /// The blocks of one class. Nearly every class holds a handful of blocks (replaying the real
 /// traces, over 99% of lookups find at most 7), so a small class is an unsorted list: a
 /// linear scan finds the best fit and a removal swaps the last entry in, no shifting. A class
@@ -133,7 +152,7 @@ impl Bucket {
                 None => return false,
             }
         };
-        v.swap_remove(pos);
+        swap_remove(v, pos);
         true
     }
 
@@ -378,27 +397,28 @@ impl FreeSet {
     }
 
     /// [`FreeSet::insert`] with the key in registers rather than in memory. The common case
-    /// (the first stream, a list with room) calls nothing, so it saves no registers: the rest
-    /// is [`FreeSet::insert_slow`].
+    /// (the first stream, a list with room) calls nothing and so saves few registers; the rest
+    /// is [`FreeSet::insert_slow`], which takes the key in registers too: an entry passed by
+    /// reference is written field by field and copied on with one 16-byte load, which waits
+    /// for the stores (`benches/README.md`).
     #[inline(never)]
     fn insert_parts(&mut self, stream: u64, size: u64, addr: u64, index: u32) {
-        let e = Entry { size, addr, index };
         if let Some(s) = self.streams.first_mut().filter(|s| s.stream == stream) {
-            if s.insert_in_room(e) {
+            if s.insert_in_room(Entry { size, addr, index }) {
                 return;
             }
         }
-        self.insert_slow(stream, e);
+        self.insert_slow(stream, size, addr, index);
     }
 
     #[cold]
     #[inline(never)]
-    fn insert_slow(&mut self, stream: u64, e: Entry) {
+    fn insert_slow(&mut self, stream: u64, size: u64, addr: u64, index: u32) {
         let pos = match self.position(stream) {
             Ok(pos) => pos,
             Err(pos) => self.add_stream(pos, stream),
         };
-        self.streams[pos].insert(e);
+        self.streams[pos].insert(Entry { size, addr, index });
     }
 
     #[cold]

@@ -251,7 +251,10 @@ impl PyTorchAllocator {
         b.allocated = true;
         b.requested = orig_size;
         b.id = id;
-        let (addr, size) = (b.addr, b.size);
+        // From the locals, not read back from the block: a split has just written it with
+        // narrow stores, and the two fields' read is one 16-byte load that waits for them.
+        let (addr, size) = (found_addr, if split { p.size } else { found_size });
+        debug_assert!(b.addr == addr && b.size == size);
         env.events.emit(Event::Alloc {
             id,
             addr,
