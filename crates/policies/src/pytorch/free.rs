@@ -10,7 +10,7 @@ use allocsim_core::{AllocId, Emit, Env, Event, StreamId};
 
 impl PyTorchAllocator {
     /// `DeviceCachingAllocator::free`. Inlined into the replay loop, which calls it for half
-    /// of all ops (-0.8 % instructions; its time in `benches/README.md`, "Native replay").
+    /// of all ops (-0.8 % instructions).
     #[inline(always)]
     pub(super) fn free_impl<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, id: AllocId) {
         let Some(index) = self.block_of(id) else { return };
