@@ -411,7 +411,7 @@ impl FreeSet {
         self.insert_slow(stream, size, addr, index);
     }
 
-    #[cold]
+    /// A stream other than the first, a new stream, a list that grows or turns into a tree.
     #[inline(never)]
     fn insert_slow(&mut self, stream: u64, size: u64, addr: u64, index: u32) {
         let pos = match self.position(stream) {
