@@ -127,6 +127,19 @@ impl Bucket {
         }
     }
 
+    /// [`Bucket::insert`] into a list with room to spare; false (and nothing done) for a tree,
+    /// a full list or one that would have to grow.
+    #[inline(always)]
+    fn push_in_room(&mut self, e: Entry) -> bool {
+        match self {
+            Bucket::Flat(v) if v.len() < v.capacity().min(FLAT_MAX) => {
+                v.push(e);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Insert into a tree, or into a full list, which becomes a tree.
     #[cold]
     #[inline(never)]
@@ -263,9 +276,8 @@ impl StreamSet {
     #[inline(always)]
     fn insert_in_room(&mut self, e: Entry) -> bool {
         let c = class_of(e.size);
-        match &mut self.buckets[c] {
-            Bucket::Flat(v) if v.len() < v.capacity().min(FLAT_MAX) => v.push(e),
-            _ => return false,
+        if !self.buckets[c].push_in_room(e) {
+            return false;
         }
         self.mark(c);
         true
