@@ -138,6 +138,15 @@ impl Metrics {
     }
 }
 
+/// `peak = max(peak, value)` as a branch, not a select: a new peak is rare past a run's first
+/// steps, so the branch is predicted and the peak is not stored again on every allocation.
+#[inline(always)]
+fn raise(peak: &mut u64, value: u64) {
+    if value > *peak {
+        *peak = value;
+    }
+}
+
 /// Keep the first item of `v`, the third, and so on.
 fn every_other<T>(v: &mut Vec<T>) {
     let mut i = 0;
@@ -186,9 +195,9 @@ impl Observer for Metrics {
                 self.allocated += size;
                 self.active += size;
                 self.requested += requested;
-                r.peak_allocated_bytes = r.peak_allocated_bytes.max(self.allocated);
-                r.peak_active_bytes = r.peak_active_bytes.max(self.active);
-                r.peak_requested_bytes = r.peak_requested_bytes.max(self.requested);
+                raise(&mut r.peak_allocated_bytes, self.allocated);
+                raise(&mut r.peak_active_bytes, self.active);
+                raise(&mut r.peak_requested_bytes, self.requested);
             }
             Event::FreeRequested { size, .. } => {
                 self.allocated = self.allocated.saturating_sub(size)

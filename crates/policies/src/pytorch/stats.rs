@@ -7,6 +7,16 @@
 
 use allocsim_core::{Pool, Stat, StatArray};
 
+/// `peak = max(peak, current)` as a branch, not a select: past a run's first steps a new peak
+/// is rare, so the branch is predicted and the peak is neither loaded into a register nor
+/// stored again on every update.
+#[inline(always)]
+pub(super) fn raise_peak(peak: &mut i64, current: i64) {
+    if current > *peak {
+        *peak = current;
+    }
+}
+
 pub(super) trait StatExt {
     /// `Stat::increase`.
     fn inc(&mut self, amount: u64);
@@ -18,7 +28,7 @@ impl StatExt for Stat {
     #[inline(always)]
     fn inc(&mut self, amount: u64) {
         self.current += amount as i64;
-        self.peak = self.peak.max(self.current);
+        raise_peak(&mut self.peak, self.current);
         self.allocated += amount as i64;
     }
 
@@ -68,7 +78,7 @@ impl StatArrayExt for StatArray {
         };
         for s in [&mut self.all, stat] {
             s.current += delta;
-            s.peak = s.peak.max(s.current);
+            raise_peak(&mut s.peak, s.current);
             s.allocated += delta.max(0);
             s.freed += (-delta).max(0);
         }
