@@ -118,19 +118,22 @@ impl<'a, A: Allocator, D: Device> Engine<'a, A, D> {
         observer: &mut B,
         mut progress: impl FnMut(u64),
     ) -> u64 {
-        let mut ran = 0;
+        // The count comes from the op index, which the step keeps anyway: a counter of its
+        // own is one more store per op.
+        let start = self.tally.op_index;
         // Inlined into each place the source calls it: see `OpSource`.
         ops.drive(
             #[inline(always)]
             |op| {
                 let keep_going = self.step_with(op, observer);
-                ran += 1;
+                let ran = self.tally.op_index - start;
                 if ran % 4096 == 0 {
                     progress(ran);
                 }
                 keep_going
             },
         );
+        let ran = self.tally.op_index - start;
         progress(ran);
         ran
     }
@@ -145,7 +148,6 @@ impl<'a, A: Allocator, D: Device> Engine<'a, A, D> {
     #[inline(always)]
     pub fn step_with<O: Observer + ?Sized>(&mut self, op: &Op, observer: &mut O) -> bool {
         self.device.begin_op(self.tally.op_index);
-        self.tally.keep_going = true;
         let outcome = self.apply(op, observer);
         let keep_going = observer.on_op(
             self.tally.op_index,
@@ -155,6 +157,10 @@ impl<'a, A: Allocator, D: Device> Engine<'a, A, D> {
             &*self.device as &dyn Device,
         ) && self.tally.keep_going;
         self.tally.op_index += 1;
+        // Reset only once an observer asked to stop: not a store on every op.
+        if !self.tally.keep_going {
+            self.tally.keep_going = true;
+        }
         keep_going
     }
 
@@ -281,7 +287,7 @@ struct Tally {
     ids: IdTable<IdState>,
     op_index: u64,
     event_index: u64,
-    /// False once an observer asked to stop during the current op.
+    /// False once an observer asked to stop during the current op; true again after it.
     keep_going: bool,
 }
 

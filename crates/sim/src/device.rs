@@ -57,13 +57,23 @@ pub struct SimDevice {
     reserved_bytes: u64,
     taken_bytes: u64,
     calls: DeviceCalls,
-    op: Option<u64>,
+    /// The op running (`Device::begin_op`), `NO_OP` before the first: a plain number, so
+    /// that `begin_op` is one store.
+    op: u64,
     errors: Vec<String>,
     errors_total: u64,
     config_notes: Vec<String>,
 }
 
+/// `SimDevice::op` before the first op.
+const NO_OP: u64 = u64::MAX;
+
 impl SimDevice {
+    /// The op running, if one has begun.
+    fn current_op(&self) -> Option<u64> {
+        (self.op != NO_OP).then_some(self.op)
+    }
+
     pub fn new(cfg: SimConfig) -> Self {
         let mut config_notes = Vec::new();
         if cfg.free_bytes > cfg.total_bytes {
@@ -84,7 +94,7 @@ impl SimDevice {
             reserved_bytes: 0,
             taken_bytes: 0,
             calls: DeviceCalls::default(),
-            op: None,
+            op: NO_OP,
             errors: Vec::new(),
             errors_total: 0,
             config_notes,
@@ -149,7 +159,7 @@ impl SimDevice {
 
     fn try_malloc(&mut self, size_bytes: u64) -> Result<u64, DeviceError> {
         let footprint = page_footprint("malloc", size_bytes)?;
-        if self.faults.refuses(self.op, CallKind::Malloc, size_bytes)
+        if self.faults.refuses(self.current_op(), CallKind::Malloc, size_bytes)
             || footprint > self.free_bytes()
         {
             return Err(self.oom(size_bytes));
@@ -263,7 +273,7 @@ impl SimDevice {
             )));
         }
         if check_memory
-            && (self.faults.refuses(self.op, CallKind::Map, size_bytes)
+            && (self.faults.refuses(self.current_op(), CallKind::Map, size_bytes)
                 || size_bytes > self.free_bytes())
         {
             return Err(self.oom(size_bytes));
@@ -360,7 +370,7 @@ impl SimDevice {
 impl Device for SimDevice {
     #[inline]
     fn begin_op(&mut self, index: u64) {
-        self.op = Some(index);
+        self.op = index;
         if self.faults.takes_at(index) {
             self.taken_bytes += self.faults.take_at_op(index, self.free_bytes());
         }
