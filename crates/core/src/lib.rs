@@ -26,5 +26,5 @@ pub use idtable::IdTable;
 pub use op::{Op, OpSource, PoolAction};
 pub use snapshot::{BlockState, SnapshotBlock, SnapshotSegment};
 pub use start::{StartState, UNKNOWN_STREAM};
-pub use stats::{MemoryStats, Stat, StatArray};
+pub use stats::{raise_peak, MemoryStats, Stat, StatArray};
 pub use trace::{Annotation, RecordedEvent, RecordedKind, Stack, StackFrame, Trace, TraceMeta};

@@ -127,7 +127,7 @@ impl<'a, A: Allocator, D: Device> Engine<'a, A, D> {
             |op| {
                 let keep_going = self.step_with(op, observer);
                 let ran = self.tally.op_index - start;
-                if ran % 4096 == 0 {
+                if ran.is_multiple_of(4096) {
                     progress(ran);
                 }
                 keep_going

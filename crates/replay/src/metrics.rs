@@ -4,7 +4,7 @@
 //! same thing for every policy and cannot be wrong in the same way the policy's counters are.
 
 use crate::{Observer, OpOutcome};
-use allocsim_core::{Allocator, BlockState, Device, Event, OomInfo, Op, StartState};
+use allocsim_core::{raise_peak, Allocator, BlockState, Device, Event, OomInfo, Op, StartState};
 
 /// One OOM and the figures that explain it.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,15 +138,6 @@ impl Metrics {
     }
 }
 
-/// `peak = max(peak, value)` as a branch, not a select: a new peak is rare past a run's first
-/// steps, so the branch is predicted and the peak is not stored again on every allocation.
-#[inline(always)]
-fn raise(peak: &mut u64, value: u64) {
-    if value > *peak {
-        *peak = value;
-    }
-}
-
 /// Keep the first item of `v`, the third, and so on.
 fn every_other<T>(v: &mut Vec<T>) {
     let mut i = 0;
@@ -195,9 +186,9 @@ impl Observer for Metrics {
                 self.allocated += size;
                 self.active += size;
                 self.requested += requested;
-                raise(&mut r.peak_allocated_bytes, self.allocated);
-                raise(&mut r.peak_active_bytes, self.active);
-                raise(&mut r.peak_requested_bytes, self.requested);
+                raise_peak(&mut r.peak_allocated_bytes, self.allocated);
+                raise_peak(&mut r.peak_active_bytes, self.active);
+                raise_peak(&mut r.peak_requested_bytes, self.requested);
             }
             Event::FreeRequested { size, .. } => {
                 self.allocated = self.allocated.saturating_sub(size)

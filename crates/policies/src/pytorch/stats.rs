@@ -5,17 +5,7 @@
 //! are the same updates (PyTorch's `Stat::increase`/`decrease`: current, peak, allocated,
 //! freed) written inline on the public fields. Keep them identical to core's.
 
-use allocsim_core::{Pool, Stat, StatArray};
-
-/// `peak = max(peak, current)` as a branch, not a select: past a run's first steps a new peak
-/// is rare, so the branch is predicted and the peak is neither loaded into a register nor
-/// stored again on every update.
-#[inline(always)]
-pub(super) fn raise_peak(peak: &mut i64, current: i64) {
-    if current > *peak {
-        *peak = current;
-    }
-}
+use allocsim_core::{raise_peak, Pool, Stat, StatArray};
 
 pub(super) trait StatExt {
     /// `Stat::increase`.
