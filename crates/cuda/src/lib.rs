@@ -29,6 +29,8 @@ mod device;
 mod driver;
 mod error;
 mod patterns;
+#[cfg(feature = "simulated-runtime")]
+pub mod simulated_runtime;
 
 pub use device::CudaDevice;
 pub use driver::{driver_present, nvrtc_present};

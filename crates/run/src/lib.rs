@@ -6,6 +6,7 @@
 mod capacity;
 mod grid;
 mod run;
+mod session;
 
 pub use capacity::{
     capacity, Capacity, CapacityOptions, PlacementThreshold, BAND_MARGIN_BYTES,
@@ -16,3 +17,4 @@ pub use run::{
     changes_the_run, run_trace, run_trace_fed, run_trace_on, run_trace_streamed, DeviceChoice,
     RunOptions, RunReport, StartedFrom, H100_FREE_BYTES, H100_TOTAL_BYTES,
 };
+pub use session::{format_size, oom_message, Session};

@@ -15,11 +15,8 @@
 //! balances them on release. A policy that would serve a pool from its common pool refuses the
 //! capture: a graph's replays write to the blocks it allocated, so no one else may get them.
 
-use allocsim_core::{
-    AllocId, Allocator, Device, DynAllocator, DynDevice, MemPoolId, MemoryStats, OomInfo, Op,
-    PoolAction, SnapshotSegment, StreamId, Trace, TraceMeta,
-};
-use allocsim_replay::{Engine, Observer, OpOutcome, Recorder};
+use allocsim_core::{AllocId, Device, MemPoolId, MemoryStats, SnapshotSegment, Trace};
+use allocsim_run::Session;
 use std::collections::{BTreeMap, HashMap};
 
 /// Which policy, under which settings, and whether to keep the op stream.
@@ -99,12 +96,18 @@ impl Hub {
     fn slot(&mut self, device: u32) -> Result<&mut Slot, String> {
         if !self.slots.contains_key(&device) {
             let opened = (self.opener)(device)?;
-            let policy =
-                allocsim_policies::by_name(&self.settings.policy, Some(&self.settings.conf))
-                    .map_err(|e| e.to_string())?;
-            self.slots.insert(device, Slot::new(policy, opened, &self.settings));
+            let s = &self.settings;
+            let session = Session::new(&s.policy, &s.conf, opened.device, device, s.record)?;
+            let slot =
+                Slot { session, used_on: HashMap::new(), wait: opened.wait, stream_waits: (0, 0) };
+            self.slots.insert(device, slot);
         }
         Ok(self.slots.get_mut(&device).expect("inserted above"))
+    }
+
+    /// The session of `device`, if it was opened.
+    fn session(&self, device: u32) -> Option<&Session> {
+        self.slots.get(&device).map(|s| &s.session)
     }
 
     /// PyTorch's `alloc(size, device, stream)`. A request of 0 bytes gets the null pointer
@@ -125,19 +128,13 @@ impl Hub {
             return Ok(0);
         }
         let slot = self.slot(device).map_err(AllocError::Setup)?;
-        slot.route(pool);
-        slot.malloc(size, StreamId(stream)).map_err(|info| {
-            let message = oom_message(size, device, &info);
-            slot.last_oom = Some(message.clone());
-            AllocError::OutOfMemory(message)
-        })
+        slot.session.malloc(size, stream, pool).map_err(AllocError::OutOfMemory)
     }
 
     /// `beginAllocateToPool`: requests PyTorch's filters send to a private pool will come
     /// ([`Hub::malloc_in_pool`]). Refused (nothing changes) by a policy without private pools.
     pub fn begin_pool(&mut self, device: u32) -> Result<(), String> {
-        let slot = self.slot(device)?;
-        if slot.engine.allocator().has_private_pools() {
+        if self.slot(device)?.session.has_private_pools() {
             return Ok(());
         }
         Err(format!(
@@ -150,21 +147,15 @@ impl Hub {
     /// `endAllocateToPool`: no more requests go to `pool`.
     pub fn end_pool(&mut self, device: u32, pool: MemPoolId) {
         if let Some(slot) = self.slots.get_mut(&device) {
-            if slot.routing == pool {
-                slot.route(MemPoolId::DEFAULT);
-            }
+            slot.session.end_pool(pool);
         }
     }
 
     /// `releasePool`: the pool's owner (the graph, the `MemPool`) is gone; once its blocks
     /// are free, its segments go back to the device.
     pub fn release_pool(&mut self, device: u32, pool: MemPoolId) {
-        self.end_pool(device, pool);
         if let Some(slot) = self.slots.get_mut(&device) {
-            // Each context took the pool twice and gave one back at its end.
-            for _ in 0..slot.contexts.remove(&pool).unwrap_or(0) {
-                slot.step(Op::Pool { pool, action: PoolAction::Release });
-            }
+            slot.session.release_pool(pool);
         }
     }
 
@@ -186,8 +177,8 @@ impl Hub {
     /// pointer this hub did not hand out.
     pub fn record_stream(&mut self, ptr: u64, stream: u64) -> bool {
         for slot in self.slots.values_mut() {
-            if let Some(&id) = slot.live.get(&ptr) {
-                slot.step(Op::RecordStream { id, stream: StreamId(stream) });
+            if let Some(id) = slot.session.block_at(ptr) {
+                slot.session.record_stream(id, stream);
                 slot.used_on.entry(id).or_default().push(stream);
                 return true;
             }
@@ -198,42 +189,35 @@ impl Hub {
     /// `torch.cuda.empty_cache()` on every device opened.
     pub fn empty_cache(&mut self) {
         for slot in self.slots.values_mut() {
-            slot.step(Op::EmptyCache);
+            slot.session.empty_cache();
         }
     }
 
     /// `torch.cuda.set_per_process_memory_fraction(fraction, device)`.
     pub fn set_memory_fraction(&mut self, fraction: f64, device: u32) -> Result<(), String> {
-        let slot = self.slot(device)?;
-        let refused = slot.engine.skipped().refused_settings;
-        slot.step(Op::SetMemoryFraction { fraction });
-        if slot.engine.skipped().refused_settings == refused {
-            return Ok(());
-        }
-        let why = slot.engine.refusals().last().cloned();
-        Err(why.unwrap_or_else(|| format!("memory fraction {fraction} refused")))
+        self.slot(device)?.session.set_memory_fraction(fraction)
     }
 
     /// The policy's statistics under `torch.cuda.memory_stats()`'s names; all zero for a device
     /// not used yet.
     pub fn stats(&self, device: u32) -> MemoryStats {
-        self.slots.get(&device).map(|s| s.engine.allocator().stats()).unwrap_or_default()
+        self.session(device).map(Session::stats).unwrap_or_default()
     }
 
     pub fn reset_peak_stats(&mut self, device: u32) {
         if let Some(slot) = self.slots.get_mut(&device) {
-            slot.engine.reset_peak_stats();
+            slot.session.reset_peak_stats();
         }
     }
 
     /// Every segment with its blocks, as `torch.cuda.memory._snapshot()` lists them.
     pub fn segments(&self, device: u32) -> Vec<SnapshotSegment> {
-        self.slots.get(&device).map(|s| s.engine.allocator().snapshot()).unwrap_or_default()
+        self.session(device).map(Session::segments).unwrap_or_default()
     }
 
     /// Pointers handed out and not yet freed, on `device`.
     pub fn live(&self, device: u32) -> usize {
-        self.slots.get(&device).map_or(0, |s| s.live.len())
+        self.session(device).map_or(0, Session::live)
     }
 
     /// How many times a free waited for another stream on `device`, and for how long in all
@@ -244,225 +228,59 @@ impl Hub {
 
     /// Frees of pointers this hub never handed out, on `device`.
     pub fn unknown_frees(&self, device: u32) -> u64 {
-        self.slots.get(&device).map_or(0, |s| s.unknown_frees)
+        self.session(device).map_or(0, Session::unknown_frees)
     }
 
     /// Why the last request that failed on `device` failed.
     pub fn last_oom(&self, device: u32) -> Option<&str> {
-        self.slots.get(&device).and_then(|s| s.last_oom.as_deref())
+        self.session(device).and_then(Session::last_oom)
     }
 
     pub fn devices(&self) -> Vec<u32> {
         self.slots.keys().copied().collect()
     }
 
-    /// The op stream so far and the events it caused, as a trace `allocsim replay` reads:
-    /// `meta` holds the settings, the device's memory when it was opened and the statistics
-    /// now (so a replay says whether it comes to the same). `None` without recording.
+    /// The op stream so far and the events it caused, as a trace `allocsim replay` reads
+    /// ([`Session::recording`]). `None` without recording.
     pub fn recording(&self, device: u32) -> Option<Trace> {
-        let slot = self.slots.get(&device)?;
-        let rec = slot.recording.as_ref()?;
-        let stats = slot.engine.allocator().stats();
-        Some(Trace {
-            meta: TraceMeta {
-                source_format: "allocsim-torch".into(),
-                alloc_conf: Some(self.settings.conf.clone()),
-                device_total_bytes: Some(slot.opened_with.total_bytes),
-                device_free_bytes: Some(slot.opened_with.free_bytes),
-                expected_stats: Some(stats.flat()),
-                ..TraceMeta::default()
-            },
-            ops: rec.ops.clone(),
-            recorded: rec.events.events.clone(),
-            ..Trace::default()
-        })
+        self.session(device)?.recording("allocsim-torch")
     }
 }
 
-/// The ops and events of one device, while recording.
-#[derive(Debug, Default)]
-struct Recording {
-    ops: Vec<Op>,
-    events: Recorder,
-}
-
-/// One device: its policy under the engine, and the pointer-to-id map.
+/// One device: its session, and the other streams each block was recorded on.
 struct Slot {
-    /// Holds the policy and the device, leaked: each lives as long as the process, as
-    /// PyTorch's own per-device allocators do, and PyTorch may free into them until the very
-    /// end of interpreter shutdown.
-    engine: Engine<'static>,
-    live: HashMap<u64, AllocId>,
+    session: Session,
     /// The other streams each block was recorded on.
     used_on: HashMap<AllocId, Vec<u64>>,
     wait: StreamWaiter,
-    next_id: u64,
-    recording: Option<Recording>,
-    last_oom: Option<String>,
-    unknown_frees: u64,
     /// Waits for other streams before a free completed, and their total nanoseconds.
     stream_waits: (u64, u64),
-    opened_with: allocsim_core::MemInfo,
-    /// The pool the policy serves requests from now (see [`Slot::route`]).
-    routing: MemPoolId,
-    /// How many contexts (`BeginAllocate`s) each private pool has had.
-    contexts: HashMap<MemPoolId, u32>,
 }
 
 impl Slot {
-    fn new(policy: Box<dyn Allocator>, opened: Opened, settings: &Settings) -> Slot {
-        let opened_with = opened.device.mem_info();
-        let policy: &'static mut dyn Allocator = Box::leak(policy);
-        let device: &'static mut dyn Device = Box::leak(opened.device);
-        let allocator = Box::leak(Box::new(DynAllocator(policy)));
-        let device = Box::leak(Box::new(DynDevice(device)));
-        Slot {
-            engine: Engine::new(allocator, device),
-            live: HashMap::new(),
-            used_on: HashMap::new(),
-            wait: opened.wait,
-            next_id: 0,
-            recording: settings.record.then(Recording::default),
-            last_oom: None,
-            unknown_frees: 0,
-            stream_waits: (0, 0),
-            opened_with,
-            routing: MemPoolId::DEFAULT,
-            contexts: HashMap::new(),
-        }
-    }
-
-    /// Serve the next requests from `pool`: close the open context, if any, and open one for
-    /// `pool` unless it is the default.
-    fn route(&mut self, pool: MemPoolId) {
-        if pool == self.routing {
-            return;
-        }
-        let open = std::mem::replace(&mut self.routing, pool);
-        if !open.is_default() {
-            self.step(Op::Pool { pool: open, action: PoolAction::EndAllocate });
-        }
-        if !pool.is_default() {
-            self.step(Op::Pool { pool, action: PoolAction::BeginAllocate });
-            *self.contexts.entry(pool).or_default() += 1;
-        }
-    }
-
-    /// Run `op` and say what came of it; recorded when recording.
-    fn step(&mut self, op: Op) -> OpOutcome {
-        let mut tap = Tap {
-            outcome: OpOutcome::Done,
-            recorder: self.recording.as_mut().map(|r| &mut r.events),
-        };
-        self.engine.step_with(&op, &mut tap);
-        let outcome = tap.outcome;
-        if let Some(r) = &mut self.recording {
-            r.ops.push(op);
-        }
-        outcome
-    }
-
-    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<u64, OomInfo> {
-        let id = AllocId(self.next_id);
-        self.next_id += 1;
-        match self.step(Op::Alloc { id, size, stream }) {
-            OpOutcome::Allocated(granted) => {
-                self.live.insert(granted.addr, id);
-                Ok(granted.addr)
-            }
-            OpOutcome::OutOfMemory(info) => Err(info),
-            other => unreachable!("an alloc of a fresh id ends as {other:?}"),
-        }
-    }
-
     fn free(&mut self, ptr: u64) -> Result<bool, String> {
-        let Some(id) = self.live.remove(&ptr) else {
-            self.unknown_frees += 1;
+        let pending = self.session.block_at(ptr).and_then(|id| self.used_on.remove(&id));
+        let Some(id) = self.session.free(ptr, pending.is_some()) else {
             return Ok(false);
         };
-        self.step(Op::FreeRequested { id });
-        if let Some(streams) = self.used_on.remove(&id) {
+        if let Some(streams) = pending {
             // Waiting now rather than polling events later: the block is never handed out
             // while a stream may still use it, at the cost of a host stall per such free.
             let start = std::time::Instant::now();
             let waited = streams.iter().try_for_each(|&s| (self.wait)(s));
             self.stream_waits.0 += streams.len() as u64;
             self.stream_waits.1 += start.elapsed().as_nanos() as u64;
-            self.step(Op::FreeCompleted { id });
+            self.session.complete_free(id);
             waited?;
         }
         Ok(true)
     }
 }
 
-/// The observer of one step: keeps its outcome, and passes events to the recorder.
-struct Tap<'a> {
-    outcome: OpOutcome,
-    recorder: Option<&'a mut Recorder>,
-}
-
-impl Observer for Tap<'_> {
-    fn on_event(&mut self, event_index: u64, op_index: u64, event: &allocsim_core::Event) -> bool {
-        if let Some(r) = &mut self.recorder {
-            r.on_event(event_index, op_index, event);
-        }
-        true
-    }
-
-    fn on_op(
-        &mut self,
-        _op_index: u64,
-        _op: &Op,
-        outcome: &OpOutcome,
-        _allocator: &dyn Allocator,
-        _device: &dyn Device,
-    ) -> bool {
-        self.outcome = *outcome;
-        true
-    }
-}
-
-/// PyTorch's OOM message, with the figures the policy gave.
-pub fn oom_message(size: u64, device: u32, info: &OomInfo) -> String {
-    let gib = |b: u64| format_size(b);
-    let mut text = format!(
-        "CUDA out of memory (allocsim). Tried to allocate {} ({} after rounding). GPU {device} \
-         has a total capacity of {} of which {} is free. Of the memory the policy holds, {} is \
-         allocated and {} is reserved but unallocated; its largest free block is {} (large \
-         pool) and {} (small pool).",
-        gib(size),
-        gib(info.rounded_bytes),
-        gib(info.device_total_bytes),
-        gib(info.device_free_bytes),
-        gib(info.allocated_bytes),
-        gib(info.cached_bytes()),
-        gib(info.largest_free_large_bytes),
-        gib(info.largest_free_small_bytes),
-    );
-    if let Some(allowed) = info.allowed_bytes {
-        text.push_str(&format!(" The memory fraction allows {}.", gib(allowed)));
-    }
-    text
-}
-
-/// `1.50 GiB`, `20.00 MiB`, `512 bytes`: PyTorch's `format_size`.
-fn format_size(bytes: u64) -> String {
-    const KIB: f64 = 1024.0;
-    let b = bytes as f64;
-    if bytes <= 1024 {
-        format!("{bytes} bytes")
-    } else if b <= KIB * KIB {
-        format!("{:.2} KiB", b / KIB)
-    } else if b <= KIB * KIB * KIB {
-        format!("{:.2} MiB", b / KIB / KIB)
-    } else {
-        format!("{:.2} GiB", b / KIB / KIB / KIB)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use allocsim_core::Op;
     use allocsim_sim::SimDevice;
 
     const GIB: u64 = 1 << 30;
