@@ -148,7 +148,10 @@ pub extern "C" fn cudaSetDevice(device: c_int) -> CudaError {
 /// # Safety
 /// `prop` is null or points to a writable `cudaDeviceProp` of CUDA 13.
 #[no_mangle]
-pub unsafe extern "C" fn cudaGetDeviceProperties(prop: *mut [u8; 1008], device: c_int) -> CudaError {
+pub unsafe extern "C" fn cudaGetDeviceProperties(
+    prop: *mut [u8; 1008],
+    device: c_int,
+) -> CudaError {
     if device != 0 {
         return INVALID_DEVICE;
     }
@@ -159,7 +162,11 @@ pub unsafe extern "C" fn cudaGetDeviceProperties(prop: *mut [u8; 1008], device: 
 /// # Safety
 /// `value` is null or writable (`cudaDeviceGetAttribute`).
 #[no_mangle]
-pub unsafe extern "C" fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, _device: c_int) -> CudaError {
+pub unsafe extern "C" fn cudaDeviceGetAttribute(
+    value: *mut c_int,
+    attr: c_int,
+    _device: c_int,
+) -> CudaError {
     let g = gpu();
     // The attributes PyTorch and cuBLAS ask for, by their `cudaDeviceAttr` numbers.
     let v = match attr {
@@ -210,7 +217,10 @@ pub unsafe extern "C" fn cudaRuntimeGetVersion(version: *mut c_int) -> CudaError
 /// # Safety
 /// `least` and `greatest` are null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> CudaError {
+pub unsafe extern "C" fn cudaDeviceGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CudaError {
     // SAFETY: forwarded contract; a null pointer is allowed for either.
     unsafe {
         put(least, 0);
@@ -222,7 +232,11 @@ pub unsafe extern "C" fn cudaDeviceGetStreamPriorityRange(least: *mut c_int, gre
 /// # Safety
 /// `stream` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamCreateWithPriority(stream: *mut *mut c_void, _flags: c_uint, _priority: c_int) -> CudaError {
+pub unsafe extern "C" fn cudaStreamCreateWithPriority(
+    stream: *mut *mut c_void,
+    _flags: c_uint,
+    _priority: c_int,
+) -> CudaError {
     // SAFETY: forwarded contract.
     unsafe { put(stream, handle()) }
 }
@@ -238,7 +252,10 @@ pub unsafe extern "C" fn cudaStreamCreate(stream: *mut *mut c_void) -> CudaError
 /// # Safety
 /// `event` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cudaEventCreateWithFlags(event: *mut *mut c_void, _flags: c_uint) -> CudaError {
+pub unsafe extern "C" fn cudaEventCreateWithFlags(
+    event: *mut *mut c_void,
+    _flags: c_uint,
+) -> CudaError {
     // SAFETY: forwarded contract.
     unsafe { put(event, handle()) }
 }
@@ -254,7 +271,11 @@ pub unsafe extern "C" fn cudaEventCreate(event: *mut *mut c_void) -> CudaError {
 /// # Safety
 /// `ms` is null or writable. No work runs, so no time passes between two events.
 #[no_mangle]
-pub unsafe extern "C" fn cudaEventElapsedTime(ms: *mut f32, _start: *mut c_void, _end: *mut c_void) -> CudaError {
+pub unsafe extern "C" fn cudaEventElapsedTime(
+    ms: *mut f32,
+    _start: *mut c_void,
+    _end: *mut c_void,
+) -> CudaError {
     // SAFETY: forwarded contract.
     unsafe { put(ms, 0.0) }
 }
@@ -262,7 +283,10 @@ pub unsafe extern "C" fn cudaEventElapsedTime(ms: *mut f32, _start: *mut c_void,
 /// # Safety
 /// `priority` is null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamGetPriority(_stream: *mut c_void, priority: *mut c_int) -> CudaError {
+pub unsafe extern "C" fn cudaStreamGetPriority(
+    _stream: *mut c_void,
+    priority: *mut c_int,
+) -> CudaError {
     // SAFETY: forwarded contract.
     unsafe { put(priority, 0) }
 }
@@ -270,7 +294,10 @@ pub unsafe extern "C" fn cudaStreamGetPriority(_stream: *mut c_void, priority: *
 /// # Safety
 /// `status` is null or writable: no stream is ever capturing (`cudaStreamCaptureStatusNone`).
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamIsCapturing(_stream: *mut c_void, status: *mut c_int) -> CudaError {
+pub unsafe extern "C" fn cudaStreamIsCapturing(
+    _stream: *mut c_void,
+    status: *mut c_int,
+) -> CudaError {
     // SAFETY: forwarded contract.
     unsafe { put(status, 0) }
 }
@@ -285,7 +312,11 @@ pub unsafe extern "C" fn cudaThreadExchangeStreamCaptureMode(_mode: *mut c_int) 
 /// # Safety
 /// `can` is null or writable: the one device has no peer.
 #[no_mangle]
-pub unsafe extern "C" fn cudaDeviceCanAccessPeer(can: *mut c_int, _device: c_int, _peer: c_int) -> CudaError {
+pub unsafe extern "C" fn cudaDeviceCanAccessPeer(
+    can: *mut c_int,
+    _device: c_int,
+    _peer: c_int,
+) -> CudaError {
     // SAFETY: forwarded contract.
     unsafe { put(can, 0) }
 }
@@ -350,7 +381,9 @@ pub extern "C" fn cudaGetErrorName(error: CudaError) -> *const c_char {
 fn error_text(error: CudaError) -> *const c_char {
     let text: &'static [u8] = match error {
         SUCCESS => b"no error (allocsim's simulated device)\0",
-        MEMORY_ALLOCATION => b"out of memory: allocsim's simulated device allocates nothing itself\0",
+        MEMORY_ALLOCATION => {
+            b"out of memory: allocsim's simulated device allocates nothing itself\0"
+        }
         INVALID_DEVICE => b"invalid device ordinal (allocsim's simulated device has one GPU)\0",
         NOT_SUPPORTED => b"operation not supported on allocsim's simulated device\0",
         _ => b"invalid argument (allocsim's simulated device)\0",
@@ -369,7 +402,11 @@ pub extern "C" fn cuInit(_flags: c_uint) -> CudaError {
 /// `flags` and `active` are null or writable. The primary context is reported inactive, so the
 /// autograd engine stashes no stream of it.
 #[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(_device: c_int, flags: *mut c_uint, active: *mut c_int) -> CudaError {
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    _device: c_int,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CudaError {
     // SAFETY: forwarded contract.
     unsafe {
         put(flags, 0);

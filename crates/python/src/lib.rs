@@ -3,6 +3,10 @@
 //! the JSON it would print, so the package and the CLI cannot disagree: there is no second
 //! implementation to drift.
 
+mod session;
+
+// The simulated device's CUDA runtime: linked in so that its C symbols are exported.
+use allocsim_cuda as _;
 use pyo3::prelude::*;
 use std::process::ExitCode;
 use std::sync::Mutex;
@@ -70,6 +74,7 @@ fn policies() -> Vec<&'static str> {
 fn _allocsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(policies, m)?)?;
+    m.add_class::<session::Session>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
