@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from . import _allocsim
 from .capture import capture
+from .estimate import DataDependentError, EstimateResult, estimate
 from .sweep import sweep
 
 __version__ = _allocsim.__version__
@@ -41,6 +42,9 @@ __all__ = [
     "fidelity",
     "policies",
     "capture",
+    "estimate",
+    "EstimateResult",
+    "DataDependentError",
     "sweep",
 ]
 

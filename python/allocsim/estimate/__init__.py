@@ -1,0 +1,514 @@
+"""Would it fit? A real PyTorch program on allocsim's simulated GPU, with no GPU at all.
+
+    import allocsim
+    result = allocsim.estimate(train, total_memory="H100-80GB")
+    result.peak_reserved_bytes, result.memory_stats["num_ooms"]
+
+or around a whole script:
+
+    python -m allocsim.estimate --total-memory H100-80GB --out run.pickle.gz -- train.py ARGS
+
+How: the program runs in a Python process whose CUDA runtime is allocsim's simulated device
+(`allocsim_cuda::simulated_runtime`, preloaded from the native module): PyTorch's C++ sees one
+GPU of the card's compute capability and memory, so the autograd engine, autocast, the
+attention backend and cuDNN's choices are those of the real card. Every CUDA tensor is a
+FakeTensor (shapes, strides and dtypes, no data); each storage a CUDA op creates goes, as it is
+created, to allocsim's policy on the simulated device, and its free when the storage dies
+(CPython frees deterministically). A request the policy cannot serve raises
+`torch.OutOfMemoryError` in the program at that point, and `torch.cuda.memory_stats()`,
+`mem_get_info()`, `empty_cache()`, `set_per_process_memory_fraction()` and the rest answer as
+the simulated card. CPU tensors stay real.
+
+A program that needs the values of a CUDA tensor (`.item()`, `nonzero`, printing one) stops with
+`DataDependentError`, naming the op and the line of the program: the simulated device computes
+nothing, and a guess would be a silently wrong trace. `torch.compile` is refused the same way.
+
+`allocsim.estimate(fn, ...)` runs `fn` in a fresh process started on the simulated runtime
+(`multiprocessing`'s spawn: `fn` and its arguments must pickle, as for any spawned worker),
+unless this process already runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import sys
+import tempfile
+import weakref
+from typing import Any, Callable, Optional, Union
+
+# What cudaMemGetInfo reports as total memory on each card (bytes), and the CUDA context that
+# PyTorch 2.11 creates before the first allocation (so free memory at the start is the total
+# less it). Measured with torch.cuda.mem_get_info() on the cards themselves.
+CARDS = {
+    "H100-80GB": 85017493504,
+    "H200": 150109880320,
+}
+CONTEXT_BYTES = 552402944
+_ALIASES = {"H100": "H100-80GB", "H200-141GB": "H200"}
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+Size = Union[int, float, str]
+
+
+class DataDependentError(RuntimeError):
+    """The program needs the values of a CUDA tensor, which the simulated device does not
+    compute. The message names the op and the line of the program."""
+
+
+def card(name: str) -> Optional[str]:
+    """The card table's name for `name` (case and spelling forgiven), or None."""
+    key = name.strip().upper().replace(" ", "-")
+    key = _ALIASES.get(key, key)
+    return key if key in CARDS else None
+
+
+def parse_size(value: Size, what: str = "size") -> int:
+    """Bytes from an int, `80GiB`, `4e10`, or a card name of `CARDS` (its total memory)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: expected bytes, a size like '80GiB' or a card name, got a bool")
+    if isinstance(value, (int, float)):
+        if value != value or value < 0 or value >= 2**64:
+            raise ValueError(f"{what}: {value!r} is not a size in bytes")
+        return int(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: expected bytes, a size like '80GiB' or a card name, got {type(value).__name__}")
+    if card(value):
+        return CARDS[card(value)]
+    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", value)
+    if not m or m.group(2).upper() not in _UNITS:
+        names = ", ".join(CARDS)
+        raise ValueError(f"{what}: {value[:60]!r} is neither a size (bytes, '80GiB', '40GB') nor a card ({names})")
+    return parse_size(float(m.group(1)) * _UNITS[m.group(2).upper()], what)
+
+
+def _settings(total_memory: Size, free_memory: Optional[Size], alloc_conf: Optional[str], policy: str) -> dict:
+    total = parse_size(total_memory, "total_memory")
+    free = total - CONTEXT_BYTES if free_memory is None else parse_size(free_memory, "free_memory")
+    if free > total:
+        raise ValueError(f"free_memory ({free} bytes) is more than total_memory ({total})")
+    name = card(total_memory) if isinstance(total_memory, str) else None
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if alloc_conf is None else alloc_conf
+    return {"total": total, "free": free, "card": name, "alloc_conf": conf, "policy": policy}
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting a process on the simulated runtime
+
+
+def _native_module() -> str:
+    from .. import _allocsim
+    return _allocsim.__file__
+
+
+def _runtime_env(settings: dict) -> dict:
+    """The environment of a Python that starts on the simulated runtime: the native module
+    preloaded (its CUDA runtime functions take the place of libcudart's) and, under the
+    driver's name, first on the library path (PyTorch's NVRTC stub loads `libcuda.so.1`)."""
+    lib = _native_module()
+    libdir = os.path.join(tempfile.gettempdir(), f"allocsim-runtime-{os.getuid()}")
+    os.makedirs(libdir, exist_ok=True)
+    link = os.path.join(libdir, "libcuda.so.1")
+    if os.path.realpath(link) != os.path.realpath(lib):
+        tmp = f"{link}.{os.getpid()}"
+        os.symlink(lib, tmp)
+        os.replace(tmp, link)
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = lib
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, env.get("LD_LIBRARY_PATH")]))
+    env["ALLOCSIM_SIM_RUNTIME"] = "1"
+    env["ALLOCSIM_SIM_TOTAL_BYTES"] = str(settings["total"])
+    env["ALLOCSIM_SIM_NAME"] = f"allocsim simulated {settings['card'] or 'GPU'}"
+    return env
+
+
+def _runtime_active() -> bool:
+    return os.environ.get("ALLOCSIM_SIM_RUNTIME") == "1"
+
+
+def _leave_runtime_env() -> None:
+    """This process is on the runtime; the programs it starts (a compiler, git) are not."""
+    for key in ("LD_PRELOAD", "ALLOCSIM_SIM_RUNTIME"):
+        os.environ.pop(key, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulation
+
+
+def _user_frame() -> str:
+    """The innermost frame of the program (not torch's, not allocsim's), as `file:line in f`."""
+    import torch
+
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    f = sys._getframe(1)
+    while f is not None:
+        if not f.f_code.co_filename.startswith(skip) and not f.f_code.co_filename.startswith("<frozen"):
+            return f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+        f = f.f_back
+    return "an unknown place"
+
+
+# Frames of the simulation's own machinery, left out of the stacks a snapshot shows.
+_MACHINERY = (os.sep + "allocsim" + os.sep, "_python_dispatch.py", os.sep + "_dynamo" + os.sep, "_compile.py")
+
+
+def _stack(limit: int = 64) -> list:
+    f, frames = sys._getframe(2), []
+    while f is not None and len(frames) < limit:
+        name = f.f_code.co_filename
+        if frames or not any(m in name for m in _MACHINERY):
+            frames.append((name, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return frames
+
+
+# cuBLAS's workspaces: the first matrix product on a stream allocates them through the caching
+# allocator, after its output, and keeps them for the process's life (sizes of PyTorch 2.11 on
+# sm90, read off the recordings: `CUBLAS_WORKSPACE_CONFIG`'s default, then cuBLASLt's).
+_BLAS_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation", "_scaled_mm", "_int_mm"}
+_BLAS_WORKSPACES = (32 << 20, 1 << 20)
+
+
+class _Simulation:
+    """The program's CUDA memory on allocsim's policy: a dispatch mode that runs CUDA ops on
+    FakeTensors and hands each new storage to the session, and `torch.cuda`'s memory
+    functions answered from the session."""
+
+    def __init__(self, settings: dict, stacks: bool):
+        import torch
+        import torch._subclasses.fake_tensor as fake_tensor
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        from .._allocsim import Session
+
+        self.torch, self.settings, self.stacks = torch, settings, stacks
+        self.session = Session(settings["total"], settings["free"], settings["policy"], settings["alloc_conf"])
+        self.storages: dict[int, int] = {}
+        self.blas_streams: set = set()
+        # A FakeTensor of a CUDA device made on first use runs a real CUDA allocation
+        # (init_gpu_context), and the converter would put constants on the real device:
+        # nothing may reach PyTorch's own allocator.
+        fake_tensor.init_gpu_context = lambda device: None
+        fake_tensor.FakeTensorMode.avoid_device_init = property(lambda self: True)
+        self.fake = fake_tensor.FakeTensorMode(allow_non_fake_inputs=True)
+        FakeTensor = fake_tensor.FakeTensor
+        refused = (fake_tensor.DataDependentOutputException, fake_tensor.DynamicOutputShapeException,
+                   fake_tensor.UnsupportedOperatorException)
+        sim = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                flat = tree_flatten((args, kwargs))[0]
+                device = kwargs.get("device")
+                on_gpu = any(isinstance(a, FakeTensor) for a in flat) or (
+                    device is not None and torch.device(device).type == "cuda")
+                if not on_gpu:
+                    return func(*args, **kwargs)
+                try:
+                    with sim.fake:
+                        out = func(*args, **kwargs)
+                except refused as e:
+                    raise DataDependentError(
+                        f"{func} needs the values of a CUDA tensor, which allocsim's simulated "
+                        f"device does not compute (at {_user_frame()}): {type(e).__name__}") from None
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, FakeTensor) and t.fake_device.type == "cuda":
+                        sim.allocate(t)
+                if func._opname in _BLAS_OPS:
+                    sim.blas_workspaces()
+                return out
+
+        self.mode = Mode()
+
+    def allocate(self, t) -> None:
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self.storages:
+            return
+        size = storage.nbytes()
+        stream = self.torch.cuda.current_stream().cuda_stream
+        try:
+            ptr = self.session.malloc(size, stream, (0, 0), _stack() if self.stacks else None)
+        except MemoryError as e:
+            raise self.torch.OutOfMemoryError(str(e)) from None
+        self.storages[key] = ptr
+        weakref.finalize(storage, self.free, key)
+
+    def blas_workspaces(self) -> None:
+        stream = self.torch.cuda.current_stream().cuda_stream
+        if stream in self.blas_streams:
+            return
+        self.blas_streams.add(stream)
+        for size in _BLAS_WORKSPACES:
+            try:
+                self.session.malloc(size, stream, (0, 0), _stack() if self.stacks else None)
+            except MemoryError as e:
+                raise self.torch.OutOfMemoryError(str(e)) from None
+
+    def free(self, key: int) -> None:
+        self.session.free(self.storages.pop(key))
+
+    def nested_stats(self) -> dict:
+        nested: dict = {}
+        for key, value in self.session.memory_stats():
+            *parents, leaf = key.split(".")
+            d = nested
+            for p in parents:
+                d = d.setdefault(p, {})
+            d[leaf] = value
+        return nested
+
+    def __enter__(self) -> "_Simulation":
+        torch, s = self.torch, self.session
+        torch.cuda.init()
+        # One thread runs the backward pass, as the session is one thread's.
+        torch.autograd.set_multithreading_enabled(False)
+        C = torch._C
+        self.saved = {name: getattr(C, name) for name in (
+            "_cuda_memoryStats", "_cuda_resetPeakMemoryStats", "_cuda_emptyCache",
+            "_cuda_setMemoryFraction", "_cuda_resetAccumulatedMemoryStats")}
+        C._cuda_memoryStats = lambda device=None: self.nested_stats()
+        C._cuda_resetPeakMemoryStats = lambda device=None: s.reset_peak_stats()
+        C._cuda_resetAccumulatedMemoryStats = lambda device=None: None
+        C._cuda_emptyCache = s.empty_cache
+
+        def set_fraction(fraction, device=None):
+            try:
+                s.set_memory_fraction(float(fraction))
+            except ValueError as e:
+                raise ValueError(str(e)) from None
+
+        C._cuda_setMemoryFraction = set_fraction
+        self.saved_swap = swap = torch.utils.swap_tensors
+
+        def swap_tensors(t1, t2):
+            # Module._apply swaps FakeTensor parameters, which the fake mode's own weak
+            # references forbid; the parameter keeps its identity and takes the new storage.
+            try:
+                return swap(t1, t2)
+            except RuntimeError as e:
+                if "weakref" not in str(e):
+                    raise
+                t1.data = t2.data
+
+        torch.utils.swap_tensors = swap_tensors
+        self.saved_info = torch.cuda.memory.mem_get_info
+        torch.cuda.mem_get_info = torch.cuda.memory.mem_get_info = lambda device=None: s.mem_get_info()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mode.__exit__(*exc)
+        for name, f in self.saved.items():
+            setattr(self.torch._C, name, f)
+        self.torch.cuda.mem_get_info = self.torch.cuda.memory.mem_get_info = self.saved_info
+        self.torch.utils.swap_tensors = self.saved_swap
+
+    def summary(self, error: Optional[BaseException]) -> dict:
+        stats = dict(self.session.memory_stats())
+        return {
+            "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
+            "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
+            "num_ooms": stats["num_ooms"],
+            "ops": self.session.ops(),
+            "memory_stats": stats,
+            "last_oom": self.session.last_oom(),
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+        }
+
+    def write(self, out: str) -> None:
+        import torch
+
+        self.session.save_snapshot(out)
+        meta = {
+            "estimated": True,
+            "card": self.settings["card"],
+            "gpu": f"allocsim simulated {self.settings['card'] or 'GPU'}",
+            "total_memory": self.settings["total"],
+            "free_at_start": self.settings["free"],
+            "alloc_conf": self.settings["alloc_conf"],
+            "policy": self.settings["policy"],
+            "torch": torch.__version__,
+        }
+        stem = str(out).removesuffix(".gz").removesuffix(".pickle")
+        with open(stem + ".json", "w") as f:
+            json.dump({"meta": meta, "memory_stats": dict(self.session.memory_stats())}, f, indent=1)
+
+
+def _refuse_compile(torch) -> None:
+    def compile(*args, **kwargs):
+        raise DataDependentError(
+            f"torch.compile is not estimated: its kernels and their buffers come from Inductor, "
+            f"which the simulated device does not run (at {_user_frame()}); estimate the eager program")
+    torch.compile = compile
+
+
+def _run_here(fn: Callable, args: tuple, kwargs: dict, settings: dict, out: Optional[str]) -> dict:
+    """Runs `fn` in this process, which runs on the simulated runtime; the summary, with the
+    program's exception (an OOM it did not catch) as `error`."""
+    import torch
+
+    _refuse_compile(torch)
+    error = None
+    with _Simulation(settings, stacks=out is not None) as sim:
+        try:
+            fn(*args, **kwargs)
+        except (torch.OutOfMemoryError, DataDependentError) as e:
+            error = e
+        summary = sim.summary(error)
+        if out is not None:
+            sim.write(out)
+        recording = tempfile.mktemp(suffix=".allocsim", prefix="allocsim-estimate-")
+        sim.session.save_recording(recording)
+    if isinstance(error, DataDependentError):
+        raise error
+    summary["recording"] = recording
+    return summary
+
+
+def _child(conn, fn, args, kwargs, settings, out) -> None:
+    _leave_runtime_env()
+    try:
+        conn.send(("ok", _run_here(fn, args, kwargs, settings, out)))
+    except BaseException as e:  # sent to the parent, which raises it
+        conn.send(("error", e))
+
+
+def _run_in_child(fn, args, kwargs, settings, out) -> dict:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    saved = dict(os.environ)
+    os.environ.update(_runtime_env(settings))
+    try:
+        proc = ctx.Process(target=_child, args=(child, fn, args, kwargs, settings, out))
+        proc.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    child.close()
+    try:
+        kind, value = parent.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"the estimate's process ended with exit code {proc.exitcode} before it answered") from None
+    proc.join()
+    if kind == "error":
+        raise value
+    return value
+
+
+class EstimateResult:
+    """An estimated run: what `allocsim.replay` returns for its op stream (peaks, statistics,
+    OOMs, timeline: `.replay`), and how the program ended (`error`: an OOM it did not catch)."""
+
+    def __init__(self, summary: dict, replay: Any, settings: dict):
+        self.summary, self.replay, self.settings = summary, replay, settings
+
+    peak_reserved_bytes = property(lambda self: self.summary["peak_reserved_bytes"])
+    peak_allocated_bytes = property(lambda self: self.summary["peak_allocated_bytes"])
+    memory_stats = property(lambda self: self.summary["memory_stats"])
+    error = property(lambda self: self.summary["error"])
+
+    @property
+    def fits(self) -> bool:
+        """Whether the program ran to its end without an OOM it did not catch."""
+        return self.summary["error"] is None
+
+    def __repr__(self) -> str:
+        gib = lambda b: f"{b / 2**30:.2f} GiB"
+        where = self.settings["card"] or f"{gib(self.settings['total'])} card"
+        return (f"<EstimateResult on {where}: peak reserved {gib(self.peak_reserved_bytes)}, peak allocated "
+                f"{gib(self.peak_allocated_bytes)}, {self.summary['num_ooms']} OOMs, "
+                f"{'fits' if self.fits else 'does not fit: ' + str(self.error)[:200]}>")
+
+
+def estimate(fn: Callable, *args: Any, total_memory: Size = "H100-80GB", free_memory: Optional[Size] = None,
+             alloc_conf: Optional[str] = None, policy: str = "pytorch", out: Optional[str] = None,
+             **kwargs: Any) -> EstimateResult:
+    """Runs `fn(*args, **kwargs)` on a simulated card of `total_memory` (bytes, `"80GiB"`, or a
+    card of `CARDS`) with `free_memory` free at the start (default: the total less the CUDA
+    context), under `alloc_conf` (default: the environment's `PYTORCH_CUDA_ALLOC_CONF`) and
+    allocsim's `policy`. With `out`, writes a PyTorch snapshot with Python stacks and its
+    sidecar, which `allocsim capacity`, `advise`, `report` and memory_viz read."""
+    from .. import replay
+
+    if not callable(fn):
+        raise TypeError(f"estimate: fn must be callable, got {type(fn).__name__}")
+    settings = _settings(total_memory, free_memory, alloc_conf, policy)
+    if out is not None:
+        out = os.fspath(out)
+    run = _run_here if _runtime_active() else _run_in_child
+    summary = run(fn, args, kwargs, settings, out)
+    recording = summary.pop("recording")
+    try:
+        result = replay(recording, policy=policy, alloc_conf=settings["alloc_conf"],
+                        device_total=settings["total"], device_free=settings["free"], device="sim")
+    finally:
+        os.unlink(recording)
+    return EstimateResult(summary, result, settings)
+
+
+def main(argv: list) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m allocsim.estimate",
+        description="Run a PyTorch script on allocsim's simulated GPU (no GPU needed): peaks, OOMs, "
+                    "and with --out a snapshot that allocsim and memory_viz read.")
+    parser.add_argument("--total-memory", default="H100-80GB", help=f"bytes, '80GiB', or a card: {', '.join(CARDS)}")
+    parser.add_argument("--free-memory", default=None, help="free at the start (default: the total less the CUDA context)")
+    parser.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF (default: the environment's)")
+    parser.add_argument("--policy", default="pytorch")
+    parser.add_argument("--out", default=None, help="write a snapshot (.pickle.gz) and its sidecar (.json)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    if "--" in argv:
+        at = argv.index("--")
+        opts = parser.parse_args(argv[:at] + argv[at + 1:])
+    else:
+        opts = parser.parse_args(argv)
+    try:
+        settings = _settings(opts.total_memory, opts.free_memory, opts.alloc_conf, opts.policy)
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+    if not os.path.isfile(opts.script):
+        parser.error(f"no such script: {opts.script}")
+    if not _runtime_active():
+        env = _runtime_env(settings)
+        os.execve(sys.executable, [sys.executable, "-m", "allocsim.estimate", *argv], env)
+    _leave_runtime_env()
+
+    def program():
+        sys.argv = [opts.script, *opts.args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(opts.script)))
+        runpy.run_path(opts.script, run_name="__main__")
+
+    try:
+        summary = _run_here(program, (), {}, settings, opts.out)
+    except DataDependentError as e:
+        print(f"allocsim.estimate: {e}", file=sys.stderr)
+        return 2
+    os.unlink(summary.pop("recording"))
+    if opts.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        gib = lambda b: f"{b / 2**30:.3f} GiB ({b} bytes)"
+        print(f"card: {settings['card'] or settings['total']}, free at start {gib(settings['free'])}, "
+              f"alloc_conf {settings['alloc_conf']!r}, policy {settings['policy']}")
+        print(f"peak reserved:  {gib(summary['peak_reserved_bytes'])}")
+        print(f"peak allocated: {gib(summary['peak_allocated_bytes'])}")
+        print(f"OOMs: {summary['num_ooms']}; requests: {summary['ops']}")
+        print("fits" if summary["error"] is None else f"does not fit: {summary['error']}")
+        if opts.out:
+            print(f"wrote {opts.out}")
+    return 0 if summary["error"] is None else 1
+
