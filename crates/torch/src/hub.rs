@@ -2,10 +2,9 @@
 //! the replay engine as a recorded trace is, so a live run makes the same calls into the policy
 //! that `allocsim replay` makes for its recording.
 //!
-//! PyTorch hands out pointers and frees by pointer; the policies speak in allocation ids. A
-//! `Slot` keeps the map between them, turns each call into an [`Op`], steps the engine and,
-//! when asked to, keeps the ops and the events (the recording that `allocsim replay` reads
-//! back, and the history of a snapshot).
+//! Each device is an `allocsim_run::Session` (the map from pointers to allocation ids, each
+//! call an op through the engine, the recording that `allocsim replay` reads back), and the
+//! streams each block was recorded on, which the hub waits for before a free completes.
 //!
 //! Private pools (a CUDA graph's, a `torch.cuda.MemPool`'s) reach the hub as PyTorch's hooks
 //! call them: a capture begins, each request says which pool PyTorch's filters chose for it
