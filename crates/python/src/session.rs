@@ -87,7 +87,7 @@ impl Session {
 
     /// Frees the block at `ptr`; False for a pointer this session never handed out.
     fn free(&mut self, ptr: u64) -> bool {
-        ptr == 0 || self.inner.free(ptr, false).is_some()
+        ptr == 0 || self.inner.free(ptr).is_some()
     }
 
     fn empty_cache(&mut self) {

@@ -116,11 +116,12 @@ impl Session {
         }
     }
 
-    /// Frees the block at `ptr`: its free is requested, and completed at once unless
-    /// `pending` (a block used on other streams, completed later by
-    /// [`Session::complete_free`]). The block's id, or `None` for a pointer this session did
-    /// not hand out (counted, nothing else happens). Null frees nothing.
-    pub fn free(&mut self, ptr: u64, pending: bool) -> Option<AllocId> {
+    /// Frees the block at `ptr`. A block with stream uses recorded on it
+    /// ([`Session::record_stream`]) stays the policy's pending free until
+    /// [`Session::complete_free`]; any other block is free at once. The block's id, or `None`
+    /// for a pointer this session did not hand out (counted, nothing else happens). Null
+    /// frees nothing.
+    pub fn free(&mut self, ptr: u64) -> Option<AllocId> {
         if ptr == 0 {
             return None;
         }
@@ -129,9 +130,6 @@ impl Session {
             return None;
         };
         self.step(Op::FreeRequested { id });
-        if !pending {
-            self.step(Op::FreeCompleted { id });
-        }
         Some(id)
     }
 

@@ -258,11 +258,10 @@ struct Slot {
 
 impl Slot {
     fn free(&mut self, ptr: u64) -> Result<bool, String> {
-        let pending = self.session.block_at(ptr).and_then(|id| self.used_on.remove(&id));
-        let Some(id) = self.session.free(ptr, pending.is_some()) else {
+        let Some(id) = self.session.free(ptr) else {
             return Ok(false);
         };
-        if let Some(streams) = pending {
+        if let Some(streams) = self.used_on.remove(&id) {
             // Waiting now rather than polling events later: the block is never handed out
             // while a stream may still use it, at the cost of a host stall per such free.
             let start = std::time::Instant::now();
