@@ -39,6 +39,8 @@ import tempfile
 import weakref
 from typing import Any, Callable, Optional, Union
 
+from . import kernels
+
 # What cudaMemGetInfo reports as total memory on each card (bytes), and the CUDA context that
 # PyTorch 2.11 creates before the first allocation (so free memory at the start is the total
 # less it). Measured with torch.cuda.mem_get_info() on the cards themselves.
@@ -166,13 +168,6 @@ def _stack(limit: int = 64) -> list:
     return frames
 
 
-# cuBLAS's workspaces: the first matrix product on a stream allocates them through the caching
-# allocator, after its output, and keeps them for the process's life (sizes of PyTorch 2.11 on
-# sm90, read off the recordings: `CUBLAS_WORKSPACE_CONFIG`'s default, then cuBLASLt's).
-_BLAS_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation", "_scaled_mm", "_int_mm"}
-_BLAS_WORKSPACES = (32 << 20, 1 << 20)
-
-
 class _Simulation:
     """The program's CUDA memory on allocsim's policy: a dispatch mode that runs CUDA ops on
     FakeTensors and hands each new storage to the session, and `torch.cuda`'s memory
@@ -189,14 +184,17 @@ class _Simulation:
         self.torch, self.settings, self.stacks = torch, settings, stacks
         self.session = Session(settings["total"], settings["free"], settings["policy"], settings["alloc_conf"])
         self.storages: dict[int, int] = {}
-        self.blas_streams: set = set()
+        self.kernels = kernels.Context()
+        # The autograd node (its sequence number) that made each storage made in backward.
+        self.made_by: dict[int, int] = {}
         # A FakeTensor of a CUDA device made on first use runs a real CUDA allocation
         # (init_gpu_context), and the converter would put constants on the real device:
         # nothing may reach PyTorch's own allocator.
         fake_tensor.init_gpu_context = lambda device: None
         fake_tensor.FakeTensorMode.avoid_device_init = property(lambda self: True)
         self.fake = fake_tensor.FakeTensorMode(allow_non_fake_inputs=True)
-        FakeTensor = fake_tensor.FakeTensor
+        self.FakeTensor = FakeTensor = fake_tensor.FakeTensor
+        self.tree_flatten = tree_flatten
         refused = (fake_tensor.DataDependentOutputException, fake_tensor.DynamicOutputShapeException,
                    fake_tensor.UnsupportedOperatorException)
         sim = self
@@ -210,6 +208,8 @@ class _Simulation:
                     device is not None and torch.device(device).type == "cuda")
                 if not on_gpu:
                     return func(*args, **kwargs)
+                if func is torch.ops.aten.add.Tensor and sim.engine_accumulates(args, kwargs):
+                    func = torch.ops.aten.add_.Tensor
                 try:
                     with sim.fake:
                         out = func(*args, **kwargs)
@@ -217,41 +217,84 @@ class _Simulation:
                     raise DataDependentError(
                         f"{func} needs the values of a CUDA tensor, which allocsim's simulated "
                         f"device does not compute (at {_user_frame()}): {type(e).__name__}") from None
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, FakeTensor) and t.fake_device.type == "cuda":
-                        sim.allocate(t)
-                if func._opname in _BLAS_OPS:
-                    sim.blas_workspaces()
+                sim.run_kernel(func, args, kwargs, out)
                 return out
 
         self.mode = Mode()
+
+    def engine_accumulates(self, args, kwargs) -> bool:
+        """Whether this `add` is the autograd engine summing two gradients of one input.
+        The engine adds in place into the gradient it holds when nothing else shares it, but
+        never for tensor subclasses, and under a dispatch mode every tensor counts as one
+        (`isTensorSubclassLike`); so the sum is done in place here, as on the GPU. Recognised
+        by its operands: the held gradient was made by an earlier node, the new one by the
+        node running now."""
+        node = self.torch._C._current_autograd_node()
+        if node is None or kwargs or len(args) != 2:
+            return False
+        held, new = args
+        if not (isinstance(held, self.FakeTensor) and isinstance(new, self.FakeTensor)):
+            return False
+        if held.shape != new.shape or held.dtype != new.dtype or held._base is not None:
+            return False
+        if not held.is_contiguous():
+            return False
+        made_by = self.made_by.get
+        now = node._sequence_nr()
+        return made_by(id(held.untyped_storage())) not in (None, now) and made_by(id(new.untyped_storage())) == now
+
+    def run_kernel(self, func, args, kwargs, out) -> None:
+        """Allocates what the op's CUDA kernel allocates, in its order (`kernels.plan`): its
+        results' new storages, its scratch blocks (freed when it ends) and library
+        workspaces."""
+        results = list(out) if isinstance(out, (tuple, list)) else [out]
+        ctx = self.kernels
+        ctx.stream = self.torch.cuda.current_stream().cuda_stream
+        # The autograd engine runs CUDA nodes on its device thread, which has its own library
+        # handles; here backward runs on the calling thread, so the graph task says where.
+        ctx.thread = "autograd" if self.torch._C._current_graph_task_id() != -1 else "main"
+        held: list = []
+        try:
+            for step in kernels.plan(func, args, kwargs, results, ctx):
+                if step[0] == "out":
+                    self.allocate_all(results[step[1]])
+                elif step[0] == "free":
+                    self.session.free(held.pop())
+                else:
+                    ptr = self.malloc(step[1])
+                    if step[0] == "tmp":
+                        held.append(ptr)
+        finally:
+            while held:
+                self.session.free(held.pop())
+        self.allocate_all(results)
+
+    def allocate_all(self, tree) -> None:
+        for t in self.tree_flatten(tree)[0]:
+            if isinstance(t, self.FakeTensor) and t.fake_device.type == "cuda":
+                self.allocate(t)
+
+    def malloc(self, size: int) -> int:
+        try:
+            # The engine's device thread runs no Python: its allocations have no frames.
+            stack = _stack() if self.stacks and self.kernels.thread == "main" else None
+            return self.session.malloc(size, self.kernels.stream, (0, 0), stack)
+        except MemoryError as e:
+            raise self.torch.OutOfMemoryError(str(e)) from None
 
     def allocate(self, t) -> None:
         storage = t.untyped_storage()
         key = id(storage)
         if key in self.storages:
             return
-        size = storage.nbytes()
-        stream = self.torch.cuda.current_stream().cuda_stream
-        try:
-            ptr = self.session.malloc(size, stream, (0, 0), _stack() if self.stacks else None)
-        except MemoryError as e:
-            raise self.torch.OutOfMemoryError(str(e)) from None
-        self.storages[key] = ptr
+        self.storages[key] = self.malloc(storage.nbytes())
+        node = self.torch._C._current_autograd_node()
+        if node is not None:
+            self.made_by[key] = node._sequence_nr()
         weakref.finalize(storage, self.free, key)
 
-    def blas_workspaces(self) -> None:
-        stream = self.torch.cuda.current_stream().cuda_stream
-        if stream in self.blas_streams:
-            return
-        self.blas_streams.add(stream)
-        for size in _BLAS_WORKSPACES:
-            try:
-                self.session.malloc(size, stream, (0, 0), _stack() if self.stacks else None)
-            except MemoryError as e:
-                raise self.torch.OutOfMemoryError(str(e)) from None
-
     def free(self, key: int) -> None:
+        self.made_by.pop(key, None)
         self.session.free(self.storages.pop(key))
 
     def nested_stats(self) -> dict:
