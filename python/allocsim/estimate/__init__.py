@@ -343,6 +343,14 @@ class _Simulation:
         torch.utils.swap_tensors = swap_tensors
         self.saved_info = torch.cuda.memory.mem_get_info
         torch.cuda.mem_get_info = torch.cuda.memory.mem_get_info = lambda device=None: s.mem_get_info()
+        # A parameter moved to the GPU is a FakeTensor here, a Parameter there: optimizers and
+        # clip_grad_norm_ take their foreach (multi-tensor) kernels for it, as on the GPU.
+        from torch.optim import optimizer
+        from torch.utils import _foreach_utils
+
+        self.foreach_types = (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types)
+        for types in self.foreach_types:
+            types.append(self.FakeTensor)
         self.mode.__enter__()
         return self
 
@@ -352,6 +360,8 @@ class _Simulation:
             setattr(self.torch._C, name, f)
         self.torch.cuda.mem_get_info = self.torch.cuda.memory.mem_get_info = self.saved_info
         self.torch.utils.swap_tensors = self.saved_swap
+        for types in self.foreach_types:
+            types.remove(self.FakeTensor)
 
     def summary(self, error: Optional[BaseException]) -> dict:
         stats = dict(self.session.memory_stats())
