@@ -258,6 +258,8 @@ class _Simulation:
             for step in kernels.plan(func, args, kwargs, results, ctx):
                 if step[0] == "out":
                     self.allocate_all(results[step[1]])
+                elif step[0] == "none":
+                    self.allocate_all(results[step[1]], on_device=False)
                 elif step[0] == "free":
                     self.session.free(held.pop())
                 else:
@@ -269,10 +271,10 @@ class _Simulation:
                 self.session.free(held.pop())
         self.allocate_all(results)
 
-    def allocate_all(self, tree) -> None:
+    def allocate_all(self, tree, on_device: bool = True) -> None:
         for t in self.tree_flatten(tree)[0]:
             if isinstance(t, self.FakeTensor) and t.fake_device.type == "cuda":
-                self.allocate(t)
+                self.allocate(t, on_device)
 
     def malloc(self, size: int) -> int:
         try:
@@ -282,12 +284,12 @@ class _Simulation:
         except MemoryError as e:
             raise self.torch.OutOfMemoryError(str(e)) from None
 
-    def allocate(self, t) -> None:
+    def allocate(self, t, on_device: bool = True) -> None:
         storage = t.untyped_storage()
         key = id(storage)
         if key in self.storages:
             return
-        self.storages[key] = self.malloc(storage.nbytes())
+        self.storages[key] = self.malloc(storage.nbytes()) if on_device else 0
         node = self.torch._C._current_autograd_node()
         if node is not None:
             self.made_by[key] = node._sequence_nr()

@@ -10,8 +10,9 @@ than from PyTorch's code, the comment says it was read off that probe.
 `("out", i)` allocates the storages of the op's `i`-th result; `("tmp", size)` allocates a
 scratch block and `("free",)` frees the newest one still held (scratch blocks left at the end
 are freed then, newest first, as C++ destructors run); `("keep", size)` allocates a block kept
-for the process's life (a library's workspace). Ops without a model allocate their results in
-order.
+for the process's life (a library's workspace); `("none", i)` marks the `i`-th result as
+taking no device memory (the GPU kernel leaves it empty). Ops without a model allocate their
+results in order.
 """
 
 from __future__ import annotations
@@ -164,13 +165,15 @@ def _sdpa_cudnn(name: str, args, kwargs, outs, ctx) -> Optional[list]:
     if name == "_scaled_dot_product_cudnn_attention":
         # Outputs: out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox seed, philox
         # offset, debug mask. The seed and offset are made first; then the output and the
-        # log-sum-exp (when a backward needs it); then cuDNN's workspace, freed at once. Its
+        # log-sum-exp when a backward needs it (else it is empty on the GPU, whatever size the
+        # meta kernel gives it); then cuDNN's workspace, freed at once. Its
         # size (256 bytes) was read off the probe; a one-row query (decoding) runs with none
         # for key lengths up to 1024 (longer ones split the keys and take more: not modelled).
         q = args[0]
-        order = [6, 7, 0, 1]
+        lse = args[4] if len(args) > 4 else kwargs.get("compute_log_sumexp", True)
+        order = [6, 7, 0] + ([1] if lse else [])
         steps = [("out", i) for i in order if i < len(outs)]
-        steps += [("out", i) for i in range(len(outs)) if i not in order]
+        steps += [("out", i) if i != 1 else ("none", 1) for i in range(len(outs)) if i not in order]
         if q.shape[-2] > 1:
             steps += [("tmp", 256)]
         return steps
@@ -181,6 +184,15 @@ def _sdpa_cudnn(name: str, args, kwargs, outs, ctx) -> Optional[list]:
         bh = math.prod(batch)
         return _outs(len(outs)) + [("tmp", bh * rows * head * 4 + bh * rows * 4 + 256)]
     return None
+
+
+# --- Layer norm (layer_norm_kernel.cu): a strided input is made contiguous first, the copy freed
+# when the op ends.
+def _layer_norm(name: str, args, kwargs, outs, ctx) -> Optional[list]:
+    if name != "native_layer_norm" or args[0].is_contiguous():
+        return None
+    x = args[0]
+    return [("tmp", x.numel() * x.element_size())] + _outs(len(outs))
 
 
 # --- Dropout (Dropout.cu): the mask is made before the output. --------------------------------
@@ -232,7 +244,7 @@ def _embedding_backward(name: str, args, kwargs, outs, ctx) -> Optional[list]:
     return steps
 
 
-_MODELS: list = [_blas, _reduction, _sdpa_cudnn, _dropout, _embedding_backward]
+_MODELS: list = [_blas, _reduction, _sdpa_cudnn, _layer_norm, _dropout, _embedding_backward]
 
 
 class Context:
