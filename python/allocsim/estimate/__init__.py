@@ -350,6 +350,8 @@ class _Simulation:
         from torch.optim import optimizer
         from torch.utils import _foreach_utils
 
+        self.saved_module_apply = torch.nn.Module._apply
+        torch.nn.Module._apply = _apply_keeping_ties(torch.nn.Module._apply)
         self.foreach_types = (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types)
         for types in self.foreach_types:
             types.append(self.FakeTensor)
@@ -364,6 +366,7 @@ class _Simulation:
         self.torch.utils.swap_tensors = self.saved_swap
         for types in self.foreach_types:
             types.remove(self.FakeTensor)
+        self.torch.nn.Module._apply = self.saved_module_apply
 
     def summary(self, error: Optional[BaseException]) -> dict:
         stats = dict(self.session.memory_stats())
@@ -394,6 +397,42 @@ class _Simulation:
         stem = str(out).removesuffix(".gz").removesuffix(".pickle")
         with open(stem + ".json", "w") as f:
             json.dump({"meta": meta, "memory_stats": dict(self.session.memory_stats())}, f, indent=1)
+
+
+def _apply_keeping_ties(apply: Callable) -> Callable:
+    """`Module._apply` (under `.cuda()`, `.to()`, `.half()`) that keeps tied parameters tied.
+    On the GPU a CPU parameter takes its new data in place (`param.data = ...`), so a parameter
+    shared by two modules is converted once and stays one parameter; a FakeTensor cannot be
+    set as a CPU parameter's data, so PyTorch makes a new parameter per module instead, which
+    would copy a tied weight twice and give it two gradients. Here each tensor is converted
+    once, and the modules that shared a parameter share its new one."""
+
+    def apply_once(module, fn, recurse=True):
+        if getattr(apply_once, "active", False):
+            return apply(module, fn, recurse)
+        converted: dict = {}
+
+        def fn_once(t):
+            hit = converted.get(id(t))
+            if hit is None or hit[0] is not t:
+                hit = converted[id(t)] = (t, fn(t))
+            return hit[1]
+
+        before = {(id(m), k): p for m in module.modules() for k, p in m._parameters.items() if p is not None}
+        apply_once.active = True
+        try:
+            out = apply(module, fn_once, recurse)
+        finally:
+            apply_once.active = False
+        first: dict = {}
+        for m in module.modules():
+            for k, p in list(m._parameters.items()):
+                source = before.get((id(m), k))
+                if source is not None:
+                    m._parameters[k] = first.setdefault(id(source), p)
+        return out
+
+    return apply_once
 
 
 def _refuse_compile(torch) -> None:
