@@ -49,6 +49,14 @@ CARDS = {
     "H200": 150109880320,
 }
 CONTEXT_BYTES = 552402944
+# What a training run takes outside the caching allocator as it goes (kernels loaded lazily,
+# library handles and their workspaces), by card: measured by `allocsim.capture` on the H200
+# (every training program of validation/estimate/) and by validation/fit.py on the H100. A run
+# whose backward never reaches the GPU takes less: the autograd engine's device thread opens no
+# cuBLAS and cuDNN handles of its own and loads no backward kernels (measured on the H200:
+# validation/estimate/'s kv_infer).
+OUTSIDE_ALLOCATOR_BYTES = {"H100-80GB": 257949696, "H200": 251658240}
+NO_BACKWARD_OUTSIDE_BYTES = 71303168
 _ALIASES = {"H100": "H100-80GB", "H200-141GB": "H200"}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
@@ -92,7 +100,9 @@ def _settings(total_memory: Size, free_memory: Optional[Size], alloc_conf: Optio
     free = total - CONTEXT_BYTES if free_memory is None else parse_size(free_memory, "free_memory")
     if free > total:
         raise ValueError(f"free_memory ({free} bytes) is more than total_memory ({total})")
+    # A card by name, or by its exact total memory.
     name = card(total_memory) if isinstance(total_memory, str) else None
+    name = name or next((n for n, b in CARDS.items() if b == total), None)
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if alloc_conf is None else alloc_conf
     return {"total": total, "free": free, "card": name, "alloc_conf": conf, "policy": policy}
 
@@ -253,6 +263,7 @@ class _Simulation:
         # The autograd engine runs CUDA nodes on its device thread, which has its own library
         # handles; here backward runs on the calling thread, so the graph task says where.
         ctx.thread = "autograd" if self.torch._C._current_graph_task_id() != -1 else "main"
+        ctx.backward_ran |= ctx.thread == "autograd"
         held: list = []
         try:
             for step in kernels.plan(func, args, kwargs, results, ctx):
@@ -393,7 +404,11 @@ class _Simulation:
             "alloc_conf": self.settings["alloc_conf"],
             "policy": self.settings["policy"],
             "torch": torch.__version__,
+            "backward_on_gpu": self.kernels.backward_ran,
         }
+        outside = OUTSIDE_ALLOCATOR_BYTES.get(self.settings["card"] or "")
+        if outside is not None:
+            meta["outside_allocator_bytes"] = outside - (0 if self.kernels.backward_ran else NO_BACKWARD_OUTSIDE_BYTES)
         stem = str(out).removesuffix(".gz").removesuffix(".pickle")
         with open(stem + ".json", "w") as f:
             json.dump({"meta": meta, "memory_stats": dict(self.session.memory_stats())}, f, indent=1)

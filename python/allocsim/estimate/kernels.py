@@ -249,12 +249,14 @@ _MODELS: list = [_blas, _reduction, _sdpa_cudnn, _layer_norm, _dropout, _embeddi
 
 class Context:
     """What a model may ask of the run: the stream and thread an op runs on, and whether a
-    per-(handle, stream) workspace is new (`keep` records it)."""
+    per-(handle, stream) workspace is new (`keep` records it). `backward_ran`: whether any op
+    ran on the autograd engine's device thread."""
 
     def __init__(self) -> None:
         self.kept: set = set()
         self.thread = "main"
         self.stream = 0
+        self.backward_ran = False
 
     def keep(self, key) -> bool:
         if key in self.kept:
