@@ -100,14 +100,16 @@ def test_a_program_that_needs_tensor_values_stops_naming_the_op_and_the_line():
 
 def test_the_command_runs_a_script_and_writes_a_snapshot_that_allocsim_reads(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text("import torch\nx = torch.randn(1024, 1024, device='cuda')\ny = x @ x\nprint('done')\n")
+    script.write_text("import torch\nx = torch.randn(1024, 1024, device='cuda')\ny = x @ x\n"
+                      "z = torch.nn.functional.linear(x, x, torch.zeros(1024, device='cuda'))\nprint('done')\n")
     out = tmp_path / "run.pickle.gz"
     run = subprocess.run([sys.executable, "-m", "allocsim.estimate", "--total-memory", "H200", "--out", str(out),
                           "--json", "--", str(script)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout[run.stdout.index("{\n"):])
-    # The output, the cuBLAS workspaces of the first product, the result.
-    assert summary["peak_allocated_bytes"] == (4 << 20) + (32 << 20) + (1 << 20) + (4 << 20)
+    # x, the product and cuBLAS's workspace (32 MiB); then the bias, the linear layer's output
+    # and, as a product with a bias goes through cuBLASLt, cuBLASLt's workspace (1 MiB).
+    assert summary["peak_allocated_bytes"] == 3 * (4 << 20) + (32 << 20) + 4096 + (1 << 20)
     sidecar = json.loads((tmp_path / "run.json").read_text())
     assert sidecar["meta"]["estimated"] and sidecar["meta"]["card"] == "H200"
     replayed = allocsim.replay(str(out))

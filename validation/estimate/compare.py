@@ -7,7 +7,8 @@ recording on the H200: peak reserved and allocated, the allocation sizes in orde
 import gzip, json, os, pickle, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROGRAMS = ["gpt_amp", "gpt_checkpoint", "convnet", "lora", "kv_infer", "hf_gpt2", "find_batch", "moe_routing"]
+PROGRAMS = ["gpt_amp", "gpt_checkpoint", "convnet", "lora", "kv_infer", "hf_gpt2", "find_batch", "moe_routing",
+            "llama_fp16", "bert_mlm", "vit_timm"]
 
 
 def op_stream(path):

@@ -172,7 +172,7 @@ def _stack(limit: int = 64) -> list:
     f, frames = sys._getframe(2), []
     while f is not None and len(frames) < limit:
         name = f.f_code.co_filename
-        if frames or not any(m in name for m in _MACHINERY):
+        if not any(m in name for m in _MACHINERY):
             frames.append((name, f.f_lineno, f.f_code.co_name))
         f = f.f_back
     return frames
@@ -237,10 +237,12 @@ class _Simulation:
         The engine adds in place into the gradient it holds when nothing else shares it, but
         never for tensor subclasses, and under a dispatch mode every tensor counts as one
         (`isTensorSubclassLike`); so the sum is done in place here, as on the GPU. Recognised
-        by its operands: the held gradient was made by an earlier node, the new one by the
-        node running now."""
-        node = self.torch._C._current_autograd_node()
-        if node is None or kwargs or len(args) != 2:
+        by its operands: two gradients of one shape whose storages different nodes made (a
+        node that returns a view of its input's gradient, as ViewBackward does, makes none).
+        Both shared gradients (one node's output passed on twice) and views stay out of
+        place, as on the GPU, where the engine adds in place only into a gradient nothing
+        else holds."""
+        if self.torch._C._current_autograd_node() is None or kwargs or len(args) != 2:
             return False
         held, new = args
         if not (isinstance(held, self.FakeTensor) and isinstance(new, self.FakeTensor)):
@@ -249,9 +251,9 @@ class _Simulation:
             return False
         if not held.is_contiguous():
             return False
-        made_by = self.made_by.get
-        now = node._sequence_nr()
-        return made_by(id(held.untyped_storage())) not in (None, now) and made_by(id(new.untyped_storage())) == now
+        made_held = self.made_by.get(id(held.untyped_storage()))
+        made_new = self.made_by.get(id(new.untyped_storage()))
+        return None not in (made_held, made_new) and made_held != made_new
 
     def run_kernel(self, func, args, kwargs, out) -> None:
         """Allocates what the op's CUDA kernel allocates, in its order (`kernels.plan`): its

@@ -177,6 +177,10 @@ def _sdpa_cudnn(name: str, args, kwargs, outs, ctx) -> Optional[list]:
         if q.shape[-2] > 1:
             steps += [("tmp", 256)]
         return steps
+    if name in ("_scaled_dot_product_efficient_attention", "_efficient_attention_forward"):
+        # Output, log-sum-exp, then the philox seed and offset, which live on the host
+        # outside a CUDA graph capture (see "Seed and Offset Device" in attention.cu).
+        return [("out", 0), ("out", 1)] + [("none", i) for i in range(2, len(outs))]
     if name == "_scaled_dot_product_cudnn_attention_backward":
         # dq, dk, dv, then the workspace: a float32 accumulator for dq, a float32 row sum of
         # dO * O, and 256 bytes more (read off the probe).
@@ -200,6 +204,23 @@ def _dropout(name: str, args, kwargs, outs, ctx) -> Optional[list]:
     if name != "native_dropout" or len(outs) != 2:
         return None
     return [("out", 1), ("out", 0)]
+
+
+# --- Embedding (Embedding.cpp): indices of more than one dimension are flattened for
+# index_select; indices that cannot be flattened in place (a broadcast, say) are copied first,
+# the copy freed when the op ends.
+def _flattens_in_place(t) -> bool:
+    dims = [(size, stride) for size, stride in zip(t.shape, t.stride()) if size != 1]
+    return all(dims[i][1] == dims[i + 1][1] * dims[i + 1][0] for i in range(len(dims) - 1))
+
+
+def _embedding(name: str, args, kwargs, outs, ctx) -> Optional[list]:
+    if name != "embedding" or len(args) < 2:
+        return None
+    indices = args[1]
+    if indices.dim() <= 1 or _flattens_in_place(indices):
+        return None
+    return [("tmp", indices.numel() * indices.element_size())] + _outs(len(outs))
 
 
 # --- Embedding backward (EmbeddingBackwardKernel.cu) --------------------------------------------
@@ -244,7 +265,7 @@ def _embedding_backward(name: str, args, kwargs, outs, ctx) -> Optional[list]:
     return steps
 
 
-_MODELS: list = [_blas, _reduction, _sdpa_cudnn, _layer_norm, _dropout, _embedding_backward]
+_MODELS: list = [_blas, _reduction, _sdpa_cudnn, _layer_norm, _dropout, _embedding, _embedding_backward]
 
 
 class Context:
