@@ -197,6 +197,8 @@ class _Simulation:
         self.kernels = kernels.Context()
         # The autograd node (its sequence number) that made each storage made in backward.
         self.made_by: dict[int, int] = {}
+        # What the estimate assumed where the program asked for values: assumption -> times.
+        self.assumed: dict[str, int] = {}
         # A FakeTensor of a CUDA device made on first use runs a real CUDA allocation
         # (init_gpu_context), and the converter would put constants on the real device:
         # nothing may reach PyTorch's own allocator.
@@ -365,6 +367,19 @@ class _Simulation:
 
         self.saved_module_apply = torch.nn.Module._apply
         torch.nn.Module._apply = _apply_keeping_ties(torch.nn.Module._apply)
+        # GradScaler reads whether the scaled gradients overflowed (`.item()`) before each
+        # optimizer step; the simulated device computes no values, so the estimate assumes
+        # they did not (every step is taken, as in a run past its first few steps) and says so.
+        from torch.amp import grad_scaler
+
+        self.saved_opt_step = grad_scaler.GradScaler._maybe_opt_step
+
+        def opt_step(scaler, optimizer, optimizer_state, *args, **kwargs):
+            key = "GradScaler: gradients finite at every step"
+            self.assumed[key] = self.assumed.get(key, 0) + 1
+            return optimizer.step(*args, **kwargs)
+
+        grad_scaler.GradScaler._maybe_opt_step = opt_step
         self.foreach_types = (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types)
         for types in self.foreach_types:
             types.append(self.FakeTensor)
@@ -380,6 +395,9 @@ class _Simulation:
         for types in self.foreach_types:
             types.remove(self.FakeTensor)
         self.torch.nn.Module._apply = self.saved_module_apply
+        from torch.amp import grad_scaler
+
+        grad_scaler.GradScaler._maybe_opt_step = self.saved_opt_step
 
     def summary(self, error: Optional[BaseException]) -> dict:
         stats = dict(self.session.memory_stats())
@@ -391,6 +409,7 @@ class _Simulation:
             "memory_stats": stats,
             "last_oom": self.session.last_oom(),
             "error": None if error is None else f"{type(error).__name__}: {error}",
+            "assumed": [f"{what} ({n} times)" for what, n in self.assumed.items()],
         }
 
     def write(self, out: str) -> None:
@@ -399,6 +418,7 @@ class _Simulation:
         self.session.save_snapshot(out)
         meta = {
             "estimated": True,
+            "assumed": [f"{what} ({n} times)" for what, n in self.assumed.items()],
             "card": self.settings["card"],
             "gpu": f"allocsim simulated {self.settings['card'] or 'GPU'}",
             "total_memory": self.settings["total"],
@@ -527,6 +547,9 @@ class EstimateResult:
     peak_allocated_bytes = property(lambda self: self.summary["peak_allocated_bytes"])
     memory_stats = property(lambda self: self.summary["memory_stats"])
     error = property(lambda self: self.summary["error"])
+    # What the estimate assumed where the program asked for values the simulated device does
+    # not compute (for instance GradScaler's overflow check), each with how often.
+    assumed = property(lambda self: self.summary["assumed"])
 
     @property
     def fits(self) -> bool:
@@ -618,6 +641,8 @@ def main(argv: list) -> int:
         print(f"peak reserved:  {gib(summary['peak_reserved_bytes'])}")
         print(f"peak allocated: {gib(summary['peak_allocated_bytes'])}")
         print(f"OOMs: {summary['num_ooms']}; requests: {summary['ops']}")
+        for what in summary["assumed"]:
+            print(f"assumed: {what}")
         print("fits" if summary["error"] is None else f"does not fit: {summary['error']}")
         if opts.out:
             print(f"wrote {opts.out}")

@@ -190,6 +190,20 @@ def _sdpa_cudnn(name: str, args, kwargs, outs, ctx) -> Optional[list]:
     return None
 
 
+# --- Foreach norm (ForeachReduceOp.cu): one partial sum per chunk of 65536 elements of each
+# tensor, in the op-math type, zeroed before the results and freed when the op ends.
+_FOREACH_CHUNK = 65536
+
+
+def _foreach_norm(name: str, args, kwargs, outs, ctx) -> Optional[list]:
+    if name != "_foreach_norm" or not args or not args[0]:
+        return None
+    tensors = args[0]
+    chunks = max(-(-t.numel() // _FOREACH_CHUNK) for t in tensors)
+    opmath = 8 if tensors[0].element_size() == 8 and tensors[0].dtype.is_floating_point else 4
+    return [("tmp", opmath * len(tensors) * chunks)] + _outs(len(outs))
+
+
 # --- Layer norm (layer_norm_kernel.cu): a strided input is made contiguous first, the copy freed
 # when the op ends.
 def _layer_norm(name: str, args, kwargs, outs, ctx) -> Optional[list]:
@@ -265,7 +279,7 @@ def _embedding_backward(name: str, args, kwargs, outs, ctx) -> Optional[list]:
     return steps
 
 
-_MODELS: list = [_blas, _reduction, _sdpa_cudnn, _layer_norm, _dropout, _embedding, _embedding_backward]
+_MODELS: list = [_blas, _reduction, _sdpa_cudnn, _foreach_norm, _layer_norm, _dropout, _embedding, _embedding_backward]
 
 
 class Context:
