@@ -30,7 +30,7 @@ class OpLog(TorchDispatchMode):
 
 def cases():
     for n in (1000, 4096, 8192, 12000, 16384, 32768, 65536, 100000):
-        for vocab in (1000, 32000, 50257):
+        for vocab in (2, 64, 512, 1000, 32000, 50257):
             for dt in (torch.float32, torch.bfloat16):
                 w = torch.randn(vocab, 256, device="cuda", dtype=dt, requires_grad=True)
                 idx = torch.randint(0, vocab, (n,), device="cuda")
@@ -56,6 +56,17 @@ def cases():
         q = torch.randn(b, h, 1, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         yield f"sdpa decode b={b} h={h} s={s} d={d}", lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v)
+    # With a padding mask (as BERT passes one) SDPA takes the memory-efficient kernel.
+    for b, h, s, d in ((16, 12, 512, 64), (8, 16, 1024, 64), (2, 8, 333, 128), (4, 4, 100, 32), (1, 32, 2048, 128)):
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            for p in (0.0, 0.1):
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+                mask = torch.zeros(b, 1, 1, s, device="cuda", dtype=dt)
+
+                def run(q=q, k=k, v=v, mask=mask, p=p):
+                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+                    o.backward(torch.ones_like(o))
+                yield f"masked b={b} h={h} s={s} d={d} {dt} p={p}", run
     for shape in ((8192, 1024), (1000, 7), (4, 1024, 768)):
         for dt in (torch.float32, torch.bfloat16):
             x = torch.randn(shape, device="cuda", dtype=dt)

@@ -276,7 +276,7 @@ class _Simulation:
                 elif step[0] == "none":
                     self.allocate_all(results[step[1]], on_device=False)
                 elif step[0] == "free":
-                    self.session.free(held.pop())
+                    self.session.free(held.pop(step[1] if len(step) > 1 else -1))
                 else:
                     ptr = self.malloc(step[1])
                     if step[0] == "tmp":

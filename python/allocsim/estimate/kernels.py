@@ -8,8 +8,8 @@ than from PyTorch's code, the comment says it was read off that probe.
 
 `plan(func, args, kwargs, outs, ctx)` returns the op's allocation steps, in order:
 `("out", i)` allocates the storages of the op's `i`-th result; `("tmp", size)` allocates a
-scratch block and `("free",)` frees the newest one still held (scratch blocks left at the end
-are freed then, newest first, as C++ destructors run); `("keep", size)` allocates a block kept
+scratch block and `("free",)` frees the newest one still held (`("free", -2)` the one before
+it; scratch blocks left at the end are freed then, newest first, as C++ destructors run); `("keep", size)` allocates a block kept
 for the process's life (a library's workspace); `("none", i)` marks the `i`-th result as
 taking no device memory (the GPU kernel leaves it empty). Ops without a model allocate their
 results in order.
@@ -181,6 +181,21 @@ def _sdpa_cudnn(name: str, args, kwargs, outs, ctx) -> Optional[list]:
         # Output, log-sum-exp, then the philox seed and offset, which live on the host
         # outside a CUDA graph capture (see "Seed and Offset Device" in attention.cu).
         return [("out", 0), ("out", 1)] + [("none", i) for i in range(2, len(outs))]
+    if name == "_scaled_dot_product_efficient_attention_backward" and args[1].dtype.is_floating_point \
+            and args[1].element_size() == 4:
+        # The gradients; then delta = (dO * O).sum(-1), transposed and made contiguous (the
+        # float32 product and the sum freed when done); then CUTLASS's workspace: float32
+        # accumulators over the query rows padded to 64 (one, for dQ; two at head size 32),
+        # and an int per 16 padded rows. Read off the probe (float32 only: at half precision
+        # the H200 takes cuDNN's kernel).
+        *batch, rows, head = args[1].shape
+        bh = math.prod(batch)
+        padded = -(-rows // 64) * 64
+        accumulators = 2 if head <= 32 else 1
+        return _outs(len(outs)) + [
+            ("tmp", args[1].numel() * 4), ("tmp", bh * rows * 4), ("tmp", bh * rows * 4),
+            ("free", -2), ("free", -2),
+            ("tmp", bh * (accumulators * padded * head * 4 + padded // 4))]
     if name == "_scaled_dot_product_cudnn_attention_backward":
         # dq, dk, dv, then the workspace: a float32 accumulator for dq, a float32 row sum of
         # dO * O, and 256 bytes more (read off the probe).
@@ -262,9 +277,8 @@ def _embedding_backward(name: str, args, kwargs, outs, ctx) -> Optional[list]:
     scale_by_freq = args[4] if len(args) > 4 else kwargs.get("scale_grad_by_freq", False)
     n = indices.numel()
     dim = grad.shape[-1]
-    steps = []
-    if not grad.is_contiguous():
-        steps.append(("tmp", grad.numel() * grad.element_size()))
+    # The indices, then the gradient, made contiguous first (copies held to the end).
+    steps = [("tmp", t.numel() * t.element_size()) for t in (indices, grad) if not t.is_contiguous()]
     if n <= 3072 and not scale_by_freq:
         return steps + [("out", 0)]
     idx = 8 * n
@@ -275,8 +289,17 @@ def _embedding_backward(name: str, args, kwargs, outs, ctx) -> Optional[list]:
               ("out", 0),
               ("tmp", idx), ("tmp", 8), ("tmp", idx), ("tmp", _cub_tile_state_bytes(n, 4096)), ("free",), ("free",),
               ("tmp", 8 * m), ("tmp", 8 * m), ("tmp", _cub_tile_state_bytes(m, 896)), ("free",),
-              ("tmp", 8), ("tmp", 8 * partial), ("tmp", partial * dim * acc)]
-    return steps
+              ("tmp", 8), ("tmp", 8 * partial)]
+    # Then a float row per partial segment, summed into grad_weight after; with few rows in
+    # the table and many indices per row (at most 512 rows, 32 or more indices per row, as
+    # the probe draws the line) an index per partial segment instead, the sums going to a
+    # float copy of grad_weight when it is of half precision.
+    if num_weights <= 512 and n >= 32 * num_weights:
+        steps.append(("tmp", 8 * partial))
+        if grad.element_size() < 4:
+            steps += [("tmp", num_weights * dim * 4), ("free",)]
+        return steps
+    return steps + [("tmp", partial * dim * acc)]
 
 
 _MODELS: list = [_blas, _reduction, _sdpa_cudnn, _foreach_norm, _layer_norm, _dropout, _embedding, _embedding_backward]
