@@ -308,13 +308,14 @@ _MODELS: list = [_blas, _reduction, _sdpa_cudnn, _foreach_norm, _layer_norm, _dr
 class Context:
     """What a model may ask of the run: the stream and thread an op runs on, and whether a
     per-(handle, stream) workspace is new (`keep` records it). `backward_ran`: whether any op
-    ran on the autograd engine's device thread."""
+    ran on the autograd engine's device thread; `cudnn_used`: whether any op called cuDNN."""
 
     def __init__(self) -> None:
         self.kept: set = set()
         self.thread = "main"
         self.stream = 0
         self.backward_ran = False
+        self.cudnn_used = False
 
     def keep(self, key) -> bool:
         if key in self.kept:
@@ -323,8 +324,14 @@ class Context:
         return True
 
 
+# Ops that run cuDNN on an sm90 card with PyTorch 2.11.
+_CUDNN = {"convolution", "convolution_backward", "_convolution", "cudnn_convolution", "cudnn_batch_norm",
+          "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward"}
+
+
 def plan(func, args, kwargs, outs: list, ctx: Context) -> list:
     name = func._opname
+    ctx.cudnn_used |= name in _CUDNN
     for model in _MODELS:
         steps = model(name, args, kwargs, outs, ctx)
         if steps is not None:
