@@ -56,6 +56,39 @@ def needs_values():
     return x.sum().item()
 
 
+def tied_and_scaled(report, tie=True):
+    """A language model whose output layer shares the embedding's weight (unless not `tie`),
+    trained in fp16 with a GradScaler."""
+    emb = torch.nn.Embedding(4096, 1024)
+    head = torch.nn.Linear(1024, 4096, bias=False)
+    if tie:
+        head.weight = emb.weight
+    model = torch.nn.Sequential(emb, head).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    for _ in range(2):
+        idx = torch.randint(0, 4096, (8, 16), device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(idx).view(-1, 4096).float(), idx.view(-1))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    with open(report, "w") as f:
+        json.dump({"params": len(list(model.parameters())), "allocated": torch.cuda.memory_allocated()}, f)
+
+
+def test_tied_weights_stay_tied_and_the_gradscalers_check_is_an_assumption_said(tmp_path):
+    tied = allocsim.estimate(tied_and_scaled, str(tmp_path / "tied.json"), total_memory="H200")
+    assert tied.fits, tied.error
+    assert tied.assumed == ["GradScaler: gradients finite at every step (2 times)"]
+    untied = allocsim.estimate(tied_and_scaled, str(tmp_path / "untied.json"), False, total_memory="H200")
+    tied, untied = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("tied", "untied"))
+    # Moved to the GPU once, the tied weight stays one parameter of 16 MiB; untied, two.
+    assert (tied["params"], untied["params"]) == (1, 2)
+    assert untied["allocated"] - tied["allocated"] == 4096 * 1024 * 4
+
+
 def test_a_training_program_runs_on_the_simulated_card_and_sees_it(tmp_path):
     report = tmp_path / "seen.json"
     result = allocsim.estimate(train_mlp, str(report), total_memory="H100-80GB")

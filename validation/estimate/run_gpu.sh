@@ -6,7 +6,7 @@ cd "$(dirname "$0")"
 out=${OUT:-/tmp/out}/estimate-gpu; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/programs
 python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(), torch.cuda.mem_get_info())" | tee "$out/device.txt"
-for p in gpt_amp gpt_checkpoint convnet lora kv_infer moe_routing find_batch hf_gpt2; do
+for p in gpt_amp gpt_checkpoint convnet lora kv_infer moe_routing find_batch hf_gpt2 llama_fp16 bert_mlm vit_timm; do
   (cd programs && timeout 300 python3 ../../../python/allocsim/capture.py "$out/$p.pickle.gz" -- "$p.py") > "$out/$p.log" 2>&1
   echo "$p: exit $?"; tail -2 "$out/$p.log"
 done
