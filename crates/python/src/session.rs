@@ -67,27 +67,22 @@ impl Session {
             .inner
             .malloc(size, stream, MemPoolId(pool.0, pool.1))
             .map_err(PyMemoryError::new_err)?;
-        if let (Some(frames), Some(ops)) = (stack, self.inner.ops()) {
-            let op = ops.len().saturating_sub(1) as u64;
-            let stack = Stack {
-                frames: frames
-                    .into_iter()
-                    .map(|(filename, line, name)| StackFrame { name, filename, line })
-                    .collect(),
-            };
-            let next = self.stacks.len() as u32;
-            let id = *self.stack_ids.entry(stack.clone()).or_insert(next);
-            if id == next {
-                self.stacks.push(stack);
-            }
-            self.op_stacks.push((op, id));
-        }
+        self.keep_stack(stack);
         Ok(ptr)
     }
 
-    /// Frees the block at `ptr`; False for a pointer this session never handed out.
-    fn free(&mut self, ptr: u64) -> bool {
-        ptr == 0 || self.inner.free(ptr).is_some()
+    /// Frees the block at `ptr`; False for a pointer this session never handed out. `stack`:
+    /// the Python frames that freed it, as for `malloc`.
+    #[pyo3(signature = (ptr, stack=None))]
+    fn free(&mut self, ptr: u64, stack: Option<Vec<(String, u32, String)>>) -> bool {
+        if ptr == 0 {
+            return true;
+        }
+        let freed = self.inner.free(ptr).is_some();
+        if freed {
+            self.keep_stack(stack);
+        }
+        freed
     }
 
     fn empty_cache(&mut self) {
@@ -156,5 +151,27 @@ impl Session {
         trace.stacks = self.stacks.clone();
         trace.op_stacks = self.op_stacks.clone();
         Ok(trace)
+    }
+}
+
+impl Session {
+    /// Keeps `frames` as the stack of the op just recorded, interned.
+    fn keep_stack(&mut self, frames: Option<Vec<(String, u32, String)>>) {
+        let (Some(frames), Some(ops)) = (frames, self.inner.ops()) else {
+            return;
+        };
+        let op = ops.len().saturating_sub(1) as u64;
+        let stack = Stack {
+            frames: frames
+                .into_iter()
+                .map(|(filename, line, name)| StackFrame { name, filename, line })
+                .collect(),
+        };
+        let next = self.stacks.len() as u32;
+        let id = *self.stack_ids.entry(stack.clone()).or_insert(next);
+        if id == next {
+            self.stacks.push(stack);
+        }
+        self.op_stacks.push((op, id));
     }
 }

@@ -166,7 +166,8 @@ def _user_frame() -> str:
 
 
 # Frames of the simulation's own machinery, left out of the stacks a snapshot shows.
-_MACHINERY = (os.sep + "allocsim" + os.sep, "_python_dispatch.py", os.sep + "_dynamo" + os.sep, "_compile.py")
+_MACHINERY = (os.sep + "allocsim" + os.sep, "_python_dispatch.py", os.sep + "_dynamo" + os.sep, "_compile.py",
+              os.sep + "weakref.py")
 
 
 def _stack(limit: int = 64) -> list:
@@ -277,14 +278,14 @@ class _Simulation:
                 elif step[0] == "none":
                     self.allocate_all(results[step[1]], on_device=False)
                 elif step[0] == "free":
-                    self.session.free(held.pop(step[1] if len(step) > 1 else -1))
+                    self.session.free(held.pop(step[1] if len(step) > 1 else -1), self.stack())
                 else:
                     ptr = self.malloc(step[1])
                     if step[0] == "tmp":
                         held.append(ptr)
         finally:
             while held:
-                self.session.free(held.pop())
+                self.session.free(held.pop(), self.stack())
         self.allocate_all(results)
 
     def allocate_all(self, tree, on_device: bool = True) -> None:
@@ -294,9 +295,7 @@ class _Simulation:
 
     def malloc(self, size: int) -> int:
         try:
-            # The engine's device thread runs no Python: its allocations have no frames.
-            stack = _stack() if self.stacks and self.kernels.thread == "main" else None
-            return self.session.malloc(size, self.kernels.stream, (0, 0), stack)
+            return self.session.malloc(size, self.kernels.stream, (0, 0), self.stack())
         except MemoryError as e:
             raise self.torch.OutOfMemoryError(str(e)) from None
 
@@ -313,7 +312,14 @@ class _Simulation:
 
     def free(self, key: int) -> None:
         self.made_by.pop(key, None)
-        self.session.free(self.storages.pop(key))
+        self.session.free(self.storages.pop(key), self.stack())
+
+    def stack(self) -> Optional[list]:
+        """The program's frames here, for the snapshot; none on the autograd engine's thread,
+        which runs no Python (as a recording shows it)."""
+        if not self.stacks or self.torch._C._current_graph_task_id() != -1:
+            return None
+        return _stack()
 
     def nested_stats(self) -> dict:
         nested: dict = {}
