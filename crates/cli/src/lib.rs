@@ -2,6 +2,7 @@
 //! package) run the very same commands. The only crate that prints, reads the environment or
 //! uses `anyhow`; every command is a thin layer over the library crates.
 
+mod bound;
 mod capacity;
 mod compare;
 mod convert;
@@ -60,6 +61,9 @@ enum Command {
     /// Replay a recording under the PYTORCH_CUDA_ALLOC_CONF settings people try and rank them:
     /// peak reserved, memory needed (with its band), OOMs on a given card, fragmentation.
     Advise(capacity::AdviseArgs),
+    /// The least memory any allocator needs for a trace, what one that knows every lifetime
+    /// reaches, and the policy's headroom over both.
+    Bound(bound::Args),
     /// Explain each OOM: free memory, largest free block per pool, reserved but unallocated,
     /// and the live blocks fencing the largest free region, with their allocation stacks.
     ExplainOom(explain_oom::Args),
@@ -126,6 +130,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Compare(args) => compare::run(args),
         Command::Capacity(args) => capacity::run(args),
         Command::Advise(args) => capacity::advise(args),
+        Command::Bound(args) => bound::run(args),
         Command::ExplainOom(args) => explain_oom::run(args),
         Command::Report(args) => report::run(args),
         Command::Validate(args) => validate::run(args),

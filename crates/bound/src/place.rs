@@ -1,0 +1,154 @@
+//! The offline placement: each allocation at the lowest address where nothing live at the same
+//! time is, taken in an order; the best of a few orders.
+
+use crate::Lifetime;
+
+/// Where each allocation goes (`offsets[i]` for `lifetimes[i]`), and the highest end address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub offsets: Vec<u64>,
+    pub peak: u64,
+    /// Which order gave it: `size`, `breadth` or `start`.
+    pub order: &'static str,
+}
+
+/// The best placement of the orders that planners use: by size (largest first, TFLite's
+/// greedy-by-size), by breadth (the most bytes live at once over the allocation's lifetime
+/// first), and by start (as an online allocator would see them, with hindsight only in
+/// where). Ties broken by longer lifetime, then position: deterministic.
+pub fn place(lifetimes: &[Lifetime]) -> Placement {
+    let n = lifetimes.len();
+    let by = |key: &dyn Fn(usize) -> (u64, u64)| {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| {
+            let (a, b) = key(i);
+            (std::cmp::Reverse(a), std::cmp::Reverse(b), i)
+        });
+        order
+    };
+    let len = |i: usize| lifetimes[i].end - lifetimes[i].start;
+    let breadth = breadths(lifetimes);
+    let orders: [(&'static str, Vec<usize>); 3] = [
+        ("size", by(&|i| (lifetimes[i].size, len(i)))),
+        ("breadth", by(&|i| (breadth[i], lifetimes[i].size))),
+        ("start", (0..n).collect()),
+    ];
+    orders
+        .into_iter()
+        .map(|(name, order)| lowest_fit(lifetimes, &order, name))
+        .min_by_key(|p| p.peak)
+        .unwrap_or(Placement { offsets: Vec::new(), peak: 0, order: "size" })
+}
+
+/// Places `lifetimes` in `order`, each at the lowest address free over its whole lifetime.
+/// The placed allocations are kept sorted by start; each new one scans those that start
+/// before it ends and are still live when it starts.
+pub(crate) fn lowest_fit(lifetimes: &[Lifetime], order: &[usize], name: &'static str) -> Placement {
+    let mut offsets = vec![0u64; lifetimes.len()];
+    let mut placed: Vec<usize> = Vec::with_capacity(lifetimes.len());
+    let mut peak = 0;
+    let mut busy: Vec<(u64, u64)> = Vec::new();
+    for &i in order {
+        let me = lifetimes[i];
+        busy.clear();
+        busy.extend(
+            placed
+                .iter()
+                .filter(|&&j| lifetimes[j].overlaps(&me))
+                .map(|&j| (offsets[j], offsets[j] + lifetimes[j].size)),
+        );
+        busy.sort_unstable();
+        let mut at = 0;
+        for &(lo, hi) in &busy {
+            if lo >= at + me.size {
+                break;
+            }
+            at = at.max(hi);
+        }
+        offsets[i] = at;
+        peak = peak.max(at + me.size);
+        placed.push(i);
+    }
+    Placement { offsets, peak, order: name }
+}
+
+/// For each allocation, the most bytes live at one op during its lifetime (itself included).
+fn breadths(lifetimes: &[Lifetime]) -> Vec<u64> {
+    let mut edges: Vec<(u64, i128)> = Vec::new();
+    for l in lifetimes.iter().filter(|l| l.start < l.end) {
+        edges.push((l.start, l.size as i128));
+        edges.push((l.end, -(l.size as i128)));
+    }
+    edges.sort_unstable_by_key(|&(at, delta)| (at, delta > 0));
+    // Live bytes after each distinct op, then a range maximum per lifetime.
+    let mut points: Vec<(u64, u64)> = Vec::new();
+    let mut live = 0i128;
+    for (k, &(at, delta)) in edges.iter().enumerate() {
+        live += delta;
+        if edges.get(k + 1).is_none_or(|next| next.0 != at) {
+            points.push((at, live as u64));
+        }
+    }
+    let table = SparseMax::new(points.iter().map(|p| p.1).collect());
+    lifetimes
+        .iter()
+        .map(|l| {
+            let lo = points.partition_point(|p| p.0 < l.start);
+            let hi = points.partition_point(|p| p.0 < l.end);
+            table.max(lo, hi).max(l.size)
+        })
+        .collect()
+}
+
+/// Range maximum in O(1) after O(n log n): a sparse table.
+struct SparseMax(Vec<Vec<u64>>);
+
+impl SparseMax {
+    fn new(values: Vec<u64>) -> SparseMax {
+        let mut levels = vec![values];
+        let mut width = 1;
+        while width * 2 <= levels[0].len() {
+            let prev = levels.last().expect("one level at least");
+            let next = (0..prev.len() - width).map(|i| prev[i].max(prev[i + width])).collect();
+            levels.push(next);
+            width *= 2;
+        }
+        SparseMax(levels)
+    }
+
+    /// The maximum over `lo..hi`, 0 when empty.
+    fn max(&self, lo: usize, hi: usize) -> u64 {
+        if lo >= hi {
+            return 0;
+        }
+        let level = (usize::BITS - 1 - (hi - lo).leading_zeros()) as usize;
+        let row = &self.0[level];
+        row[lo].max(row[hi - (1 << level)])
+    }
+}
+
+/// Whether `placement` places every allocation without two that live at the same time
+/// overlapping, aligned, under its peak: the oracle every placement is held to.
+pub fn check(lifetimes: &[Lifetime], placement: &Placement) -> Result<(), String> {
+    if placement.offsets.len() != lifetimes.len() {
+        return Err(format!("{} offsets for {} allocations", placement.offsets.len(), lifetimes.len()));
+    }
+    let mut order: Vec<usize> = (0..lifetimes.len()).collect();
+    order.sort_by_key(|&i| lifetimes[i].start);
+    let mut active: Vec<usize> = Vec::new();
+    for &i in &order {
+        let (me, at) = (lifetimes[i], placement.offsets[i]);
+        if at % crate::ALIGN_BYTES != 0 || at + me.size > placement.peak {
+            return Err(format!("allocation {i} at {at} (+{}) unaligned or above {}", me.size, placement.peak));
+        }
+        active.retain(|&j| lifetimes[j].end > me.start);
+        for &j in &active {
+            let other = placement.offsets[j];
+            if me.overlaps(&lifetimes[j]) && at < other + lifetimes[j].size && other < at + me.size {
+                return Err(format!("allocations {j} and {i} overlap at {other} and {at} while both live"));
+            }
+        }
+        active.push(i);
+    }
+    Ok(())
+}

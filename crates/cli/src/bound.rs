@@ -1,0 +1,68 @@
+//! `allocsim bound TRACE`: the least memory any allocator needs for the trace, what one that
+//! knows every lifetime in advance reaches, and how far the policy is from them.
+
+use crate::output::{bytes, outln};
+use allocsim_run::{run_trace, RunOptions};
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The trace (any format `replay` reads).
+    trace: PathBuf,
+    /// The policy held against the bound.
+    #[arg(long, default_value = "pytorch")]
+    policy: String,
+    /// Its settings (for pytorch, a PYTORCH_CUDA_ALLOC_CONF string). Default: the trace's.
+    #[arg(long)]
+    alloc_conf: Option<String>,
+    /// Print one JSON object instead of the text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let trace = crate::input::load_trace(&args.trace)?;
+    let lifetimes = allocsim_bound::lifetimes(&trace);
+    let live = allocsim_bound::lower_bound(&lifetimes);
+    let placement = allocsim_bound::place(&lifetimes);
+    let opts = RunOptions { policy: args.policy.clone(), alloc_conf: args.alloc_conf, ..RunOptions::default() };
+    let report = run_trace(&trace, &opts, &mut [], |_| {})?;
+    let policy = report.stats.reserved_bytes.all.peak.max(0) as u64;
+    let (bound, offline) = (allocsim_bound::reserved(live), allocsim_bound::reserved(placement.peak));
+    let headroom = |best: u64| policy.saturating_sub(best);
+    let percent = |best: u64| if policy == 0 { 0.0 } else { 100.0 * headroom(best) as f64 / policy as f64 };
+    if args.json {
+        let j = json!({
+            "trace": args.trace.display().to_string(),
+            "allocations": lifetimes.len(),
+            "peak_live_bytes": live,
+            "bound_bytes": bound,
+            "offline_bytes": offline,
+            "offline_order": placement.order,
+            "policy": report.policy,
+            "alloc_conf": report.alloc_conf,
+            "policy_peak_reserved_bytes": policy,
+            "headroom_over_offline_bytes": headroom(offline),
+            "headroom_over_bound_bytes": headroom(bound),
+        });
+        crate::output::emit(&(serde_json::to_string_pretty(&j)? + "\n"))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = String::new();
+    outln!(out, "{} allocations", lifetimes.len());
+    outln!(out, "bound (peak live bytes, in whole pages):  {}", bytes(bound));
+    outln!(out, "offline placement (every lifetime known): {} (order: {})", bytes(offline), placement.order);
+    outln!(out, "{} {:?} peak reserved: {}", report.policy, report.alloc_conf, bytes(policy));
+    outln!(
+        out,
+        "headroom: {} ({:.1} %) over the offline placement, {} ({:.1} %) over the bound",
+        bytes(headroom(offline)),
+        percent(offline),
+        bytes(headroom(bound)),
+        percent(bound)
+    );
+    crate::output::emit(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
