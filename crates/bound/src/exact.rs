@@ -27,7 +27,13 @@ pub fn exact(lifetimes: &[Lifetime], max_len: usize) -> Option<Placement> {
     Some(best)
 }
 
-fn search(lifetimes: &[Lifetime], bound: u64, order: &mut Vec<usize>, used: &mut [bool], best: &mut Placement) {
+fn search(
+    lifetimes: &[Lifetime],
+    bound: u64,
+    order: &mut Vec<usize>,
+    used: &mut [bool],
+    best: &mut Placement,
+) {
     if best.peak == bound {
         return;
     }

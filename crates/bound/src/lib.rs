@@ -55,7 +55,9 @@ pub fn lifetimes(trace: &Trace) -> Vec<Lifetime> {
     let rounded = |size: u64| size.div_ceil(ALIGN_BYTES).max(1) * ALIGN_BYTES;
     if let Some(start) = &trace.start {
         for block in start.segments.iter().flat_map(|s| &s.blocks) {
-            let Some(id) = start.id_at(block.address).filter(|_| block.state != BlockState::Inactive) else {
+            let Some(id) =
+                start.id_at(block.address).filter(|_| block.state != BlockState::Inactive)
+            else {
                 continue;
             };
             live.insert(id, (out.len(), block.state == BlockState::ActivePendingFree));

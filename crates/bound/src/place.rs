@@ -41,22 +41,22 @@ pub fn place(lifetimes: &[Lifetime]) -> Placement {
 }
 
 /// Places `lifetimes` in `order`, each at the lowest address free over its whole lifetime.
-/// The placed allocations are kept sorted by start; each new one scans those that start
-/// before it ends and are still live when it starts.
+/// The allocations living at the same time as each one come from an interval tree over all of
+/// them (those not placed yet skipped): O(log n + k) per allocation, k those it overlaps.
 pub(crate) fn lowest_fit(lifetimes: &[Lifetime], order: &[usize], name: &'static str) -> Placement {
+    let tree = IntervalTree::new(lifetimes);
     let mut offsets = vec![0u64; lifetimes.len()];
-    let mut placed: Vec<usize> = Vec::with_capacity(lifetimes.len());
+    let mut placed = vec![false; lifetimes.len()];
     let mut peak = 0;
     let mut busy: Vec<(u64, u64)> = Vec::new();
     for &i in order {
         let me = lifetimes[i];
         busy.clear();
-        busy.extend(
-            placed
-                .iter()
-                .filter(|&&j| lifetimes[j].overlaps(&me))
-                .map(|&j| (offsets[j], offsets[j] + lifetimes[j].size)),
-        );
+        tree.overlapping(me.start, me.end, &mut |j| {
+            if placed[j] {
+                busy.push((offsets[j], offsets[j] + lifetimes[j].size));
+            }
+        });
         busy.sort_unstable();
         let mut at = 0;
         for &(lo, hi) in &busy {
@@ -67,9 +67,91 @@ pub(crate) fn lowest_fit(lifetimes: &[Lifetime], order: &[usize], name: &'static
         }
         offsets[i] = at;
         peak = peak.max(at + me.size);
-        placed.push(i);
+        placed[i] = true;
     }
     Placement { offsets, peak, order: name }
+}
+
+/// A centred interval tree over the lifetimes (static: every lifetime is known in advance).
+/// Each node holds the lifetimes that contain its centre, sorted by start and by end.
+struct IntervalTree {
+    nodes: Vec<Node>,
+    lifetimes: Vec<(u64, u64)>,
+}
+
+struct Node {
+    centre: u64,
+    by_start: Vec<usize>,
+    by_end_desc: Vec<usize>,
+    left: Option<usize>,
+    right: Option<usize>,
+}
+
+impl IntervalTree {
+    fn new(lifetimes: &[Lifetime]) -> IntervalTree {
+        let spans: Vec<(u64, u64)> = lifetimes.iter().map(|l| (l.start, l.end)).collect();
+        let mut tree = IntervalTree { nodes: Vec::new(), lifetimes: spans };
+        let all: Vec<usize> =
+            (0..lifetimes.len()).filter(|&i| lifetimes[i].start < lifetimes[i].end).collect();
+        tree.build(all);
+        tree
+    }
+
+    fn build(&mut self, items: Vec<usize>) -> Option<usize> {
+        if items.is_empty() {
+            return None;
+        }
+        let mut points: Vec<u64> = items.iter().map(|&i| self.lifetimes[i].0).collect();
+        points.sort_unstable();
+        let centre = points[points.len() / 2];
+        let (mut here, mut left, mut right) = (Vec::new(), Vec::new(), Vec::new());
+        for i in items {
+            let (s, e) = self.lifetimes[i];
+            if e <= centre {
+                left.push(i);
+            } else if s > centre {
+                right.push(i);
+            } else {
+                here.push(i);
+            }
+        }
+        let mut by_end_desc = here.clone();
+        here.sort_unstable_by_key(|&i| self.lifetimes[i].0);
+        by_end_desc.sort_unstable_by_key(|&i| std::cmp::Reverse(self.lifetimes[i].1));
+        let at = self.nodes.len();
+        self.nodes.push(Node { centre, by_start: here, by_end_desc, left: None, right: None });
+        let left = self.build(left);
+        let right = self.build(right);
+        self.nodes[at].left = left;
+        self.nodes[at].right = right;
+        Some(at)
+    }
+
+    /// Calls `f` with every lifetime that overlaps `start..end`.
+    fn overlapping(&self, start: u64, end: u64, f: &mut impl FnMut(usize)) {
+        let mut stack: Vec<usize> = if self.nodes.is_empty() { Vec::new() } else { vec![0] };
+        while let Some(n) = stack.pop() {
+            let node = &self.nodes[n];
+            if end <= node.centre {
+                // Left of the centre: this node's lifetimes overlap when they start before end.
+                node.by_start
+                    .iter()
+                    .take_while(|&&i| self.lifetimes[i].0 < end)
+                    .for_each(|&i| f(i));
+                stack.extend(node.left);
+            } else if start > node.centre {
+                node.by_end_desc
+                    .iter()
+                    .take_while(|&&i| self.lifetimes[i].1 > start)
+                    .for_each(|&i| f(i));
+                stack.extend(node.right);
+            } else {
+                node.by_start.iter().for_each(|&i| f(i));
+                stack.extend(node.left);
+                stack.extend(node.right);
+            }
+        }
+    }
 }
 
 /// For each allocation, the most bytes live at one op during its lifetime (itself included).
@@ -131,7 +213,11 @@ impl SparseMax {
 /// overlapping, aligned, under its peak: the oracle every placement is held to.
 pub fn check(lifetimes: &[Lifetime], placement: &Placement) -> Result<(), String> {
     if placement.offsets.len() != lifetimes.len() {
-        return Err(format!("{} offsets for {} allocations", placement.offsets.len(), lifetimes.len()));
+        return Err(format!(
+            "{} offsets for {} allocations",
+            placement.offsets.len(),
+            lifetimes.len()
+        ));
     }
     let mut order: Vec<usize> = (0..lifetimes.len()).collect();
     order.sort_by_key(|&i| lifetimes[i].start);
@@ -139,13 +225,19 @@ pub fn check(lifetimes: &[Lifetime], placement: &Placement) -> Result<(), String
     for &i in &order {
         let (me, at) = (lifetimes[i], placement.offsets[i]);
         if at % crate::ALIGN_BYTES != 0 || at + me.size > placement.peak {
-            return Err(format!("allocation {i} at {at} (+{}) unaligned or above {}", me.size, placement.peak));
+            return Err(format!(
+                "allocation {i} at {at} (+{}) unaligned or above {}",
+                me.size, placement.peak
+            ));
         }
         active.retain(|&j| lifetimes[j].end > me.start);
         for &j in &active {
             let other = placement.offsets[j];
-            if me.overlaps(&lifetimes[j]) && at < other + lifetimes[j].size && other < at + me.size {
-                return Err(format!("allocations {j} and {i} overlap at {other} and {at} while both live"));
+            if me.overlaps(&lifetimes[j]) && at < other + lifetimes[j].size && other < at + me.size
+            {
+                return Err(format!(
+                    "allocations {j} and {i} overlap at {other} and {at} while both live"
+                ));
             }
         }
         active.push(i);

@@ -10,11 +10,16 @@ use proptest::test_runner::{Config, TestRunner};
 /// Up to `n` allocations over 24 ops, sizes of 1 to 16 units of 512 bytes (now and then a
 /// large one), as generated lifetimes.
 fn cases(n: usize) -> impl Strategy<Value = Vec<Lifetime>> {
-    prop::collection::vec((0u64..24, 1u64..12, prop_oneof![8 => 1u64..16, 1 => 16u64..64]), 1..=n).prop_map(|v| {
-        v.into_iter()
-            .map(|(start, len, units)| Lifetime { start, end: start + len, size: units * ALIGN_BYTES })
-            .collect()
-    })
+    prop::collection::vec((0u64..24, 1u64..12, prop_oneof![8 => 1u64..16, 1 => 16u64..64]), 1..=n)
+        .prop_map(|v| {
+            v.into_iter()
+                .map(|(start, len, units)| Lifetime {
+                    start,
+                    end: start + len,
+                    size: units * ALIGN_BYTES,
+                })
+                .collect()
+        })
 }
 
 proptest! {

@@ -27,12 +27,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let lifetimes = allocsim_bound::lifetimes(&trace);
     let live = allocsim_bound::lower_bound(&lifetimes);
     let placement = allocsim_bound::place(&lifetimes);
-    let opts = RunOptions { policy: args.policy.clone(), alloc_conf: args.alloc_conf, ..RunOptions::default() };
+    let opts = RunOptions {
+        policy: args.policy.clone(),
+        alloc_conf: args.alloc_conf,
+        ..RunOptions::default()
+    };
     let report = run_trace(&trace, &opts, &mut [], |_| {})?;
     let policy = report.stats.reserved_bytes.all.peak.max(0) as u64;
-    let (bound, offline) = (allocsim_bound::reserved(live), allocsim_bound::reserved(placement.peak));
+    let (bound, offline) =
+        (allocsim_bound::reserved(live), allocsim_bound::reserved(placement.peak));
     let headroom = |best: u64| policy.saturating_sub(best);
-    let percent = |best: u64| if policy == 0 { 0.0 } else { 100.0 * headroom(best) as f64 / policy as f64 };
+    let percent =
+        |best: u64| if policy == 0 { 0.0 } else { 100.0 * headroom(best) as f64 / policy as f64 };
     if args.json {
         let j = json!({
             "trace": args.trace.display().to_string(),
@@ -53,7 +59,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut out = String::new();
     outln!(out, "{} allocations", lifetimes.len());
     outln!(out, "bound (peak live bytes, in whole pages):  {}", bytes(bound));
-    outln!(out, "offline placement (every lifetime known): {} (order: {})", bytes(offline), placement.order);
+    outln!(
+        out,
+        "offline placement (every lifetime known): {} (order: {})",
+        bytes(offline),
+        placement.order
+    );
     outln!(out, "{} {:?} peak reserved: {}", report.policy, report.alloc_conf, bytes(policy));
     outln!(
         out,
