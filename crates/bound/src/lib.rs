@@ -19,8 +19,8 @@ mod place;
 pub use exact::exact;
 pub use place::{check, place, Placement};
 
-use allocsim_core::{AllocId, BlockState, Op, Trace};
-use std::collections::HashMap;
+use allocsim_core::{AllocId, BlockState, Op, RecordedKind, Trace};
+use std::collections::{HashMap, HashSet};
 
 /// PyTorch's block rounding and the alignment every placement keeps: 512 bytes.
 pub const ALIGN_BYTES: u64 = 512;
@@ -47,12 +47,14 @@ impl Lifetime {
 /// starts (from op 0), then those its ops make, in order. A free ends a lifetime when it
 /// completes: at `FreeRequested`, or at `FreeCompleted` for a block with recorded stream uses
 /// or already waiting for one. What is never freed lives to the end. Allocations the recording
-/// shows failing count as made: the bound is one for the run the trace asks for.
+/// shows failing (an OOM the program caught) are left out: the run went on without them.
 pub fn lifetimes(trace: &Trace) -> Vec<Lifetime> {
     let mut out: Vec<Lifetime> = Vec::new();
     let mut live: HashMap<AllocId, (usize, bool)> = HashMap::new();
     let end = trace.ops.len() as u64;
     let rounded = |size: u64| size.div_ceil(ALIGN_BYTES).max(1) * ALIGN_BYTES;
+    let failed: HashSet<u64> =
+        trace.recorded.iter().filter(|r| r.kind == RecordedKind::Oom).map(|r| r.op).collect();
     if let Some(start) = &trace.start {
         for block in start.segments.iter().flat_map(|s| &s.blocks) {
             let Some(id) =
@@ -67,7 +69,7 @@ pub fn lifetimes(trace: &Trace) -> Vec<Lifetime> {
     for (i, op) in trace.ops.iter().enumerate() {
         let i = i as u64;
         match op {
-            Op::Alloc { id, size, .. } | Op::AllocAt { id, size, .. } => {
+            Op::Alloc { id, size, .. } | Op::AllocAt { id, size, .. } if !failed.contains(&i) => {
                 live.insert(*id, (out.len(), false));
                 out.push(Lifetime { start: i, end, size: rounded(*size) });
             }

@@ -8,14 +8,15 @@ use crate::Lifetime;
 pub struct Placement {
     pub offsets: Vec<u64>,
     pub peak: u64,
-    /// Which order gave it: `size`, `breadth` or `start`.
+    /// Which order gave it: `size`, `breadth`, `length` or `start`.
     pub order: &'static str,
 }
 
 /// The best placement of the orders that planners use: by size (largest first, TFLite's
 /// greedy-by-size), by breadth (the most bytes live at once over the allocation's lifetime
-/// first), and by start (as an online allocator would see them, with hindsight only in
-/// where). Ties broken by longer lifetime, then position: deterministic.
+/// first), by length (longest-lived first: what lives long goes to the bottom), and by start
+/// (as an online allocator would see them, with hindsight only in where). Ties broken by the
+/// other key, then position: deterministic.
 pub fn place(lifetimes: &[Lifetime]) -> Placement {
     let n = lifetimes.len();
     let by = |key: &dyn Fn(usize) -> (u64, u64)| {
@@ -28,9 +29,10 @@ pub fn place(lifetimes: &[Lifetime]) -> Placement {
     };
     let len = |i: usize| lifetimes[i].end - lifetimes[i].start;
     let breadth = breadths(lifetimes);
-    let orders: [(&'static str, Vec<usize>); 3] = [
+    let orders: [(&'static str, Vec<usize>); 4] = [
         ("size", by(&|i| (lifetimes[i].size, len(i)))),
         ("breadth", by(&|i| (breadth[i], lifetimes[i].size))),
+        ("length", by(&|i| (len(i), lifetimes[i].size))),
         ("start", (0..n).collect()),
     ];
     orders

@@ -55,19 +55,20 @@ fn the_heuristic_finds_the_optimum_in_nine_cases_of_ten() {
 
 #[test]
 fn where_every_greedy_order_falls_short_the_exact_search_does_not() {
-    // Found among the generated cases: every order the heuristic tries ends at 38 units; the
-    // search finds a placement at the bound, 35.
+    // Found among the generated cases: every order the heuristic tries ends at 28 units; the
+    // search finds a placement at the bound, 21.
     let u = ALIGN_BYTES;
     let ls = [
-        Lifetime { start: 16, end: 25, size: 14 * u },
-        Lifetime { start: 4, end: 13, size: 22 * u },
-        Lifetime { start: 15, end: 19, size: 11 * u },
-        Lifetime { start: 5, end: 16, size: 13 * u },
+        Lifetime { start: 10, end: 18, size: 10 * u },
+        Lifetime { start: 5, end: 12, size: 7 * u },
+        Lifetime { start: 15, end: 16, size: 11 * u },
+        Lifetime { start: 20, end: 24, size: 14 * u },
+        Lifetime { start: 6, end: 7, size: 11 * u },
     ];
-    assert_eq!(lower_bound(&ls), 35 * u);
-    assert_eq!(place(&ls).peak, 38 * u);
+    assert_eq!(lower_bound(&ls), 21 * u);
+    assert_eq!(place(&ls).peak, 28 * u);
     let best = exact(&ls, 8).expect("small");
-    assert_eq!((best.peak, check(&ls, &best)), (35 * u, Ok(())));
+    assert_eq!((best.peak, check(&ls, &best)), (21 * u, Ok(())));
 }
 
 #[test]
