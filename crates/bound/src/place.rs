@@ -8,7 +8,8 @@ use crate::Lifetime;
 pub struct Placement {
     pub offsets: Vec<u64>,
     pub peak: u64,
-    /// Which order gave it: `size`, `breadth`, `length` or `start`.
+    /// Which order gave it: `size`, `breadth`, `length` or `start` (each tried with the lowest
+    /// gap and with the tightest).
     pub order: &'static str,
 }
 
@@ -35,17 +36,28 @@ pub fn place(lifetimes: &[Lifetime]) -> Placement {
         ("length", by(&|i| (len(i), lifetimes[i].size))),
         ("start", (0..n).collect()),
     ];
-    orders
-        .into_iter()
-        .map(|(name, order)| lowest_fit(lifetimes, &order, name))
-        .min_by_key(|p| p.peak)
-        .unwrap_or(Placement { offsets: Vec::new(), peak: 0, order: "size" })
+    let mut best: Option<Placement> = None;
+    for (name, order) in orders {
+        for tightest in [false, true] {
+            let p = fit(lifetimes, &order, name, tightest);
+            if best.as_ref().is_none_or(|b| p.peak < b.peak) {
+                best = Some(p);
+            }
+        }
+    }
+    best.unwrap_or(Placement { offsets: Vec::new(), peak: 0, order: "size" })
 }
 
 /// Places `lifetimes` in `order`, each at the lowest address free over its whole lifetime.
+pub(crate) fn lowest_fit(lifetimes: &[Lifetime], order: &[usize], name: &'static str) -> Placement {
+    fit(lifetimes, order, name, false)
+}
+
+/// Places `lifetimes` in `order`, each in a gap free over its whole lifetime: the lowest, or
+/// with `tightest` the smallest that holds it (the space above everything when none does).
 /// The allocations living at the same time as each one come from an interval tree over all of
 /// them (those not placed yet skipped): O(log n + k) per allocation, k those it overlaps.
-pub(crate) fn lowest_fit(lifetimes: &[Lifetime], order: &[usize], name: &'static str) -> Placement {
+fn fit(lifetimes: &[Lifetime], order: &[usize], name: &'static str, tightest: bool) -> Placement {
     let tree = IntervalTree::new(lifetimes);
     let mut offsets = vec![0u64; lifetimes.len()];
     let mut placed = vec![false; lifetimes.len()];
@@ -60,13 +72,19 @@ pub(crate) fn lowest_fit(lifetimes: &[Lifetime], order: &[usize], name: &'static
             }
         });
         busy.sort_unstable();
-        let mut at = 0;
+        // The gaps [top, lo) between what is placed, lowest first; above them all, `top`.
+        let (mut top, mut lowest, mut tight) = (0u64, None::<u64>, None::<(u64, u64)>);
         for &(lo, hi) in &busy {
-            if lo >= at + me.size {
-                break;
+            if lo >= top + me.size {
+                lowest.get_or_insert(top);
+                if tight.is_none_or(|(gap, _)| lo - top < gap) {
+                    tight = Some((lo - top, top));
+                }
             }
-            at = at.max(hi);
+            top = top.max(hi);
         }
+        let at =
+            if tightest { tight.map_or(top, |(_, start)| start) } else { lowest.unwrap_or(top) };
         offsets[i] = at;
         peak = peak.max(at + me.size);
         placed[i] = true;
