@@ -1,6 +1,7 @@
 //! Human-readable rendering shared by the commands: byte sizes, the `memory_summary` table,
 //! the comparison with recorded statistics.
 
+use allocsim_core::text::{quoted, terminal_safe};
 use allocsim_core::{MemoryStats, Stat, StatArray};
 use allocsim_run::{RunReport, StartedFrom};
 use std::path::Path;
@@ -26,16 +27,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "tib" => 1024f64.powi(4),
         _ => {
             return Err(format!(
-                "{text:?}: unknown unit {unit:?} (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+                "{}: unknown unit {} (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)",
+                quoted(text),
+                quoted(unit)
             ))
         }
     };
     let value: f64 = number.parse().map_err(|_| {
-        format!("{text:?}: expected a size such as 42949672960, 4e10, 40GB or 40GiB")
+        format!("{}: expected a size such as 42949672960, 4e10, 40GB or 40GiB", quoted(text))
     })?;
     let bytes = (value * scale).round();
     if !(0.0..=u64::MAX as f64).contains(&bytes) {
-        return Err(format!("{text:?}: not a size in bytes"));
+        return Err(format!("{}: not a size in bytes", quoted(text)));
     }
     Ok(bytes as u64)
 }
@@ -247,7 +250,7 @@ pub fn read_stats_json(path: &Path) -> anyhow::Result<Vec<(String, i64)>> {
     map.iter()
         .map(|(k, v)| match v.as_i64() {
             Some(n) => Ok((k.clone(), n)),
-            None => bail!("{}: memory_stats key {k:?} is not an integer", path.display()),
+            None => bail!("{}: memory_stats key {} is not an integer", path.display(), quoted(k)),
         })
         .collect()
 }
@@ -279,10 +282,12 @@ pub fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
     (result, text)
 }
 
-/// Write a finished report to stdout (or to [`capture`]'s buffer). A reader that went away is
-/// not an error.
+/// Write a finished report to stdout (or to [`capture`]'s buffer), every character a terminal
+/// could act on escaped ([`terminal_safe`]: a trace's strings reach the report). A reader that
+/// went away is not an error.
 pub fn emit(text: &str) -> anyhow::Result<()> {
     use std::io::Write;
+    let text = &*terminal_safe(text);
     let kept = CAPTURED.with(|c| c.borrow_mut().as_mut().map(|buf| buf.push_str(text)).is_some());
     if kept {
         return Ok(());
@@ -292,6 +297,12 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+/// A line for stderr (what a command wrote, a note beside a JSON report), escaped as [`emit`]
+/// escapes stdout.
+pub fn note(line: &str) {
+    eprintln!("{}", terminal_safe(line));
 }
 
 /// Device calls by kind as JSON: `{"malloc": {"calls", "failed", "time_ns"}, ...}`.

@@ -224,7 +224,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         crate::input::progress_bar("report", ops),
     )
     .with_context(|| {
-        format!("{}: setting up the {} policy", args.trace.display(), args.run.policy)
+        format!(
+            "{}: setting up the {} policy",
+            args.trace.display(),
+            allocsim_core::text::excerpt(&args.run.policy)
+        )
     })?;
     let advice = if args.run.policy == "pytorch" && !args.no_advice {
         let (outside, _) = crate::capacity::outside_bytes(None, &trace);
@@ -263,7 +267,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     let page = page(&title, &data);
     crate::write_atomically(&out, page.as_bytes())?;
-    eprintln!("wrote {} ({})", out.display(), bytes(page.len() as u64));
+    crate::output::note(&format!("wrote {} ({})", out.display(), bytes(page.len() as u64)));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -54,12 +54,18 @@ fn run(py: Python<'_>, argv: Vec<String>) -> (i32, String, Option<(String, Strin
         let args = std::iter::once("allocsim".to_string()).chain(argv);
         let cli = match <allocsim_cli::Cli as clap::Parser>::try_parse_from(args) {
             Ok(cli) => cli,
-            Err(e) => return (2, String::new(), Some(("usage".into(), e.to_string()))),
+            Err(e) => {
+                return (2, String::new(), Some(("usage".into(), allocsim_cli::usage_message(&e))))
+            }
         };
         let (result, out) = allocsim_cli::capturing_stdout(|| allocsim_cli::execute(cli));
         match result {
             Ok(code) => (i32::from(code != ExitCode::SUCCESS), out, None),
-            Err(e) => (1, out, Some((kind(&e).into(), format!("{e:#}")))),
+            // Escaped as the CLI escapes its messages: Python prints an exception's text raw.
+            Err(e) => {
+                let message = allocsim_core::text::terminal_safe(&format!("{e:#}")).into_owned();
+                (1, out, Some((kind(&e).into(), message)))
+            }
         }
     })
 }

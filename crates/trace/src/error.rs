@@ -60,28 +60,4 @@ impl TraceError {
     }
 }
 
-/// How much of a string from the input an error quotes.
-pub const QUOTED_CHARS: usize = 60;
-
-/// `text` as an error quotes it: in Rust's debug quotes, cut after [`QUOTED_CHARS`] characters
-/// with its length in bytes, so a hostile 100 MB field makes a one-line message.
-pub fn quoted(text: &str) -> String {
-    match text.char_indices().nth(QUOTED_CHARS) {
-        None => format!("{text:?}"),
-        Some((end, _)) => format!("{:?}... ({} bytes)", &text[..end], text.len()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn quotes_are_cut_on_a_character_boundary() {
-        assert_eq!(super::quoted("allocate"), "\"allocate\"");
-        let long = "é".repeat(1000);
-        let q = super::quoted(&long);
-        assert!(
-            q.starts_with(&format!("{:?}", &long[..120])[..121]) && q.ends_with("... (2000 bytes)"),
-            "{q}"
-        );
-    }
-}
+pub use allocsim_core::text::{quoted, QUOTED_CHARS};

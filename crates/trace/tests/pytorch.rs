@@ -607,6 +607,16 @@ fn wrong_types_name_the_entry_and_field() {
     let msg = read_err(&snapshot(vec![Value::list(vec![])], vec![], ""));
     assert!(msg.contains("device_traces[0][0]") && msg.contains("expected a dict"), "{msg}");
 
+    // Issue 50: a None read "expected an int, got None None".
+    let none_size = Value::str_dict([
+        ("action", Value::str("alloc")),
+        ("addr", Value::Int(1)),
+        ("size", Value::None),
+        ("stream", Value::Int(0)),
+    ]);
+    let msg = read_err(&snapshot(vec![none_size], vec![], ""));
+    assert!(msg.ends_with("device_traces[0][0].size: expected an int, got None"), "{msg}");
+
     let msg = read_err(&Value::str_dict([("device_traces", Value::Int(3))]));
     assert!(msg.contains("device_traces") && msg.contains("expected a list"), "{msg}");
 

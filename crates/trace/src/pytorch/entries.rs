@@ -161,7 +161,12 @@ impl Ctx<'_> {
     }
 
     pub fn expected(&self, place: impl Into<String>, what: &str, got: &Value) -> TraceError {
-        self.err(place, format!("expected {what}, got {} {got}", got.type_name()))
+        // None, True and False name their type themselves ("got None", not "got None None").
+        let got = match got {
+            Value::None | Value::Bool(_) => got.to_string(),
+            _ => format!("{} {got}", got.type_name()),
+        };
+        self.err(place, format!("expected {what}, got {got}"))
     }
 
     pub fn seq<'v>(

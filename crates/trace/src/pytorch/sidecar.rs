@@ -39,6 +39,12 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         Json::Array(_) => "a list",
         Json::Object(_) => "an object",
     };
+    // A value as a message shows it: a number whole, a string quoted, anything else by kind.
+    let shown = |v: &Json| match v {
+        Json::Number(n) => n.to_string(),
+        Json::String(s) => format!("the string {}", quoted(s)),
+        other => got(other).to_string(),
+    };
     let Json::Object(top) = &json else {
         return Err(err("top level", format!("expected an object, got {}", got(&json))));
     };
@@ -55,7 +61,7 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         }
         if let Some(v) = field("memory_fraction") {
             let f = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
-                err("meta.memory_fraction", format!("expected a positive number, got {v}"))
+                err("meta.memory_fraction", format!("expected a positive number, got {}", shown(v)))
             })?;
             meta.memory_fraction = Some(f);
         }
@@ -66,7 +72,7 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         ] {
             if let Some(v) = field(key) {
                 let n = v.as_u64().ok_or_else(|| {
-                    err(&format!("meta.{key}"), format!("expected a byte count, got {v}"))
+                    err(&format!("meta.{key}"), format!("expected a byte count, got {}", shown(v)))
                 })?;
                 *slot = Some(n);
             }
@@ -79,7 +85,10 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         let mut stats = Vec::with_capacity(s.len());
         for (k, v) in s {
             let n = v.as_i64().ok_or_else(|| {
-                err(&format!("{place}[{}]", quoted(k)), format!("expected an integer, got {v}"))
+                err(
+                    &format!("{place}[{}]", quoted(k)),
+                    format!("expected an integer, got {}", shown(v)),
+                )
             })?;
             stats.push((k.clone(), n));
         }
