@@ -424,8 +424,7 @@ fn explain(trace: &Trace, e: &OomExplanation) -> String {
 
 /// The page: the data as JSON in the page, the script and the embedded uPlot.
 fn page(title: &str, data: &Value) -> String {
-    // `</` cannot end the script element the data sits in.
-    let data = data.to_string().replace("</", "<\\/");
+    let data = crate::html::json_in_script(data);
     let title = crate::html::escape(title);
     format!(
         r#"<!DOCTYPE html>
