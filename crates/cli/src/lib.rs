@@ -21,6 +21,7 @@ mod workload;
 
 pub use export::write_snapshot;
 pub use output::memory_summary;
+pub use report::{page_reads_back, report_page_target};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -176,3 +176,33 @@ fn a_files_strings_reach_the_terminal_escaped() {
     assert!(!out.status.success());
     assert_no_controls("replay of hostile settings", &out);
 }
+
+/// The `report_page` fuzz target's oracle as a plain test (CI has no cargo-fuzz), on its
+/// committed corpus and on seeded random bytes with text of every kind before the program.
+#[test]
+fn report_page_target_smoke() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/report_page");
+    let mut inputs: Vec<Vec<u8>> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert!(!inputs.is_empty());
+    let mut state = 0x5eed_u64;
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as u8
+    };
+    let alphabet = "<>&\"'/!-\u{1b}\u{2028}\u{2029}script\n é".as_bytes();
+    for _ in 0..40 {
+        let mut input: Vec<u8> = vec![next()];
+        input.extend((0..40).map(|_| alphabet[usize::from(next()) % alphabet.len()]));
+        input.push(0xff);
+        input.extend((0..200).map(|_| next()));
+        inputs.push(input);
+    }
+    for input in &inputs {
+        if let Err(e) = allocsim_cli::report_page_target(input) {
+            panic!("{e}\ninput: {input:?}");
+        }
+    }
+}
