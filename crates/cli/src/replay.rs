@@ -72,14 +72,14 @@ pub struct Args {
     pub export_snapshot: Option<PathBuf>,
     /// Fault injection: the N-th device reservation (cudaMalloc or page map, 1-based) fails.
     /// Repeatable.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::output::parse_nth)]
     pub fail_nth_malloc: Vec<u64>,
     /// Fault injection: another process takes BYTES of free device memory when op OP begins.
     /// Repeatable.
     #[arg(long, value_name = "OP:BYTES", value_parser = parse_take_memory)]
     pub take_memory: Vec<(u64, u64)>,
     /// Fault injection: every reservation fails with this probability (seeded by --seed).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", value_parser = crate::output::parse_probability)]
     pub fail_random: Option<f64>,
     /// Seed for the simulated device's random choices.
     #[arg(long, default_value_t = 0)]

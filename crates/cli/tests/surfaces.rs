@@ -206,3 +206,65 @@ fn report_page_target_smoke() {
         }
     }
 }
+
+/// Issue 50: `--fail-random nan`, `--device-free=-0.4` and `--fail-nth-malloc 0` were taken
+/// and did nothing; 2^64 on a size flag became u64::MAX. Each is refused, saying what is taken.
+#[test]
+fn flags_out_of_their_range_are_refused() {
+    let dir = scratch();
+    let trace = snapshot(dir.path(), "t.pickle", frames("f", "f.py"), "", None);
+    let trace = trace.to_str().unwrap();
+    for (flag, expect) in [
+        ("--fail-random=nan", "a probability from 0 to 1"),
+        ("--fail-random=1.5", "a probability from 0 to 1"),
+        ("--device-free=-0.4", "not a size in bytes"),
+        ("--device-total=18446744073709551616", "not a size in bytes"),
+        ("--device-total=16777216TiB", "not a size in bytes"),
+        ("--fail-nth-malloc=0", "1 or more"),
+    ] {
+        let out = allocsim(&["replay", trace, flag]);
+        let text = printed(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {text}");
+        assert!(text.contains(expect), "{flag}: {text}");
+    }
+}
+
+/// Issue 50: a FIFO named `*.pickle` blocked forever (opening it waits for a writer). Every
+/// reader refuses it by name, and a directory too.
+#[test]
+fn a_fifo_or_a_directory_is_refused_by_name() {
+    let dir = scratch();
+    let fifo = dir.path().join("t.pickle");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let folder = dir.path().join("d.allocsim");
+    std::fs::create_dir(&folder).unwrap();
+    for (path, kind) in [(&fifo, "a FIFO"), (&folder, "a directory")] {
+        for command in ["info", "replay", "report"] {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+                .args(
+                    [command, path.to_str().unwrap(), "-o", "/dev/null"]
+                        [..if command == "report" { 4 } else { 2 }]
+                        .iter(),
+                )
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let start = std::time::Instant::now();
+            while child.try_wait().unwrap().is_none() {
+                if start.elapsed() > std::time::Duration::from_secs(20) {
+                    let _ = child.kill();
+                    panic!("allocsim {command} {} still waits after 20 s", path.display());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let out = child.wait_with_output().unwrap();
+            let text = printed(&out);
+            assert_eq!(out.status.code(), Some(1), "{command} {kind}: {text}");
+            let name = path.file_name().unwrap().to_str().unwrap();
+            let expect = format!("{name}: not a regular file ({kind})");
+            assert!(text.contains(&expect), "{command} {kind}: {text}");
+        }
+    }
+}

@@ -15,6 +15,10 @@ pub enum TraceError {
     #[error("{}: empty file", path.display())]
     Empty { path: PathBuf },
 
+    /// A FIFO, a device, a socket or a folder: opening a FIFO would wait for a writer forever.
+    #[error("{}: not a regular file ({kind}); allocsim reads traces from files", path.display())]
+    NotAFile { path: PathBuf, kind: &'static str },
+
     #[error(
         "{}: unknown trace format (expected .pickle, .pickle.gz, .csv, .allocsim or \
          .allocsim.json)",
@@ -58,6 +62,36 @@ impl TraceError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
         TraceError::Io { path: path.into(), error: source }
     }
+}
+
+/// Open `path` for reading if it is a regular file (links followed). Anything else is refused
+/// by name before it is opened: a FIFO's `open` blocks until something writes to it.
+pub(crate) fn open_regular(path: &std::path::Path) -> Result<std::fs::File, TraceError> {
+    let kind = std::fs::metadata(path).map_err(|e| TraceError::io(path, e))?.file_type();
+    if !kind.is_file() {
+        let kind = if kind.is_dir() { "a directory" } else { special_kind(kind) };
+        return Err(TraceError::NotAFile { path: path.into(), kind });
+    }
+    std::fs::File::open(path).map_err(|e| TraceError::io(path, e))
+}
+
+#[cfg(unix)]
+fn special_kind(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(_: std::fs::FileType) -> &'static str {
+    "not a file"
 }
 
 pub use allocsim_core::text::{quoted, QUOTED_CHARS};

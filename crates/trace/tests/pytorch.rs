@@ -295,6 +295,42 @@ fn unexplained_device_frees_become_empty_cache() {
     );
 }
 
+/// Found by the `writers` fuzz target: the streamed reader took the stacks its reading
+/// thread interned before it adopted the one of the `empty_cache` inferred at the very end,
+/// so that op's stack was no stack of the trace (and a debug build panicked). Both readers
+/// now give the same stacks.
+#[test]
+fn a_final_inferred_empty_cache_keeps_its_own_stack() {
+    let with_frames = |e: Value, name: &str| {
+        let Value::Dict(pairs) = e else { unreachable!() };
+        let mut pairs = (*pairs).clone();
+        let frame = Value::str_dict([
+            ("filename", Value::str("f.py")),
+            ("name", Value::str(name)),
+            ("line", Value::Int(1)),
+        ]);
+        pairs.push((Value::str("frames"), Value::list(vec![frame])));
+        Value::dict(pairs)
+    };
+    let entries = vec![
+        with_frames(entry("alloc", 0xa00, 10, 0), "a"),
+        with_frames(entry("free_requested", 0xa00, 10, 0), "a"),
+        with_frames(entry("free_completed", 0xa00, 10, 0), "a"),
+        with_frames(entry("segment_free", 0xa00, 2 << 20, 0), "only_at_the_end"),
+    ];
+    let dir = common::scratch("pt-final-run");
+    let path = write_pickle(&dir, "t.pickle", &snapshot(entries, vec![], ""));
+    let streamed = read_trace(&path).unwrap();
+    let generic = read_trace_with(&path, &ReadOptions { streaming: false, ..Default::default() });
+    let generic = generic.unwrap();
+    assert_eq!(streamed.ops.last(), Some(&Op::EmptyCache));
+    let names = |t: &Trace| -> Vec<String> {
+        t.op_stacks.iter().map(|&(_, s)| t.stacks[s as usize].frames[0].name.clone()).collect()
+    };
+    assert_eq!(names(&generic), ["a", "a", "only_at_the_end"]);
+    assert_eq!(names(&streamed), names(&generic));
+}
+
 /// An inferred `empty_cache` takes the time of its run's first device free, also in a trace
 /// without stacks.
 #[test]

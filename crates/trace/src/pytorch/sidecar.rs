@@ -19,11 +19,16 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
     let Some(path) = sidecar_path(snapshot) else {
         return Ok(false);
     };
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(TraceError::io(path, e)),
+    let file = match crate::error::open_regular(&path) {
+        Ok(f) => f,
+        Err(TraceError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
     };
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut { file }, &mut text)
+        .map_err(|e| TraceError::io(&path, e))?;
     let json: Json = serde_json::from_str(&text)
         .map_err(|error| TraceError::Json { path: path.clone(), error })?;
     let err = |place: &str, message: String| TraceError::Sidecar {
