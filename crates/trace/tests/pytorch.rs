@@ -671,6 +671,45 @@ fn wrong_types_name_the_entry_and_field() {
     assert!(msg.contains("segments[0].blocks[0]"), "{msg}");
 }
 
+/// Issue 50: a LONG1 of 9 bytes in [2^63, 2^64) read as a negative i64, and `time_us` = -1
+/// was taken. Negative times are refused, however written.
+#[test]
+fn negative_times_are_errors() {
+    let with_time = |time: Value| {
+        let Value::Dict(pairs) = entry("alloc", 0xa00, 10, 0) else { unreachable!() };
+        let mut pairs = (*pairs).clone();
+        pairs.push((Value::str("time_us"), time));
+        Value::dict(pairs)
+    };
+    // 2^64 - 1 as CPython pickles it: LONG1, 9 bytes, the last 0.
+    let mut bytes = pickle::to_vec(&snapshot(vec![with_time(Value::Int(0x0102_0304))], vec![], "")).unwrap();
+    let time = [b'J', 4, 3, 2, 1];
+    let at = bytes.windows(5).position(|w| w == time).expect("the time's BININT");
+    let wide = [0x8a, 9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0];
+    bytes.splice(at..at + 5, wide);
+    let dir = common::scratch("pt-time");
+    let path = dir.join("wide.pickle");
+    std::fs::write(&path, &bytes).unwrap();
+    for streaming in [true, false] {
+        let opts = ReadOptions { streaming, ..Default::default() };
+        let msg = read_trace_with(&path, &opts).expect_err("a negative time").to_string();
+        assert!(
+            msg.ends_with(
+                "device_traces[0][0].time_us: expected a time in µs (0 to 2^63 - 1), got -1"
+            ),
+            "{msg}"
+        );
+    }
+    let msg = read_err(&snapshot(vec![with_time(Value::Int(-5))], vec![], ""));
+    assert!(msg.contains("time_us: expected a time in µs"), "{msg}");
+    assert!(read_trace(&write_pickle(
+        &dir,
+        "ok.pickle",
+        &snapshot(vec![with_time(Value::Int(0))], vec![], "")
+    ))
+    .is_ok());
+}
+
 #[test]
 fn negative_and_absurd_sizes_are_errors() {
     let msg = read_err(&snapshot(vec![entry("alloc", 1, -1, 0)], vec![], ""));
