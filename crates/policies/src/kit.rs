@@ -541,12 +541,7 @@ impl<R: Rules> Allocator for Kit<R> {
                     return Err(crate::zoo::common::unknown_key(R::NAME, &key, &known));
                 };
                 setting.apply.to(&mut rules, &value).map_err(|problem| {
-                    ConfigError(format!(
-                        "policy {}: {}:{}: {problem}",
-                        R::NAME,
-                        quoted(&key),
-                        quoted(&value)
-                    ))
+                    ConfigError(format!("policy {}: {key}:{}: {problem}", R::NAME, quoted(&value)))
                 })?;
             }
             rules
@@ -611,7 +606,7 @@ mod tests {
         assert!(kit.set_settings("limit:1MiB").is_ok());
         for (conf, says) in [
             ("size:1", "unknown setting"),
-            ("limit:lots", "limit:lots: not a byte count"),
+            ("limit:lots", "limit:\"lots\": not a byte count"),
             ("limit:2GiB", "limit over 1 GiB"),
         ] {
             let e = kit.set_settings(conf).unwrap_err().0;

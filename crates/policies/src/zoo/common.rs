@@ -267,13 +267,8 @@ pub fn parse_conf(policy: &str, conf: &str) -> Result<Vec<(String, String)>, Con
 /// A byte count: digits with an optional binary suffix (`k`/`kib`, `m`/`mib`, `g`/`gib`,
 /// `t`/`tib`, any case), or `max` for `u64::MAX`.
 pub fn parse_bytes(policy: &str, key: &str, value: &str) -> Result<u64, ConfigError> {
-    let bad = || {
-        ConfigError(format!(
-            "policy {policy}: {}:{} is not a byte count",
-            quoted(key),
-            quoted(value)
-        ))
-    };
+    let bad =
+        || ConfigError(format!("policy {policy}: {key}:{} is not a byte count", quoted(value)));
     let v = value.to_ascii_lowercase();
     if v == "max" {
         return Ok(u64::MAX);
