@@ -82,19 +82,23 @@ PathLike = Union[str, "os.PathLike[str]"]
 Size = Union[int, float, str]
 
 
-def _cli(*argv: object) -> str:
-    """Run `allocsim ARGV...` in-process and return what it printed; raise on failure. (A
-    replay whose checker found violations exits 1 and still prints its report: the result
-    says so in `checker_violations`.)"""
-    _status, out, error = _allocsim.run([str(a) for a in argv])
+def _cli(command: str, paths: Sequence[str], **options: Any) -> str:
+    """Run `allocsim COMMAND --OPTION=VALUE... -- PATH...` in-process and return what it
+    printed; raise on failure. Each option is one `--flag=value` word and the paths come after
+    `--`, so no spelling of a path or a value is read as another option: `load("--help")`
+    looks for a file of that name, and a path `--html=x` writes nothing. (A replay whose
+    checker found violations exits 1 and still prints its report: the result says so in
+    `checker_violations`.)"""
+    argv = [command, *_options(**options), "--", *paths]
+    _status, out, error = _allocsim.run(argv)
     if error is not None:
         kind, message = error
         raise _ERRORS.get(kind, AllocsimError)(message)
     return out
 
 
-def _json(*argv: object) -> Any:
-    return json.loads(_cli(*argv, "--json"))
+def _json(command: str, paths: Sequence[str], **options: Any) -> Any:
+    return json.loads(_cli(command, paths, json=True, **options))
 
 
 def _size(value: Size) -> str:
@@ -107,13 +111,14 @@ def _size(value: Size) -> str:
 
 
 def _options(**named: Any) -> list[str]:
-    """`--flag value` pairs for the named options that are set (`True` alone for a switch)."""
+    """`--flag=value` for each named option that is set (`--flag` alone for a switch): one
+    word each, so a value that starts with `-` is still the value."""
     argv: list[str] = []
     for name, value in named.items():
         if value is None or value is False:
             continue
         flag = "--" + name.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
+        argv.append(flag if value is True else f"{flag}={value}")
     return argv
 
 
@@ -171,7 +176,7 @@ def load(path: PathLike) -> Trace:
     `.allocsim`/`.allocsim.json`, or `workload:NAME?key=value` for a live workload) and say
     what it holds. Raises `TraceError` naming the file and the place if it cannot."""
     path = os.fspath(path)
-    return Trace(path, _json("info", path))
+    return Trace(path, _json("info", [path]))
 
 
 @dataclass(frozen=True)
@@ -252,15 +257,19 @@ def replay(
     (for `pytorch`, a `PYTORCH_CUDA_ALLOC_CONF` string; for the others their own settings), on
     the modelled device with `device_free`/`device_total` (bytes or `"40GiB"`). `check` runs
     the independent checker over every event. The same as `allocsim replay ... --json`."""
-    argv = ["replay", _path(trace), "--policy", policy, "--device", device]
-    argv += _options(
-        alloc_conf=alloc_conf,
-        device_free=None if device_free is None else _size(device_free),
-        device_total=None if device_total is None else _size(device_total),
-        memory_fraction=memory_fraction,
-        check=check,
+    return ReplayResult(
+        _json(
+            "replay",
+            [_path(trace)],
+            policy=policy,
+            device=device,
+            alloc_conf=alloc_conf,
+            device_free=None if device_free is None else _size(device_free),
+            device_total=None if device_total is None else _size(device_total),
+            memory_fraction=memory_fraction,
+            check=check,
+        )
     )
-    return ReplayResult(_json(*argv))
 
 
 def compare(
@@ -274,9 +283,8 @@ def compare(
     if isinstance(traces, (str, os.PathLike, Trace)):
         traces = [traces]
     columns = policies if isinstance(policies, str) else ",".join(policies)
-    argv = ["compare", *(_path(t) for t in traces), "--policy", columns]
-    argv += _options(memory_fraction=memory_fraction)
-    return _json(*argv)
+    paths = [_path(t) for t in traces]
+    return _json("compare", paths, policy=columns, memory_fraction=memory_fraction)
 
 
 def capacity(
@@ -289,13 +297,13 @@ def capacity(
     the context exists) on which the recorded program runs without an OOM: `capacity_bytes`,
     the band `capacity_low_bytes`..`capacity_high_bytes`, and how it was found. As `allocsim
     capacity`."""
-    argv = ["capacity", _path(trace)]
-    argv += _options(
+    return _json(
+        "capacity",
+        [_path(trace)],
         alloc_conf=alloc_conf,
         policy=policy,
         outside=None if outside is None else _size(outside),
     )
-    return _json(*argv)
 
 
 def advise(
@@ -306,12 +314,12 @@ def advise(
     """The `PYTORCH_CUDA_ALLOC_CONF` settings people try, ranked by the memory each needs, with
     peak reserved, OOMs on a card with `device_free` free, and fragmentation. As `allocsim
     advise`."""
-    argv = ["advise", _path(trace)]
-    argv += _options(
+    return _json(
+        "advise",
+        [_path(trace)],
         device_free=None if device_free is None else _size(device_free),
         outside=None if outside is None else _size(outside),
     )
-    return _json(*argv)
 
 
 def explain_oom(
@@ -324,20 +332,20 @@ def explain_oom(
     """Why each OOM happened (free memory, largest free block per pool, the live blocks
     fencing the largest free region with their stacks), and which settings would have avoided
     it. As `allocsim explain-oom --json`."""
-    argv = ["explain-oom", _path(trace)]
-    argv += _options(
+    return _json(
+        "explain-oom",
+        [_path(trace)],
         policy=policy,
         alloc_conf=alloc_conf,
         device_total=None if device_total is None else _size(device_total),
         limit=limit,
     )
-    return _json(*argv)
 
 
 def fidelity(trace: TraceLike) -> str:
     """Replay a PyTorch recording in lockstep with itself: the report, ending in `exact` or
     saying where simulation and recording part. As `allocsim fidelity`."""
-    return _cli("fidelity", _path(trace))
+    return _cli("fidelity", [_path(trace)])
 
 
 def policies() -> list[str]:

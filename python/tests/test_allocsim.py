@@ -126,6 +126,65 @@ def test_a_hostile_pickle_raises_and_never_executes(tmp_path):
     assert not marker.exists()
 
 
+def test_no_spelling_of_a_path_or_value_is_read_as_an_option(tmp_path, monkeypatch):
+    """Issue 50: paths went on the command line with no `--` before them, so
+    `compare(["t.pickle.gz", "--html=/some/file"])` wrote that file and `load("--help")`
+    returned the help text. Every function that takes a path is tried with paths and values
+    spelled as options; each must look for a file of that name, and write nothing."""
+    monkeypatch.chdir(tmp_path)
+    written = tmp_path / "written.html"
+    as_option = f"--html={written}"
+    for path in ["--help", as_option, "-h", "--version"]:
+        calls = {
+            "load": lambda: allocsim.load(path),
+            "replay": lambda: allocsim.replay(path),
+            "compare": lambda: allocsim.compare([GPT2, path]),
+            "capacity": lambda: allocsim.capacity(path),
+            "advise": lambda: allocsim.advise(path),
+            "explain_oom": lambda: allocsim.explain_oom(path),
+            "fidelity": lambda: allocsim.fidelity(path),
+        }
+        for name, call in calls.items():
+            with pytest.raises(allocsim.FileError) as error:
+                call()
+            assert path in str(error.value), (name, path, str(error.value))
+            assert not written.exists(), (name, path)
+    # A value is a value, whatever it starts with.
+    with pytest.raises(allocsim.SettingsError, match="unknown policy"):
+        allocsim.replay(GPT2, policy=as_option)
+    with pytest.raises(allocsim.SettingsError, match="PYTORCH_CUDA_ALLOC_CONF \"--help\""):
+        allocsim.replay(GPT2, alloc_conf="--help")
+    with pytest.raises(allocsim.SettingsError, match="unknown policy"):
+        allocsim.compare(GPT2, policies=["--help"])
+    assert not written.exists()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_replay_runs_in_a_thread_with_a_small_stack():
+    """Issue 50: `replay` in a Python thread of 64 KiB of stack (`threading.stack_size`)
+    crashed the interpreter (a segfault: it runs in a child here). Commands now run on a
+    thread of their own."""
+    script = (
+        "import threading, allocsim\n"
+        "threading.stack_size(64 * 1024)\n"
+        "out = []\n"
+        f"t = threading.Thread(target=lambda: out.append(allocsim.replay({str(GPT2)!r})))\n"
+        "t.start(); t.join()\n"
+        "print(out[0].peak_reserved_bytes)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
+    assert int(child.stdout) == allocsim.replay(GPT2).peak_reserved_bytes
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    """Issue 50: a FIFO named `*.pickle` blocked forever; it is refused by name."""
+    fifo = tmp_path / "t.pickle"
+    os.mkfifo(fifo)
+    with pytest.raises(allocsim.FileError, match="t.pickle: not a regular file \\(a FIFO\\)"):
+        allocsim.load(fifo)
+
+
 def test_the_readme_names_what_the_package_has():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## From Python", 1)[1].split("\n## ", 1)[0]

@@ -7,7 +7,8 @@
   const D = JSON.parse(document.getElementById("data").textContent);
   const T = D.timeline;
   const $ = (id) => document.getElementById(id);
-  const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;");
+  const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+    .replace(/"/g, "&quot;").replace(/'/g, "&#39;");
 
   const { size, OOM_COLOR } = allocsim;
   const palette = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",

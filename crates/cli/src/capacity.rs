@@ -2,6 +2,7 @@
 //! `allocsim advise TRACE`: the settings people try, ranked.
 
 use crate::output::{bytes, emit, outln, parse_size};
+use allocsim_core::text::quoted;
 use allocsim_core::Trace;
 use allocsim_run::{
     capacity, run_trace, Capacity, CapacityOptions, DeviceChoice, RunOptions,
@@ -93,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     outln!(out, "allocsim capacity {}", args.trace.display());
-    outln!(out, "  policy: {} (settings {shown_conf:?})", args.policy);
+    outln!(out, "  policy: {} (settings {})", args.policy, quoted(&shown_conf));
     match c.capacity_bytes {
         Some(p) => {
             outln!(out, "  needs free at start: {}", bytes(p));

@@ -1,6 +1,7 @@
 //! `allocsim compare TRACE... --policy all|a,b,c`: the policy x trace grid.
 
 use crate::output::outln;
+use allocsim_core::text::quoted;
 use allocsim_run::{compare, GridCell, RunOptions};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
@@ -60,9 +61,10 @@ fn policies(spec: &str) -> anyhow::Result<Vec<String>> {
     for column in &columns {
         let (name, conf) = allocsim_policies::parse_spec(column);
         if name.contains(['[', ']']) || depth != 0 {
-            bail!("--policy {spec:?}: {column:?} is not NAME or NAME[SETTINGS]");
+            bail!("--policy {}: {} is not NAME or NAME[SETTINGS]", quoted(spec), quoted(column));
         }
-        allocsim_policies::by_name(name, conf).with_context(|| format!("--policy {column}"))?;
+        allocsim_policies::by_name(name, conf)
+            .with_context(|| format!("--policy {}", quoted(column)))?;
     }
     Ok(columns)
 }
@@ -94,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.html {
         let html = crate::html::report(&traces, &cells, &base)?;
         crate::write_atomically(path, html.as_bytes())?;
-        eprintln!("wrote {}", path.display());
+        crate::output::note(&format!("wrote {}", path.display()));
     }
     if args.json {
         let rows: Vec<serde_json::Value> = cells.iter().map(row).collect();

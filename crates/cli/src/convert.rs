@@ -21,12 +21,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // No output format holds a mid-run history's state at its start: `write_trace` lays its
     // live blocks out as allocations before the recorded ops.
     let laid_out = trace.start.as_ref().map_or(0, |start| start.prologue().len());
-    eprintln!(
+    crate::output::note(&format!(
         "wrote {} ({} ops, {} recorded events)",
         args.output.display(),
         trace.ops.len() + laid_out,
         trace.recorded.len()
-    );
+    ));
     if laid_out > 0 {
         eprintln!("  the history starts mid-run: its live blocks are the first {laid_out} ops");
     }

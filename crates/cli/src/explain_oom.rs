@@ -43,7 +43,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         progress_bar("explain", trace.ops.len() as u64),
     )
     .with_context(|| {
-        format!("{}: setting up the {} policy", args.trace.display(), args.run.policy)
+        format!(
+            "{}: setting up the {} policy",
+            args.trace.display(),
+            allocsim_core::text::excerpt(&args.run.policy)
+        )
     })?;
     let shown = &explainer.explanations[..explainer.explanations.len().min(args.limit)];
     let avoiding = if args.run.policy == "pytorch" && !shown.is_empty() {

@@ -18,8 +18,10 @@ pub fn replay_on_cuda(
 ) -> anyhow::Result<(RunReport, Duration, String)> {
     let mut gpu = CudaDevice::open(0).context("opening the GPU")?;
     let start = Instant::now();
-    let report = run_trace_on(trace, opts, &mut gpu, "cuda", extra, progress)
-        .with_context(|| format!("setting up the {} policy", opts.policy))?;
+    let report =
+        run_trace_on(trace, opts, &mut gpu, "cuda", extra, progress).with_context(|| {
+            format!("setting up the {} policy", allocsim_core::text::excerpt(&opts.policy))
+        })?;
     let wall = start.elapsed();
     Ok((report, wall, gpu.description()))
 }

@@ -26,9 +26,39 @@ impl Observer for SnapshotAt {
     }
 }
 
-/// Text as HTML.
+/// Text as HTML, safe as an element's text and inside a quoted attribute.
 pub fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `data` as the text of a `<script type="application/json">` element: `<`, `>` and `&` as
+/// JSON escapes (`\u003c`...), so that no string in it (`</script>`, `<!--<script>`, which
+/// would keep the element open to the page's end) is markup to the HTML parser, and U+2028
+/// and U+2029 too, which some JavaScript parsers take as line ends. Outside strings JSON has
+/// none of these characters, so the text still parses to the same value.
+pub fn json_in_script(data: &serde_json::Value) -> String {
+    let text = data.to_string();
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn gib(n: u64) -> String {
@@ -167,7 +197,7 @@ pub fn report(
             serde_json::json!({ "panels": row.iter().map(|c| panel(c)).collect::<Vec<_>>() }),
         );
     }
-    let data = serde_json::Value::Array(data).to_string().replace("</", "<\\/");
+    let data = json_in_script(&serde_json::Value::Array(data));
     Ok(format!(
         r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>allocsim comparison</title>
 <style>{uplot_css}
@@ -192,4 +222,22 @@ marks segment ends), and the table.</p>
         common_js = include_str!("../assets/common.js"),
         compare_js = include_str!("../assets/compare.js"),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{escape, json_in_script};
+
+    #[test]
+    fn strings_are_inert_in_the_script_element_and_in_text() {
+        let hostile = "<!--<script></script>&\"'\u{2028}\u{2029}";
+        let data = serde_json::json!({ "name": hostile, "frames": [hostile] });
+        let text = json_in_script(&data);
+        assert!(!text.contains(['<', '>', '&', '\u{2028}', '\u{2029}']), "{text}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap(), data);
+        assert_eq!(
+            escape(hostile),
+            "&lt;!--&lt;script&gt;&lt;/script&gt;&amp;&quot;&#39;\u{2028}\u{2029}"
+        );
+    }
 }

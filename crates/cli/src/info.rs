@@ -1,6 +1,7 @@
 //! `allocsim info TRACE`.
 
 use crate::output::{bytes, outln};
+use allocsim_core::text::quoted;
 use allocsim_core::{BlockState, MemPoolId, Op, PoolAction, RecordedKind, Trace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -154,7 +155,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     outln!(out, "  streams: {} ({})", s.streams.len(), streams.join(", "));
     outln!(out, "  peak live bytes (requested): {}", bytes(s.peak_live_bytes));
     outln!(out, "  requested in total: {}", bytes(s.requested_bytes_total));
-    outln!(out, "  allocator settings: {:?}", m.alloc_conf.as_deref().unwrap_or(""));
+    outln!(out, "  allocator settings: {}", quoted(m.alloc_conf.as_deref().unwrap_or("")));
     if let Some(f) = m.memory_fraction {
         outln!(out, "  memory fraction: {f}");
     }

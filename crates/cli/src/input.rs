@@ -107,8 +107,12 @@ pub const WORKLOAD_PREFIX: &str = "workload:";
 pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
     let text = input.to_string_lossy();
     match text.strip_prefix(WORKLOAD_PREFIX) {
-        Some(spec) => allocsim_workloads::trace(spec)
-            .with_context(|| format!("building {text} (`allocsim workload` lists workloads)")),
+        Some(spec) => allocsim_workloads::trace(spec).with_context(|| {
+            format!(
+                "building {} (`allocsim workload` lists workloads)",
+                allocsim_core::text::excerpt(&text)
+            )
+        }),
         None => read_trace(input),
     }
 }

@@ -22,6 +22,7 @@ mod workload;
 
 pub use export::write_snapshot;
 pub use output::memory_summary;
+pub use report::{page_reads_back, report_page_target};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -83,6 +84,24 @@ enum Command {
     /// Seeded swarm testing: generated programs under every oracle for every policy, printing
     /// the seed and the command that reproduces a failure (TigerBeetle's VOPR style).
     Fuzz(fuzz::Args),
+}
+
+/// A command line clap refused, as the user sees it: clap quotes a refused value whole (a
+/// 120 KB `--device-free`), so long lines are cut, and the text is escaped for the terminal.
+pub fn usage_message(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    allocsim_core::text::terminal_safe(&allocsim_core::text::cut_lines(&text)).into_owned()
+}
+
+/// Print clap's answer to a command line it did not run (an error, or `--help` and
+/// `--version`, which are not cut) and end the process with clap's exit status.
+pub fn usage_exit(e: clap::Error) -> ! {
+    use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+    if matches!(e.kind(), DisplayHelp | DisplayVersion) {
+        e.exit()
+    }
+    eprint!("{}", usage_message(&e));
+    std::process::exit(e.exit_code())
 }
 
 /// Write `bytes` to `path` whole or not at all (`allocsim_trace::atomic`).

@@ -4,7 +4,10 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = allocsim_cli::Cli::parse();
+    let cli = match allocsim_cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => allocsim_cli::usage_exit(e),
+    };
     allocsim_cli::process_ends_with_command();
     // Ctrl-C leaves no half-written file: the writes in progress remove their temporary files.
     let _ = ctrlc::set_handler(|| {
@@ -14,7 +17,8 @@ fn main() -> ExitCode {
     match allocsim_cli::execute(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // The message may quote a file's strings: a terminal sees them escaped.
+            eprintln!("error: {}", allocsim_core::text::terminal_safe(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

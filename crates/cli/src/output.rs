@@ -1,6 +1,7 @@
 //! Human-readable rendering shared by the commands: byte sizes, the `memory_summary` table,
 //! the comparison with recorded statistics.
 
+use allocsim_core::text::{quoted, terminal_safe};
 use allocsim_core::{MemoryStats, Stat, StatArray};
 use allocsim_run::{RunReport, StartedFrom};
 use std::path::Path;
@@ -26,18 +27,43 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "tib" => 1024f64.powi(4),
         _ => {
             return Err(format!(
-                "{text:?}: unknown unit {unit:?} (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+                "{}: unknown unit {} (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)",
+                quoted(text),
+                quoted(unit)
             ))
         }
     };
+    // Whole numbers exactly (a float holds 53 bits), refused past u64::MAX.
+    if let Ok(n) = number.parse::<u64>() {
+        return n
+            .checked_mul(scale as u64)
+            .ok_or_else(|| format!("{}: not a size in bytes (0 to 2^64 - 1)", quoted(text)));
+    }
     let value: f64 = number.parse().map_err(|_| {
-        format!("{text:?}: expected a size such as 42949672960, 4e10, 40GB or 40GiB")
+        format!("{}: expected a size such as 42949672960, 4e10, 40GB or 40GiB", quoted(text))
     })?;
     let bytes = (value * scale).round();
-    if !(0.0..=u64::MAX as f64).contains(&bytes) {
-        return Err(format!("{text:?}: not a size in bytes"));
+    // 2^64 is the first float `as u64` would quietly make u64::MAX; `-0.4` rounds to zero.
+    if value.is_sign_negative() || !(0.0..18_446_744_073_709_551_616.0).contains(&bytes) {
+        return Err(format!("{}: not a size in bytes (0 to 2^64 - 1)", quoted(text)));
     }
     Ok(bytes as u64)
+}
+
+/// A probability, from 0 to 1 (`--fail-random`): NaN and infinities are no probability.
+pub fn parse_probability(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("{}: expected a probability from 0 to 1", quoted(text))),
+    }
+}
+
+/// A 1-based count (`--fail-nth-malloc`): the first call is 1, and 0 would never fail.
+pub fn parse_nth(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{}: expected N of 1 or more (the first call is 1)", quoted(text))),
+    }
 }
 
 /// Fail now, before any work, if `path` cannot be written: its folder must exist and take a new
@@ -247,7 +273,7 @@ pub fn read_stats_json(path: &Path) -> anyhow::Result<Vec<(String, i64)>> {
     map.iter()
         .map(|(k, v)| match v.as_i64() {
             Some(n) => Ok((k.clone(), n)),
-            None => bail!("{}: memory_stats key {k:?} is not an integer", path.display()),
+            None => bail!("{}: memory_stats key {} is not an integer", path.display(), quoted(k)),
         })
         .collect()
 }
@@ -279,10 +305,12 @@ pub fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
     (result, text)
 }
 
-/// Write a finished report to stdout (or to [`capture`]'s buffer). A reader that went away is
-/// not an error.
+/// Write a finished report to stdout (or to [`capture`]'s buffer), every character a terminal
+/// could act on escaped ([`terminal_safe`]: a trace's strings reach the report). A reader that
+/// went away is not an error.
 pub fn emit(text: &str) -> anyhow::Result<()> {
     use std::io::Write;
+    let text = &*terminal_safe(text);
     let kept = CAPTURED.with(|c| c.borrow_mut().as_mut().map(|buf| buf.push_str(text)).is_some());
     if kept {
         return Ok(());
@@ -292,6 +320,12 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+/// A line for stderr (what a command wrote, a note beside a JSON report), escaped as [`emit`]
+/// escapes stdout.
+pub fn note(line: &str) {
+    eprintln!("{}", terminal_safe(line));
 }
 
 /// Device calls by kind as JSON: `{"malloc": {"calls", "failed", "time_ns"}, ...}`.
@@ -319,7 +353,21 @@ pub fn conf_label(conf: &str) -> &str {
 
 #[cfg(test)]
 mod size_tests {
-    use super::parse_size;
+    use super::{parse_nth, parse_probability, parse_size};
+
+    /// Issue 50: `--fail-random nan` and `--fail-nth-malloc 0` were taken and did nothing.
+    #[test]
+    fn probabilities_and_counts_are_checked() {
+        assert_eq!(parse_probability("0.25"), Ok(0.25));
+        assert_eq!(parse_probability("1"), Ok(1.0));
+        for bad in ["nan", "NaN", "-0.1", "1.5", "inf", "x"] {
+            assert!(parse_probability(bad).unwrap_err().contains("probability"), "{bad}");
+        }
+        assert_eq!(parse_nth("3"), Ok(3));
+        for bad in ["0", "-1", "x"] {
+            assert!(parse_nth(bad).unwrap_err().contains("1 or more"), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes_in_bytes_units_and_exponents() {
@@ -336,7 +384,23 @@ mod size_tests {
         ] {
             assert_eq!(parse_size(text), Ok(want), "{text}");
         }
-        for bad in ["", "forty", "40XB", "-1GB", "1e30"] {
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_size("1152921504606846977"), Ok((1 << 60) + 1));
+        // Issue 50: 2^64 became u64::MAX, -0.4 became 0.
+        for bad in [
+            "",
+            "forty",
+            "40XB",
+            "-1GB",
+            "1e30",
+            "18446744073709551616",
+            "1.8446744073709552e19",
+            "16777216TiB",
+            "-0.4",
+            "-0",
+            "nan",
+            "inf",
+        ] {
             let e = parse_size(bad).unwrap_err();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
         }

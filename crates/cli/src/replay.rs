@@ -4,6 +4,7 @@ use crate::output::{
     bytes, compares_cumulative, memory_summary, parse_size, read_stats_json, recorded_differences,
 };
 use crate::output::{emit, outln};
+use allocsim_core::text::quoted;
 use allocsim_core::{CallKind, MemPoolId};
 use allocsim_replay::{EventLog, Observer, Recorder};
 use allocsim_run::{
@@ -71,14 +72,14 @@ pub struct Args {
     pub export_snapshot: Option<PathBuf>,
     /// Fault injection: the N-th device reservation (cudaMalloc or page map, 1-based) fails.
     /// Repeatable.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::output::parse_nth)]
     pub fail_nth_malloc: Vec<u64>,
     /// Fault injection: another process takes BYTES of free device memory when op OP begins.
     /// Repeatable.
     #[arg(long, value_name = "OP:BYTES", value_parser = parse_take_memory)]
     pub take_memory: Vec<(u64, u64)>,
     /// Fault injection: every reservation fails with this probability (seeded by --seed).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", value_parser = crate::output::parse_probability)]
     pub fail_random: Option<f64>,
     /// Seed for the simulated device's random choices.
     #[arg(long, default_value_t = 0)]
@@ -120,7 +121,7 @@ impl Args {
 
 fn parse_take_memory(s: &str) -> Result<(u64, u64), String> {
     let (op, bytes) = s.split_once(':').ok_or("expected OP:BYTES, e.g. 1000:1GiB")?;
-    let op = op.trim().parse::<u64>().map_err(|e| format!("{op:?}: {e}"))?;
+    let op = op.trim().parse::<u64>().map_err(|e| format!("{}: {e}", quoted(op)))?;
     Ok((op, parse_size(bytes)?))
 }
 
@@ -198,7 +199,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(r) = recorder.as_mut() {
         extra.push(r);
     }
-    let setup = || format!("{}: setting up the {} policy", args.trace.display(), opts.policy);
+    let setup = || {
+        format!(
+            "{}: setting up the {} policy",
+            args.trace.display(),
+            allocsim_core::text::excerpt(&opts.policy)
+        )
+    };
     let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
     let progress = crate::input::progress_bar("replay", ops_len);
     let mut cuda_lines = Vec::new();
@@ -237,7 +244,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             &report.policy,
             &report.alloc_conf,
         )?;
-        eprintln!("wrote {}", path.display());
+        crate::output::note(&format!("wrote {}", path.display()));
     }
     // A what-if is not the recorded run: it is held against it on what matters, not key by key.
     let what_if = opts.policy != "pytorch" || allocsim_run::changes_the_run(&opts, &trace.meta);
@@ -252,7 +259,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     for line in cuda_lines {
         if args.json {
-            eprintln!("{line}")
+            crate::output::note(&line)
         } else {
             outln!(out, "{line}")
         }
@@ -426,7 +433,7 @@ fn print_report(
     let mut out = String::new();
     let m = &r.metrics;
     outln!(out, "allocsim replay {}", args.trace.display());
-    outln!(out, "  policy: {} (settings {:?})", r.policy, r.alloc_conf);
+    outln!(out, "  policy: {} (settings {})", r.policy, quoted(&r.alloc_conf));
     if let Some(f) = r.memory_fraction {
         outln!(out, "  memory fraction: {f}");
     }

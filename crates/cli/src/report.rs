@@ -213,26 +213,42 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.trace));
     crate::output::check_output(&out, &[&args.trace])?;
     let trace = crate::input::load_trace(&args.trace)?;
-    let opts = args.run.options();
+    let title = args.trace.file_name().map_or("trace".into(), |n| n.to_string_lossy().into_owned());
+    let advice = (args.run.policy == "pytorch" && !args.no_advice).then_some(args.run.device_total);
+    let page = build(&trace, &title, &args.run.options(), advice)
+        .with_context(|| args.trace.display().to_string())?;
+    crate::write_atomically(&out, page.as_bytes())?;
+    crate::output::note(&format!("wrote {} ({})", out.display(), bytes(page.len() as u64)));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The page of `trace` replayed under `opts`, titled `title`; with the settings ranked when
+/// `advice` is given (the card's total memory, if set).
+pub fn build(
+    trace: &Trace,
+    title: &str,
+    opts: &allocsim_run::RunOptions,
+    advice: Option<Option<u64>>,
+) -> anyhow::Result<String> {
     let ops = trace.ops.len() as u64;
     let mut collect = Collect::new(ops);
     let mut explainer = OomExplainer::default();
     let report = run_trace(
-        &trace,
-        &opts,
+        trace,
+        opts,
         &mut [&mut collect, &mut explainer],
         crate::input::progress_bar("report", ops),
     )
     .with_context(|| {
-        format!("{}: setting up the {} policy", args.trace.display(), args.run.policy)
+        format!("setting up the {} policy", allocsim_core::text::excerpt(&opts.policy))
     })?;
-    let advice = if args.run.policy == "pytorch" && !args.no_advice {
-        let (outside, _) = crate::capacity::outside_bytes(None, &trace);
-        Some(crate::capacity::advice(&trace, outside, args.run.device_total)?)
-    } else {
-        None
+    let advice = match advice {
+        Some(device_total) => {
+            let (outside, _) = crate::capacity::outside_bytes(None, trace);
+            Some(crate::capacity::advice(trace, outside, device_total)?)
+        }
+        None => None,
     };
-    let title = args.trace.file_name().map_or("trace".into(), |n| n.to_string_lossy().into_owned());
     let data = json!({
         "title": title,
         "policy": report.policy,
@@ -242,10 +258,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "device_free": report.device_free_bytes,
         "ops": ops,
         "start_note": report.start.note(),
-        "timeline": timeline(&collect, &trace),
+        "timeline": timeline(&collect, trace),
         "ooms": collect.ooms.iter().map(|&(op, size)| json!([op, size])).collect::<Vec<_>>(),
         "explained": explainer.explanations.iter().take(OOMS_EXPLAINED).map(|e| {
-            json!({"op": e.op_index, "text": explain(&trace, e)})
+            json!({"op": e.op_index, "text": explain(trace, e)})
         }).collect::<Vec<_>>(),
         "empty_caches": collect.empty_caches,
         "map_every": collect.map_every,
@@ -261,10 +277,53 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "fragmentation": r.fragmentation,
         })).collect::<Vec<_>>()),
     });
-    let page = page(&title, &data);
-    crate::write_atomically(&out, page.as_bytes())?;
-    eprintln!("wrote {} ({})", out.display(), bytes(page.len() as u64));
-    Ok(ExitCode::SUCCESS)
+    Ok(page(title, &data))
+}
+
+/// The `report_page` fuzz target's body: `data` as the `writers` target reads it (the first
+/// byte picks the policy, then lines of text and a program:
+/// `allocsim_testgen::oracles::writers::trace_with_strings`), its first line also the title,
+/// through [`page_reads_back`].
+pub fn report_page_target(data: &[u8]) -> Result<(), String> {
+    let policy = allocsim_testgen::targets::policy_for(data);
+    let rest = data.get(1..).unwrap_or(&[]);
+    let trace = allocsim_testgen::oracles::writers::trace_with_strings(rest);
+    let title = trace.warnings.first().cloned().unwrap_or_default();
+    page_reads_back(&trace, &title, policy)
+}
+
+/// The writers fuzz target's oracle for the page (`allocsim_testgen` cannot reach this crate):
+/// the page of `trace`, read back. Its data element must hold no markup, parse, and carry
+/// the title and every frame of every stack it draws as they were; the visible title must
+/// hold no markup either.
+pub fn page_reads_back(trace: &Trace, title: &str, policy: &str) -> Result<(), String> {
+    let opts = allocsim_run::RunOptions { policy: policy.into(), ..Default::default() };
+    let Ok(page) = build(trace, title, &opts, None) else { return Ok(()) };
+    let open = r#"<script type="application/json" id="data">"#;
+    let start = page.find(open).ok_or("no data element")? + open.len();
+    let len = page[start..].find("</script>").ok_or("the data element does not end")?;
+    let text = &page[start..start + len];
+    if let Some(at) = text.find(['<', '>', '&', '\u{2028}', '\u{2029}']) {
+        return Err(format!("the data element holds {:?} at byte {at}", &text[at..at + 1]));
+    }
+    let data: Value = serde_json::from_str(text).map_err(|e| format!("the data: {e}"))?;
+    if data["title"] != json!(title) {
+        return Err(format!("the title {:?} reads back as {}", title, data["title"]));
+    }
+    let shown = page.split("<title>").nth(1).and_then(|t| t.split("</title>").next());
+    if shown.is_none_or(|t| t.contains('<') || t.contains('>')) {
+        return Err(format!("the <title> element is not plain text: {shown:?}"));
+    }
+    for (i, frames) in data["timeline"]["frames"].as_array().into_iter().flatten().enumerate() {
+        for frame in frames.as_array().into_iter().flatten() {
+            let frame = frame.as_str().ok_or_else(|| format!("frame of stack {i}: {frame}"))?;
+            let known = trace.stacks.iter().flat_map(|s| &s.frames);
+            if !known.clone().any(|f| frame.contains(&f.name) && frame.contains(&f.filename)) {
+                return Err(format!("frame {frame:?} of the page is no frame of the trace"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `TRACE.html` in the current directory, for `TRACE.pickle.gz` and the other formats.
@@ -420,8 +479,7 @@ fn explain(trace: &Trace, e: &OomExplanation) -> String {
 
 /// The page: the data as JSON in the page, the script and the embedded uPlot.
 fn page(title: &str, data: &Value) -> String {
-    // `</` cannot end the script element the data sits in.
-    let data = data.to_string().replace("</", "<\\/");
+    let data = crate::html::json_in_script(data);
     let title = crate::html::escape(title);
     format!(
         r#"<!DOCTYPE html>

@@ -200,3 +200,81 @@ fn screenshots_show_the_timeline() {
         assert_eq!(n(&oom) > 100, has_oom, "{what}: {} pixels of OOM marks", n(&oom));
     }
 }
+
+/// Strings that break a page that escapes too little: `<!--<script>` inside the data's
+/// `<script>` element keeps it open to the page's end (issue 50: the page stayed blank), the
+/// others end it or open markup. Each `pwned` marks the body if it ever runs.
+const HOSTILE: [&str; 5] = [
+    "<!--<script>",
+    "</script>",
+    "<script>document.body.dataset.pwned=1</script>",
+    "\"'><img src=x onerror=\"document.body.dataset.pwned=2\">",
+    "line\u{2028}separators\u{2029}",
+];
+
+/// A snapshot of allocations whose frames, compile context and user metadata are the hostile
+/// strings, written under a hostile file name (it becomes the page's title).
+fn hostile_snapshot(dir: &Path) -> PathBuf {
+    use allocsim_trace::pickle::Value;
+    let frames: Vec<Value> = HOSTILE
+        .iter()
+        .map(|s| {
+            Value::str_dict([
+                ("filename", Value::str(&format!("{s}.py"))),
+                ("name", Value::str(s)),
+                ("line", Value::Int(1)),
+            ])
+        })
+        .collect();
+    let entries: Vec<Value> = (0..40i64)
+        .map(|i| {
+            Value::str_dict([
+                ("action", Value::str("alloc")),
+                ("addr", Value::Int(0x7f00_0000_0000 + (i << 24))),
+                ("size", Value::Int(1 << 24)),
+                ("stream", Value::Int(0)),
+                ("frames", Value::list(frames.clone())),
+                ("time_us", Value::Int(i)),
+                ("compile_context", Value::str(HOSTILE[3])),
+                ("user_metadata", Value::str(&HOSTILE.concat())),
+            ])
+        })
+        .collect();
+    let root = Value::str_dict([
+        ("segments", Value::list(vec![])),
+        ("device_traces", Value::list(vec![Value::list(entries)])),
+    ]);
+    let path = dir.join("<!--<script>'\"><img src=x onerror=alert(1)>.pickle");
+    std::fs::write(&path, allocsim_trace::pickle::to_vec(&root).unwrap()).unwrap();
+    path
+}
+
+/// Issue 50, item 7: with every hostile string in frames, annotations and the file name, the
+/// report page loads (`data-status="ready"`, no script error), runs none of them, and its
+/// tooltip shows them as text.
+#[test]
+fn a_report_of_hostile_strings_loads_and_shows_them_as_text() {
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let trace = hostile_snapshot(scratch.path());
+    let page = scratch.path().join("hostile.html");
+    report(&trace, &page, &["--no-advice"]);
+    let body = body_after_load(browser, &page);
+    assert!(body.contains(r#"data-status="ready""#), "{body}");
+    assert!(!body.contains("data-errors") && !body.contains("pwned"), "{body}");
+    let url = format!("file://{}#selftest", page.display());
+    let dom = headless(browser, &["--dump-dom".into(), url]);
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let start = dom.find("<body").expect("a body");
+    let body = &dom[start..start + dom[start..].find('>').unwrap()];
+    assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-pwned"), "{body}");
+    // The tooltip is text: the strings are in it, as characters (the DOM dump escapes `&`,
+    // `"` and, in newer Chromium, `<` and `>` in attribute values).
+    let hover = body.split("data-hover=\"").nth(1).expect("a hover text");
+    for word in ["!--", "/script", "dataset.pwned=1", "onerror=", "line\u{2028}separators"] {
+        assert!(hover.contains(word), "{word:?} not in the tooltip: {hover}");
+    }
+    // The page's title and heading show the file name as text.
+    assert!(dom.contains("<title>allocsim report: &lt;!--&lt;script&gt;"), "{dom:.3000}");
+    assert!(!dom.contains("<img"), "an element was made of a string:\n{dom:.3000}");
+}

@@ -273,7 +273,8 @@ fn compare_takes_settings_as_columns() {
     let out = allocsim(&["compare", &trace, "--policy", "pytorch[nope:1]"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("Unrecognized key 'nope'") && stderr.contains("e.g. max_split_size_mb:128"),
+        stderr.contains("Unrecognized key \"nope\"")
+            && stderr.contains("e.g. max_split_size_mb:128"),
         "{stderr}"
     );
 }

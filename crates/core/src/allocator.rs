@@ -250,7 +250,11 @@ pub trait Allocator {
         if conf.trim().is_empty() {
             Ok(())
         } else {
-            Err(ConfigError(format!("policy {} takes no settings (got {conf:?})", self.name())))
+            Err(ConfigError(format!(
+                "policy {} takes no settings (got {})",
+                self.name(),
+                crate::text::quoted(conf)
+            )))
         }
     }
 

@@ -16,6 +16,7 @@ mod op;
 mod snapshot;
 mod start;
 mod stats;
+pub mod text;
 mod trace;
 
 pub use allocator::{Allocator, ConfigError, DynAllocator, Emit, Env, FreeSpace, Granted, OomInfo};

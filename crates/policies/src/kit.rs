@@ -19,6 +19,7 @@ pub use crate::zoo::common::{round_up, rounded_request, Books, Live, ALIGN_256, 
 pub use crate::zoo::tiling::{Chunk, Seg, Tiling};
 
 use crate::zoo::common::parse_conf;
+use allocsim_core::text::quoted;
 use allocsim_core::{
     AllocId, Allocator, ConfigError, Device, Env, FreeSpace, Granted, MemoryStats, OomInfo, Pool,
     SnapshotSegment, StreamId,
@@ -540,7 +541,7 @@ impl<R: Rules> Allocator for Kit<R> {
                     return Err(crate::zoo::common::unknown_key(R::NAME, &key, &known));
                 };
                 setting.apply.to(&mut rules, &value).map_err(|problem| {
-                    ConfigError(format!("policy {}: {key}:{value}: {problem}", R::NAME))
+                    ConfigError(format!("policy {}: {key}:{}: {problem}", R::NAME, quoted(&value)))
                 })?;
             }
             rules
@@ -605,7 +606,7 @@ mod tests {
         assert!(kit.set_settings("limit:1MiB").is_ok());
         for (conf, says) in [
             ("size:1", "unknown setting"),
-            ("limit:lots", "limit:lots: not a byte count"),
+            ("limit:lots", "limit:\"lots\": not a byte count"),
             ("limit:2GiB", "limit over 1 GiB"),
         ] {
             let e = kit.set_settings(conf).unwrap_err().0;

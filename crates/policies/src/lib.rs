@@ -104,7 +104,11 @@ policies! {
 }
 
 fn unknown_policy(name: &str) -> ConfigError {
-    ConfigError(format!("unknown policy {name:?}; known policies: {}", names().join(", ")))
+    ConfigError(format!(
+        "unknown policy {}; known policies: {}",
+        allocsim_core::text::quoted(name),
+        names().join(", ")
+    ))
 }
 
 /// Every policy name `by_name` accepts, in the order reports list them.

@@ -18,11 +18,13 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// What kind of failure an error is, for the Python exception it becomes: `trace` (a file
 /// that cannot be read as a trace: the message names the file and the place), `settings` (an
 /// allocator setting or policy refused), `usage` (arguments the command line refuses), `io`
-/// (a file that is not there or may not be opened, or a write that failed), or `error`.
+/// (a file that is not there, may not be opened or is no regular file, or a write that
+/// failed), or `error`.
 fn kind(e: &anyhow::Error) -> &'static str {
     use std::io::ErrorKind::{IsADirectory, NotFound, PermissionDenied};
     let unopenable = |c: &(dyn std::error::Error + 'static)| {
         let io = match c.downcast_ref::<allocsim_trace::TraceError>() {
+            Some(allocsim_trace::TraceError::NotAFile { .. }) => return true,
             Some(allocsim_trace::TraceError::Io { error, .. }) => Some(error),
             _ => c.downcast_ref::<std::io::Error>(),
         };
@@ -45,23 +47,48 @@ fn kind(e: &anyhow::Error) -> &'static str {
     "error"
 }
 
+/// The stack a command runs on: the calling Python thread's may be as small as 64 KiB
+/// (`threading.stack_size`), where a replay overflowed it; the `allocsim` binary's main
+/// thread has 8 MiB.
+const COMMAND_STACK_BYTES: usize = 16 << 20;
+
 /// Run `allocsim ARGV...` (without the program name) and return (exit status, what it wrote
-/// to stdout, `None`) or, when it fails, (1, "", (kind, message)).
+/// to stdout, `None`) or, when it fails, (1, "", (kind, message)). The command runs on a
+/// thread of its own ([`COMMAND_STACK_BYTES`]) while this one waits.
 #[pyfunction]
 fn run(py: Python<'_>, argv: Vec<String>) -> (i32, String, Option<(String, String)>) {
     py.detach(move || {
         let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        let args = std::iter::once("allocsim".to_string()).chain(argv);
-        let cli = match <allocsim_cli::Cli as clap::Parser>::try_parse_from(args) {
-            Ok(cli) => cli,
-            Err(e) => return (2, String::new(), Some(("usage".into(), e.to_string()))),
-        };
-        let (result, out) = allocsim_cli::capturing_stdout(|| allocsim_cli::execute(cli));
-        match result {
-            Ok(code) => (i32::from(code != ExitCode::SUCCESS), out, None),
-            Err(e) => (1, out, Some((kind(&e).into(), format!("{e:#}")))),
+        let failed = |message: String| (1, String::new(), Some(("error".into(), message)));
+        let command = std::thread::Builder::new()
+            .name("allocsim command".into())
+            .stack_size(COMMAND_STACK_BYTES)
+            .spawn(move || run_command(argv));
+        match command.map(|thread| thread.join()) {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => failed("the command panicked (a bug: please report it)".into()),
+            Err(e) => failed(format!("starting the command's thread: {e}")),
         }
     })
+}
+
+fn run_command(argv: Vec<String>) -> (i32, String, Option<(String, String)>) {
+    let args = std::iter::once("allocsim".to_string()).chain(argv);
+    let cli = match <allocsim_cli::Cli as clap::Parser>::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            return (2, String::new(), Some(("usage".into(), allocsim_cli::usage_message(&e))))
+        }
+    };
+    let (result, out) = allocsim_cli::capturing_stdout(|| allocsim_cli::execute(cli));
+    match result {
+        Ok(code) => (i32::from(code != ExitCode::SUCCESS), out, None),
+        // Escaped as the CLI escapes its messages: Python prints an exception's text raw.
+        Err(e) => {
+            let message = allocsim_core::text::terminal_safe(&format!("{e:#}")).into_owned();
+            (1, out, Some((kind(&e).into(), message)))
+        }
+    }
 }
 
 /// Every policy name, in the order reports list them.

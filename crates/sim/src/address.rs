@@ -68,7 +68,10 @@ impl Placement {
                 .and_then(|seed| seed.parse().ok())
                 .map(|seed| Placement::Jittered { seed })
                 .ok_or_else(|| {
-                    format!("{text:?}: expected lowest, descending, driver or jittered:SEED")
+                    format!(
+                        "{}: expected lowest, descending, driver or jittered:SEED",
+                        allocsim_core::text::quoted(text)
+                    )
                 }),
         }
     }

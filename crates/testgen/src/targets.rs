@@ -52,14 +52,36 @@ pub fn native_decode(data: &[u8]) -> Result<(), Failure> {
     formats::decode_native_json(data, "pytorch")
 }
 
+/// `snapshot_gzip`: bytes as a gzip stream, and gzipped then damaged (truncated, flipped,
+/// cut short, followed by part of itself), read as the CLI reads a `.pickle.gz`.
+pub fn snapshot_gzip(data: &[u8]) -> Result<(), Failure> {
+    formats::decode_snapshot_gzip(data, "pytorch")
+}
+
+/// `alloc_conf`: bytes as a policy (first byte) and its settings string
+/// ([`crate::oracles::writers::settings`]).
+pub fn alloc_conf(data: &[u8]) -> Result<(), Failure> {
+    crate::oracles::writers::settings(data)
+}
+
+/// `writers`: bytes as a program with strings, through every file writer and back
+/// ([`crate::oracles::writers::writers`]); the first byte picks the policy.
+pub fn writers(data: &[u8]) -> Result<(), Failure> {
+    crate::oracles::writers::writers(data.get(1..).unwrap_or(&[]), policy_for(data))
+}
+
 /// A fuzz target's body.
 pub type Target = fn(&[u8]) -> Result<(), Failure>;
 
-/// Every target by its `fuzz/fuzz_targets/` name.
-pub const TARGETS: [(&str, Target); 5] = [
+/// Every target by its `fuzz/fuzz_targets/` name (the report page's, `report_page`, is
+/// `allocsim_cli::page_reads_back`'s, which this crate cannot reach).
+pub const TARGETS: [(&str, Target); 8] = [
     ("program", program),
     ("snapshot_import", snapshot_import),
     ("snapshot_file", snapshot_file),
     ("rmm_import", rmm_import),
     ("native_decode", native_decode),
+    ("snapshot_gzip", snapshot_gzip),
+    ("alloc_conf", alloc_conf),
+    ("writers", writers),
 ];

@@ -15,6 +15,10 @@ pub enum TraceError {
     #[error("{}: empty file", path.display())]
     Empty { path: PathBuf },
 
+    /// A FIFO, a device, a socket or a folder: opening a FIFO would wait for a writer forever.
+    #[error("{}: not a regular file ({kind}); allocsim reads traces from files", path.display())]
+    NotAFile { path: PathBuf, kind: &'static str },
+
     #[error(
         "{}: unknown trace format (expected .pickle, .pickle.gz, .csv, .allocsim or \
          .allocsim.json)",
@@ -60,28 +64,34 @@ impl TraceError {
     }
 }
 
-/// How much of a string from the input an error quotes.
-pub const QUOTED_CHARS: usize = 60;
+/// Open `path` for reading if it is a regular file (links followed). Anything else is refused
+/// by name before it is opened: a FIFO's `open` blocks until something writes to it.
+pub(crate) fn open_regular(path: &std::path::Path) -> Result<std::fs::File, TraceError> {
+    let kind = std::fs::metadata(path).map_err(|e| TraceError::io(path, e))?.file_type();
+    if !kind.is_file() {
+        let kind = if kind.is_dir() { "a directory" } else { special_kind(kind) };
+        return Err(TraceError::NotAFile { path: path.into(), kind });
+    }
+    std::fs::File::open(path).map_err(|e| TraceError::io(path, e))
+}
 
-/// `text` as an error quotes it: in Rust's debug quotes, cut after [`QUOTED_CHARS`] characters
-/// with its length in bytes, so a hostile 100 MB field makes a one-line message.
-pub fn quoted(text: &str) -> String {
-    match text.char_indices().nth(QUOTED_CHARS) {
-        None => format!("{text:?}"),
-        Some((end, _)) => format!("{:?}... ({} bytes)", &text[..end], text.len()),
+#[cfg(unix)]
+fn special_kind(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn quotes_are_cut_on_a_character_boundary() {
-        assert_eq!(super::quoted("allocate"), "\"allocate\"");
-        let long = "é".repeat(1000);
-        let q = super::quoted(&long);
-        assert!(
-            q.starts_with(&format!("{:?}", &long[..120])[..121]) && q.ends_with("... (2000 bytes)"),
-            "{q}"
-        );
-    }
+#[cfg(not(unix))]
+fn special_kind(_: std::fs::FileType) -> &'static str {
+    "not a file"
 }
+
+pub use allocsim_core::text::{quoted, QUOTED_CHARS};

@@ -25,7 +25,6 @@ pub mod rmm;
 pub use error::TraceError;
 
 use allocsim_core::Trace;
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
@@ -156,8 +155,9 @@ pub fn read_trace_with(path: impl AsRef<Path>, opts: &ReadOptions) -> Result<Tra
 
 fn sniff_file(path: &Path) -> Result<Option<Format>, TraceError> {
     let mut head = Vec::with_capacity(16);
-    File::open(path)
-        .and_then(|f| f.take(16).read_to_end(&mut head))
+    error::open_regular(path)?
+        .take(16)
+        .read_to_end(&mut head)
         .map_err(|e| TraceError::io(path, e))?;
     if head.is_empty() {
         return Err(TraceError::Empty { path: path.into() });

@@ -18,7 +18,6 @@ use allocsim_core::{
     Trace, TraceMeta,
 };
 use serde::{Deserialize, Serialize};
-use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
@@ -350,7 +349,7 @@ pub fn write_native<W: Write>(trace: &Trace, out: W, path: &Path) -> Result<(), 
 
 /// Read the binary form.
 pub fn read_native(path: &Path) -> Result<Trace, TraceError> {
-    let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let file = crate::error::open_regular(path)?;
     read_native_from(BufReader::with_capacity(256 * 1024, file), path)
 }
 
@@ -406,7 +405,7 @@ pub struct NativeStream {
 /// Open a binary native trace for streaming its ops. A version 1 file (one piece, not
 /// streamable) is read whole first; a version 2 file streams a chunk at a time.
 pub fn read_native_ops(path: &Path) -> Result<NativeStream, TraceError> {
-    let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let file = crate::error::open_regular(path)?;
     let mut input = BufReader::with_capacity(256 * 1024, file);
     if read_version(&mut input, path)? == VERSION {
         let mut trace = read_v1(input, path)?;
@@ -506,7 +505,7 @@ struct Header {
 /// Read the JSON form: parsed once, as it is read, into the schema's structs.
 pub fn read_native_json(path: &Path) -> Result<Trace, TraceError> {
     let open = || -> Result<_, TraceError> {
-        let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+        let file = crate::error::open_regular(path)?;
         Ok(BufReader::with_capacity(256 * 1024, file))
     };
     let json_err = |error| TraceError::Json { path: path.to_path_buf(), error };

@@ -103,7 +103,7 @@ pub enum PickleErrorKind {
     IntTooWide(u64),
     #[error("negative length {0}")]
     NegativeLength(i64),
-    #[error("bad text argument for {0}: {1:?}")]
+    #[error("bad text argument for {0}: {quoted}", quoted = allocsim_core::text::quoted(.1))]
     BadText(&'static str, String),
     #[error("odd number of items for a dict")]
     OddItems,

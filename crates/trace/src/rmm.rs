@@ -16,7 +16,6 @@
 use crate::addr_map::AddrMap;
 use crate::error::{quoted, TraceError};
 use allocsim_core::{AllocId, Op, RecordedEvent, RecordedKind, StreamId, Trace, TraceMeta};
-use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
@@ -42,7 +41,7 @@ enum RowAction {
 
 /// Read an RMM log file.
 pub fn read_rmm(path: &Path) -> Result<Trace, TraceError> {
-    let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let file = crate::error::open_regular(path)?;
     read_rmm_from(BufReader::new(file), path)
 }
 

@@ -295,6 +295,42 @@ fn unexplained_device_frees_become_empty_cache() {
     );
 }
 
+/// Found by the `writers` fuzz target: the streamed reader took the stacks its reading
+/// thread interned before it adopted the one of the `empty_cache` inferred at the very end,
+/// so that op's stack was no stack of the trace (and a debug build panicked). Both readers
+/// now give the same stacks.
+#[test]
+fn a_final_inferred_empty_cache_keeps_its_own_stack() {
+    let with_frames = |e: Value, name: &str| {
+        let Value::Dict(pairs) = e else { unreachable!() };
+        let mut pairs = (*pairs).clone();
+        let frame = Value::str_dict([
+            ("filename", Value::str("f.py")),
+            ("name", Value::str(name)),
+            ("line", Value::Int(1)),
+        ]);
+        pairs.push((Value::str("frames"), Value::list(vec![frame])));
+        Value::dict(pairs)
+    };
+    let entries = vec![
+        with_frames(entry("alloc", 0xa00, 10, 0), "a"),
+        with_frames(entry("free_requested", 0xa00, 10, 0), "a"),
+        with_frames(entry("free_completed", 0xa00, 10, 0), "a"),
+        with_frames(entry("segment_free", 0xa00, 2 << 20, 0), "only_at_the_end"),
+    ];
+    let dir = common::scratch("pt-final-run");
+    let path = write_pickle(&dir, "t.pickle", &snapshot(entries, vec![], ""));
+    let streamed = read_trace(&path).unwrap();
+    let generic = read_trace_with(&path, &ReadOptions { streaming: false, ..Default::default() });
+    let generic = generic.unwrap();
+    assert_eq!(streamed.ops.last(), Some(&Op::EmptyCache));
+    let names = |t: &Trace| -> Vec<String> {
+        t.op_stacks.iter().map(|&(_, s)| t.stacks[s as usize].frames[0].name.clone()).collect()
+    };
+    assert_eq!(names(&generic), ["a", "a", "only_at_the_end"]);
+    assert_eq!(names(&streamed), names(&generic));
+}
+
 /// An inferred `empty_cache` takes the time of its run's first device free, also in a trace
 /// without stacks.
 #[test]
@@ -607,6 +643,16 @@ fn wrong_types_name_the_entry_and_field() {
     let msg = read_err(&snapshot(vec![Value::list(vec![])], vec![], ""));
     assert!(msg.contains("device_traces[0][0]") && msg.contains("expected a dict"), "{msg}");
 
+    // Issue 50: a None read "expected an int, got None None".
+    let none_size = Value::str_dict([
+        ("action", Value::str("alloc")),
+        ("addr", Value::Int(1)),
+        ("size", Value::None),
+        ("stream", Value::Int(0)),
+    ]);
+    let msg = read_err(&snapshot(vec![none_size], vec![], ""));
+    assert!(msg.ends_with("device_traces[0][0].size: expected an int, got None"), "{msg}");
+
     let msg = read_err(&Value::str_dict([("device_traces", Value::Int(3))]));
     assert!(msg.contains("device_traces") && msg.contains("expected a list"), "{msg}");
 
@@ -623,6 +669,43 @@ fn wrong_types_name_the_entry_and_field() {
     let seg = Value::str_dict([("blocks", Value::list(vec![Value::Int(1)]))]);
     let msg = read_err(&snapshot(vec![], vec![seg], ""));
     assert!(msg.contains("segments[0].blocks[0]"), "{msg}");
+}
+
+/// Issue 50: a LONG1 of 9 bytes in [2^63, 2^64) read as a negative i64, and `time_us` = -1
+/// was taken. Negative times are refused, however written.
+#[test]
+fn negative_times_are_errors() {
+    let with_time = |time: Value| {
+        let Value::Dict(pairs) = entry("alloc", 0xa00, 10, 0) else { unreachable!() };
+        let mut pairs = (*pairs).clone();
+        pairs.push((Value::str("time_us"), time));
+        Value::dict(pairs)
+    };
+    // 2^64 - 1 as CPython pickles it: LONG1, 9 bytes, the last 0.
+    let mut bytes =
+        pickle::to_vec(&snapshot(vec![with_time(Value::Int(0x0102_0304))], vec![], "")).unwrap();
+    let time = [b'J', 4, 3, 2, 1];
+    let at = bytes.windows(5).position(|w| w == time).expect("the time's BININT");
+    let wide = [0x8a, 9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0];
+    bytes.splice(at..at + 5, wide);
+    let dir = common::scratch("pt-time");
+    let path = dir.join("wide.pickle");
+    std::fs::write(&path, &bytes).unwrap();
+    for streaming in [true, false] {
+        let opts = ReadOptions { streaming, ..Default::default() };
+        let msg = read_trace_with(&path, &opts).expect_err("a negative time").to_string();
+        assert!(
+            msg.ends_with(
+                "device_traces[0][0].time_us: expected a time in µs (0 to 2^63 - 1), got -1"
+            ),
+            "{msg}"
+        );
+    }
+    let msg = read_err(&snapshot(vec![with_time(Value::Int(-5))], vec![], ""));
+    assert!(msg.contains("time_us: expected a time in µs"), "{msg}");
+    let zero =
+        write_pickle(&dir, "ok.pickle", &snapshot(vec![with_time(Value::Int(0))], vec![], ""));
+    assert_eq!(read_trace(zero).unwrap().op_times, [(0, 0)]);
 }
 
 #[test]

@@ -64,7 +64,8 @@ pub fn build(spec: &str) -> Result<Vec<Op>, WorkloadError> {
         other => {
             let known: Vec<&str> = names().iter().map(|(n, _)| *n).collect();
             return Err(WorkloadError(format!(
-                "unknown workload {other:?}; known workloads: {}",
+                "unknown workload {}; known workloads: {}",
+                allocsim_core::text::quoted(other),
                 known.join(", ")
             )));
         }

@@ -1,5 +1,6 @@
 //! Workload specs: `NAME?key=value&key=value`, every value a non-negative integer.
 
+use allocsim_core::text::quoted;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -51,7 +52,8 @@ impl Params {
         match self.values.keys().next() {
             None => Ok(()),
             Some(key) => Err(WorkloadError(format!(
-                "workload {workload} has no parameter {key:?}; it takes: {}",
+                "workload {workload} has no parameter {}; it takes: {}",
+                quoted(key),
                 self.known.join(", ")
             ))),
         }
@@ -64,16 +66,27 @@ pub fn parse(spec: &str) -> Result<(&str, Params), WorkloadError> {
     let mut params = Params::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').ok_or_else(|| {
-            WorkloadError(format!("{pair:?} in workload spec {spec:?} is not key=value"))
+            WorkloadError(format!(
+                "{} in workload spec {} is not key=value",
+                quoted(pair),
+                quoted(spec)
+            ))
         })?;
         let value = parse_value(value).ok_or_else(|| {
             WorkloadError(format!(
-                "{key}={value:?} in workload spec {spec:?}: expected a non-negative integer \
-                 (suffixes k, m, g for 1000s are accepted)"
+                "{}={} in workload spec {}: expected a non-negative integer \
+                 (suffixes k, m, g for 1000s are accepted)",
+                quoted(key),
+                quoted(value),
+                quoted(spec)
             ))
         })?;
         if params.values.insert(key.to_string(), value).is_some() {
-            return Err(WorkloadError(format!("{key} is given twice in workload spec {spec:?}")));
+            return Err(WorkloadError(format!(
+                "{} is given twice in workload spec {}",
+                quoted(key),
+                quoted(spec)
+            )));
         }
     }
     Ok((name, params))

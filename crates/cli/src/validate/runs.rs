@@ -45,7 +45,7 @@ pub(super) fn run_hardware(args: &Args, trace: &Trace) -> anyhow::Result<Hardwar
     let opts = options(args);
     let mut recorder = Recorder::default();
     let progress = crate::input::progress_bar("validate", trace.ops.len() as u64);
-    let setup = || format!("setting up the {} policy", args.policy);
+    let setup = || format!("setting up the {} policy", allocsim_core::text::excerpt(&args.policy));
     let (description, report, patterns, calls, wall) = match args.device {
         HardwareArg::Cuda => {
             let mut gpu = CudaDevice::open(args.gpu).context("opening the GPU")?;
@@ -97,7 +97,9 @@ pub(super) fn run_stand_in(
     let start = Instant::now();
     let report =
         run_trace_on(trace, &options(args), &mut logger, "sim", &mut [&mut recorder], |_| {})
-            .with_context(|| format!("setting up the {} policy", args.policy))?;
+            .with_context(|| {
+                format!("setting up the {} policy", allocsim_core::text::excerpt(&args.policy))
+            })?;
     Ok(HardwareRun {
         description: "simulated device standing in for the GPU".to_string(),
         report,

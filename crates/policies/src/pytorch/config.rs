@@ -12,6 +12,7 @@
 //! `roundup_power2_divisions` and `garbage_collection_threshold` to their defaults; the other
 //! keys keep their previous values unless the string sets them (docs/pytorch-caching-allocator.md §11.1).
 
+use allocsim_core::text::quoted;
 use allocsim_core::ConfigError;
 
 /// PyTorch's size constants (`CUDACachingAllocator.cpp`) start here; `rounding` applies them.
@@ -111,8 +112,9 @@ impl Config {
         // PyTorch's own message, with what a valid string looks like beside it.
         parsed.map_err(|e| {
             ConfigError(format!(
-                "PYTORCH_CUDA_ALLOC_CONF {conf:?}: {} (PyTorch's message); expected key:value \
+                "PYTORCH_CUDA_ALLOC_CONF {}: {} (PyTorch's message); expected key:value \
                  pairs separated by commas, e.g. max_split_size_mb:128,expandable_segments:True",
+                quoted(conf),
                 e.0.trim_end()
             ))
         })
@@ -231,7 +233,8 @@ impl Config {
                 _ if ACCELERATOR_KEYS.contains(&key) => t.skip_key(i)?,
                 _ => {
                     return Err(ConfigError(format!(
-                        "Unrecognized key '{key}' in CUDA allocator config"
+                        "Unrecognized key {} in CUDA allocator config",
+                        quoted(key)
                     )))
                 }
             };
@@ -381,7 +384,8 @@ impl<'a> Tokenizer<'a> {
             Ok(())
         } else {
             Err(ConfigError(format!(
-                "Expected '{expected}' at index {i} in ConfigTokenizer but got '{got}'"
+                "Expected '{expected}' at index {i} in ConfigTokenizer but got {}",
+                quoted(got)
             )))
         }
     }
@@ -412,7 +416,8 @@ impl<'a> Tokenizer<'a> {
             "True" => Ok(true),
             "False" => Ok(false),
             other => Err(ConfigError(format!(
-                "Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{other}'"
+                "Expected 'True' or 'False' at index {i} in ConfigTokenizer but got {}",
+                quoted(other)
             ))),
         }
     }
@@ -421,13 +426,14 @@ impl<'a> Tokenizer<'a> {
     /// a minus wraps around as in C.
     fn to_u64(&self, i: usize) -> Result<u64, ConfigError> {
         let token = self.get(i)?;
-        stoull(token).ok_or_else(|| ConfigError(format!("stoull: invalid integer '{token}'")))
+        stoull(token)
+            .ok_or_else(|| ConfigError(format!("stoull: invalid integer {}", quoted(token))))
     }
 
     /// `toDouble`, i.e. `std::stod`: the longest numeric prefix.
     fn to_f64(&self, i: usize) -> Result<f64, ConfigError> {
         let token = self.get(i)?;
-        stod(token).ok_or_else(|| ConfigError(format!("stod: invalid number '{token}'")))
+        stod(token).ok_or_else(|| ConfigError(format!("stod: invalid number {}", quoted(token))))
     }
 }
 
@@ -556,7 +562,7 @@ mod tests {
         let e = Config::parse("foo:1,bar:2").unwrap_err();
         assert!(
             e.0.starts_with(
-                "PYTORCH_CUDA_ALLOC_CONF \"foo:1,bar:2\": Unrecognized key 'foo' in CUDA \
+                "PYTORCH_CUDA_ALLOC_CONF \"foo:1,bar:2\": Unrecognized key \"foo\" in CUDA \
                  allocator config (PyTorch's message); expected key:value pairs"
             ),
             "{}",

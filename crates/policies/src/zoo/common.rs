@@ -9,6 +9,7 @@
 //!   policy gets the block back only with `FreeCompleted`, so memory is never reused early;
 //! - `Oom` is pushed once, when every path of a policy failed.
 
+use allocsim_core::text::quoted;
 use allocsim_core::{
     AllocId, ConfigError, Env, Event, Granted, MemoryStats, OomInfo, Pool, StreamId,
 };
@@ -254,7 +255,8 @@ pub fn parse_conf(policy: &str, conf: &str) -> Result<Vec<(String, String)>, Con
     for entry in conf.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let Some((key, value)) = entry.split_once(':') else {
             return Err(ConfigError(format!(
-                "policy {policy}: setting {entry:?} is not of the form key:value"
+                "policy {policy}: setting {} is not of the form key:value",
+                quoted(entry)
             )));
         };
         pairs.push((key.trim().to_ascii_lowercase(), value.trim().to_string()));
@@ -265,7 +267,8 @@ pub fn parse_conf(policy: &str, conf: &str) -> Result<Vec<(String, String)>, Con
 /// A byte count: digits with an optional binary suffix (`k`/`kib`, `m`/`mib`, `g`/`gib`,
 /// `t`/`tib`, any case), or `max` for `u64::MAX`.
 pub fn parse_bytes(policy: &str, key: &str, value: &str) -> Result<u64, ConfigError> {
-    let bad = || ConfigError(format!("policy {policy}: {key}:{value} is not a byte count"));
+    let bad =
+        || ConfigError(format!("policy {policy}: {key}:{} is not a byte count", quoted(value)));
     let v = value.to_ascii_lowercase();
     if v == "max" {
         return Ok(u64::MAX);
@@ -295,7 +298,11 @@ pub(crate) fn parse_value<T>(
 }
 
 pub fn unknown_key(policy: &str, key: &str, known: &[&str]) -> ConfigError {
-    ConfigError(format!("policy {policy}: unknown setting {key:?}; known: {}", known.join(", ")))
+    ConfigError(format!(
+        "policy {policy}: unknown setting {}; known: {}",
+        quoted(key),
+        known.join(", ")
+    ))
 }
 
 #[cfg(test)]

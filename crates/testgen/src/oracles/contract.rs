@@ -42,7 +42,8 @@ impl Contract {
     /// A contract for `policy` (PyTorch's accounting for [`super::PYTORCH_ACCOUNTING`]).
     pub fn new(policy: &str) -> Self {
         Contract {
-            pytorch_rules: super::PYTORCH_ACCOUNTING.contains(&policy),
+            pytorch_rules: super::PYTORCH_ACCOUNTING
+                .contains(&allocsim_policies::parse_spec(policy).0),
             ..Contract::default()
         }
     }

@@ -178,6 +178,46 @@ pub fn decode_snapshot(bytes: &[u8], policy: &str) -> Result<(), Failure> {
 /// in [`decode_snapshot`].
 pub fn decode_snapshot_file(bytes: &[u8], policy: &str) -> Result<(), Failure> {
     use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let gzipped = gz.write_all(bytes).and_then(|()| gz.finish());
+    let gzipped = gzipped.map_err(|e| fail(policy, format!("gzip: {e}")))?;
+    read_files(&[("input.pickle", bytes), ("input.pickle.gz", &gzipped)], policy)
+}
+
+/// Fuzz oracle: corrupt gzip streams. The bytes are a gzip stream (the corpus holds gzipped
+/// snapshots), read as a `.pickle.gz` file as they are; then what of them inflates is
+/// gzipped again and damaged as their header's MTIME field (bytes 4 to 6, which no decoder
+/// reads) says: from an offset (bytes 4 and 5), cut the stream there, flip bits of the byte
+/// there, drop that byte, or append the stream's first bytes up to there as a second member
+/// (byte 6's low bits), and read as in [`decode_snapshot_file`].
+pub fn decode_snapshot_gzip(bytes: &[u8], policy: &str) -> Result<(), Failure> {
+    use std::io::{Read, Write};
+    let mut inflated = Vec::new();
+    let mut decoder = flate2::read::MultiGzDecoder::new(bytes).take(1 << 20);
+    let _ = decoder.read_to_end(&mut inflated);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let gzipped = gz.write_all(&inflated).and_then(|()| gz.finish());
+    let mut damaged = gzipped.map_err(|e| fail(policy, format!("gzip: {e}")))?;
+    let [a, b, how] = [4, 5, 6].map(|i| bytes.get(i).copied().unwrap_or(0));
+    let at = usize::from(u16::from_le_bytes([a, b])) % (damaged.len() + 1);
+    match how & 3 {
+        0 => damaged.truncate(at),
+        1 if at < damaged.len() => damaged[at] ^= how | 1,
+        2 if at < damaged.len() => {
+            damaged.remove(at);
+        }
+        _ => {
+            let copy = damaged.clone();
+            damaged.extend_from_slice(&copy[..at.min(copy.len())]);
+        }
+    }
+    read_files(&[("raw.pickle.gz", bytes), ("damaged.pickle.gz", &damaged)], policy)
+}
+
+/// Each `(name, bytes)` written as a file and read by path both ways (the record streamer
+/// falling back to the generic reader, and the generic reader alone): the same trace or the
+/// same error. The last trace accepted goes on to the native round trip and a replay.
+fn read_files(files: &[(&str, &[u8])], policy: &str) -> Result<(), Failure> {
     let dir = std::env::temp_dir().join(format!(
         "allocsim-fuzz-{}-{:?}",
         std::process::id(),
@@ -186,17 +226,13 @@ pub fn decode_snapshot_file(bytes: &[u8], policy: &str) -> Result<(), Failure> {
     let io =
         |e: std::io::Error| fail(policy, format!("writing the input to {}: {e}", dir.display()));
     std::fs::create_dir_all(&dir).map_err(io)?;
-    let plain = dir.join("input.pickle");
-    let gzipped = dir.join("input.pickle.gz");
-    std::fs::write(&plain, bytes).map_err(io)?;
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(bytes).map_err(io)?;
-    std::fs::write(&gzipped, gz.finish().map_err(io)?).map_err(io)?;
     let mut accepted = None;
-    for path in [&plain, &gzipped] {
+    for &(name, bytes) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).map_err(io)?;
         let read = |streaming| {
             let opts = ReadOptions { sidecar: false, streaming, ..ReadOptions::default() };
-            read_trace_with(path, &opts).map_err(|e| e.to_string())
+            read_trace_with(&path, &opts).map_err(|e| e.to_string())
         };
         match (read(true), read(false)) {
             (Ok(a), Ok(b)) => {

@@ -9,6 +9,7 @@
 //! - [`compare_with_reference`]: the PyTorch policy against the reference model, event for
 //!   event.
 //! - [`formats`]: the trace formats give back what they were given, and decoders never panic.
+//! - [`writers`]: every file writer read back; the settings parsers' messages.
 //! - [`seeded_matches_full`]: the PyTorch policy seeded with a run's state at op `k` goes on as
 //!   the run did.
 
@@ -19,6 +20,7 @@ mod failure;
 pub mod formats;
 mod run;
 mod seed;
+pub mod writers;
 
 pub use consistency::{implied_free_space, stat_consistency, PYTORCH_ACCOUNTING};
 pub use contract::Contract;

@@ -123,7 +123,7 @@ impl fmt::Display for Value {
             Value::Bool(b) => f.write_str(if *b { "True" } else { "False" }),
             Value::Int(i) => write!(f, "{i}"),
             Value::Float(x) => write!(f, "{x:?}"),
-            Value::Str(s) => f.write_str(&crate::error::quoted(s)),
+            Value::Str(s) => f.write_str(&allocsim_core::text::quoted(s)),
             Value::Bytes(b) => write!(f, "<{} bytes>", b.len()),
             Value::List(items) => write!(f, "[<{} items>]", items.len()),
             Value::Tuple(items) => write!(f, "(<{} items>)", items.len()),

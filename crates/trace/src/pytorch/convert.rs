@@ -626,6 +626,10 @@ impl<'a> StreamConvert<'a> {
         if start.as_ref().is_some_and(|(state, _)| state.problem().is_some()) {
             return None;
         }
+        // What finishing adds (the completions settled, the `empty_cache` a last run of device
+        // events is) adopts its stacks before the table takes them.
+        self.builder.settle_completions(false).ok()?;
+        self.builder.close_run(None).ok()?;
         if let Some(stacks) = &mut self.builder.stacks {
             stacks.take_adopted(interned);
         }

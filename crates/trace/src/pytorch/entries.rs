@@ -161,7 +161,12 @@ impl Ctx<'_> {
     }
 
     pub fn expected(&self, place: impl Into<String>, what: &str, got: &Value) -> TraceError {
-        self.err(place, format!("expected {what}, got {} {got}", got.type_name()))
+        // None, True and False name their type themselves ("got None", not "got None None").
+        let got = match got {
+            Value::None | Value::Bool(_) => got.to_string(),
+            _ => format!("{} {got}", got.type_name()),
+        };
+        self.err(place, format!("expected {what}, got {got}"))
     }
 
     pub fn seq<'v>(
@@ -295,7 +300,7 @@ pub fn entry_plain(fields: &[Option<Value>; 9]) -> Option<(Entry, Extras<'_>)> {
         f.as_seq()?;
     }
     let time_us = match time_us {
-        Some(v) => v.as_int()?,
+        Some(v) => v.as_int().filter(|&t| t >= 0)?,
         None => NO_TIME,
     };
     let action = Action::parse(action.as_ref()?.as_str()?)?;
@@ -338,7 +343,15 @@ pub fn entry_from_fields<'v>(
         Some((context, text(metadata, "user_metadata", "")?))
     };
     let time_us = match time_us {
-        Some(v) => ctx.int(v, || place("time_us"))?,
+        // Microseconds since the epoch. The pickle reader keeps a 9-byte int below 2^64 in
+        // 64 bits (a frame's `size_t(-1)` line), so 2^64 - 1 reads as -1: refused here.
+        Some(v) => match ctx.int(v, || place("time_us"))? {
+            t if t < 0 => {
+                let message = format!("expected a time in µs (0 to 2^63 - 1), got {v}");
+                return Err(ctx.err(place("time_us"), message));
+            }
+            t => t,
+        },
         None => NO_TIME,
     };
     let action_v = action.ok_or_else(|| ctx.err(place("action"), "missing"))?;

@@ -154,7 +154,7 @@ impl Read for Source {
 }
 
 fn open(path: &Path, opts: &ReadOptions) -> Result<Source, TraceError> {
-    let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let file = crate::error::open_regular(path)?;
     let file = Counted { file, bytes_read: opts.bytes_read.clone() };
     let mut reader = BufReader::with_capacity(256 * 1024, file);
     let head = reader.fill_buf().map_err(|e| TraceError::io(path, e))?;

@@ -19,11 +19,16 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
     let Some(path) = sidecar_path(snapshot) else {
         return Ok(false);
     };
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(TraceError::io(path, e)),
+    let file = match crate::error::open_regular(&path) {
+        Ok(f) => f,
+        Err(TraceError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
     };
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut { file }, &mut text)
+        .map_err(|e| TraceError::io(&path, e))?;
     let json: Json = serde_json::from_str(&text)
         .map_err(|error| TraceError::Json { path: path.clone(), error })?;
     let err = |place: &str, message: String| TraceError::Sidecar {
@@ -38,6 +43,12 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         Json::String(_) => "a string",
         Json::Array(_) => "a list",
         Json::Object(_) => "an object",
+    };
+    // A value as a message shows it: a number whole, a string quoted, anything else by kind.
+    let shown = |v: &Json| match v {
+        Json::Number(n) => n.to_string(),
+        Json::String(s) => format!("the string {}", quoted(s)),
+        other => got(other).to_string(),
     };
     let Json::Object(top) = &json else {
         return Err(err("top level", format!("expected an object, got {}", got(&json))));
@@ -55,7 +66,7 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         }
         if let Some(v) = field("memory_fraction") {
             let f = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
-                err("meta.memory_fraction", format!("expected a positive number, got {v}"))
+                err("meta.memory_fraction", format!("expected a positive number, got {}", shown(v)))
             })?;
             meta.memory_fraction = Some(f);
         }
@@ -66,7 +77,7 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         ] {
             if let Some(v) = field(key) {
                 let n = v.as_u64().ok_or_else(|| {
-                    err(&format!("meta.{key}"), format!("expected a byte count, got {v}"))
+                    err(&format!("meta.{key}"), format!("expected a byte count, got {}", shown(v)))
                 })?;
                 *slot = Some(n);
             }
@@ -79,7 +90,10 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
         let mut stats = Vec::with_capacity(s.len());
         for (k, v) in s {
             let n = v.as_i64().ok_or_else(|| {
-                err(&format!("{place}[{}]", quoted(k)), format!("expected an integer, got {v}"))
+                err(
+                    &format!("{place}[{}]", quoted(k)),
+                    format!("expected an integer, got {}", shown(v)),
+                )
             })?;
             stats.push((k.clone(), n));
         }
