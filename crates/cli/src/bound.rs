@@ -65,7 +65,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bytes(offline),
         placement.order
     );
-    outln!(out, "{} {:?} peak reserved: {}", report.policy, report.alloc_conf, bytes(policy));
+    let conf = allocsim_core::text::quoted(&report.alloc_conf);
+    outln!(out, "{} {conf} peak reserved: {}", report.policy, bytes(policy));
     outln!(
         out,
         "headroom: {} ({:.1} %) over the offline placement, {} ({:.1} %) over the bound",
