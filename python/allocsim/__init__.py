@@ -38,6 +38,7 @@ __all__ = [
     "compare",
     "capacity",
     "advise",
+    "bound",
     "explain_oom",
     "fidelity",
     "policies",
@@ -304,6 +305,14 @@ def capacity(
         policy=policy,
         outside=None if outside is None else _size(outside),
     )
+
+
+def bound(trace: TraceLike, policy: Optional[str] = None, alloc_conf: Optional[str] = None) -> dict[str, Any]:
+    """How far from the best possible: `bound_bytes` (the most bytes live at once, in whole
+    pages: no allocator needs less), `offline_bytes` (a placement that knows every lifetime in
+    advance), the policy's `policy_peak_reserved_bytes` and its headroom over both. As
+    `allocsim bound`."""
+    return _json("bound", [_path(trace)], policy=policy, alloc_conf=alloc_conf)
 
 
 def advise(

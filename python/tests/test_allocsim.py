@@ -82,6 +82,14 @@ def test_capacity_and_advise_are_the_cli():
     assert got == cli_json("advise", small, "--device-free", "3GiB")
 
 
+def test_bound_is_the_cli_and_below_every_policy():
+    got = allocsim.bound(GPT2)
+    assert got == cli_json("bound", GPT2)
+    assert got["bound_bytes"] <= got["offline_bytes"] <= got["policy_peak_reserved_bytes"]
+    expandable = allocsim.bound(GPT2, alloc_conf="expandable_segments:True")
+    assert expandable["bound_bytes"] == got["bound_bytes"], "the bound is the trace's, not the policy's"
+
+
 def test_compare_is_the_cli():
     cols = ["pytorch", "bfc[allow_growth:false]"]
     assert allocsim.compare([GPT2], cols) == cli_json("compare", GPT2, "--policy", ",".join(cols))
