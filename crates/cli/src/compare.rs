@@ -4,6 +4,7 @@ use crate::output::outln;
 use allocsim_core::text::quoted;
 use allocsim_run::{compare, GridCell, RunOptions};
 use anyhow::{bail, Context};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -93,25 +94,54 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cells = compare(&traces, &policies, &base, !args.no_capacity, || bar.inc(1))
         .context("running the comparison grid")?;
     bar.finish_and_clear();
+    // Each trace's bound and offline placement (`allocsim bound`): the headroom column.
+    let bounds: HashMap<&str, Bounds> = traces
+        .iter()
+        .map(|(name, trace)| {
+            let lifetimes = allocsim_bound::lifetimes(trace);
+            let bound = allocsim_bound::reserved(allocsim_bound::lower_bound(&lifetimes));
+            let offline = allocsim_bound::reserved(allocsim_bound::place(&lifetimes).peak);
+            (name.as_str(), Bounds { bound, offline })
+        })
+        .collect();
     if let Some(path) = &args.html {
         let html = crate::html::report(&traces, &cells, &base)?;
         crate::write_atomically(path, html.as_bytes())?;
         crate::output::note(&format!("wrote {}", path.display()));
     }
     if args.json {
-        let rows: Vec<serde_json::Value> = cells.iter().map(row).collect();
+        let rows: Vec<serde_json::Value> =
+            cells.iter().map(|c| row(c, &bounds[c.trace.as_str()])).collect();
         crate::output::emit(&(serde_json::to_string_pretty(&rows)? + "\n"))?;
     } else {
-        crate::output::emit(&tables(&cells))?;
+        crate::output::emit(&tables(&cells, &bounds))?;
     }
     let violations: u64 =
         cells.iter().map(|c| c.report.check.as_ref().map_or(0, |r| r.total_violations())).sum();
     Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-fn row(c: &GridCell) -> serde_json::Value {
+/// A trace's `bound_bytes` and `offline_bytes`, in whole pages.
+struct Bounds {
+    bound: u64,
+    offline: u64,
+}
+
+impl Bounds {
+    /// What a placement knowing every lifetime would save against `peak_reserved`: negative
+    /// where the policy needs less (it can free segments and take them again, which one
+    /// contiguous arena cannot).
+    fn headroom(&self, peak_reserved: u64) -> i64 {
+        peak_reserved as i64 - self.offline as i64
+    }
+}
+
+fn row(c: &GridCell, b: &Bounds) -> serde_json::Value {
     let m = &c.report.metrics;
     serde_json::json!({
+        "bound_bytes": b.bound,
+        "offline_bytes": b.offline,
+        "headroom_bytes": b.headroom(m.peak_reserved_bytes),
         "trace": c.trace,
         "policy": c.policy,
         "alloc_conf": c.report.alloc_conf,
@@ -131,21 +161,29 @@ fn gib(n: u64) -> String {
     format!("{:.3}", n as f64 / (1u64 << 30) as f64)
 }
 
-fn tables(cells: &[GridCell]) -> String {
+fn tables(cells: &[GridCell], bounds: &HashMap<&str, Bounds>) -> String {
     let w = cells.iter().map(|c| c.policy.len()).max().unwrap_or(0).max(14);
     let mut out = String::new();
     let mut current = "";
     for c in cells {
         if c.trace != current {
             current = &c.trace;
+            let b = &bounds[current];
             outln!(out, "\n{current}");
             outln!(
                 out,
-                "  {:<w$} {:>8} {:>12} {:>12} {:>8} {:>6} {:>8} {:>11} {:>14} {:>6}",
+                "  bound {}Gi, offline placement {}Gi (allocsim bound)",
+                gib(b.bound),
+                gib(b.offline)
+            );
+            outln!(
+                out,
+                "  {:<w$} {:>8} {:>12} {:>12} {:>10} {:>8} {:>6} {:>8} {:>11} {:>14} {:>6}",
                 "policy",
                 "device",
                 "peak alloc",
                 "peak rsrvd",
+                "headroom",
                 "frag",
                 "OOMs",
                 "calls",
@@ -155,13 +193,15 @@ fn tables(cells: &[GridCell]) -> String {
             );
         }
         let m = &c.report.metrics;
+        let headroom = bounds[c.trace.as_str()].headroom(m.peak_reserved_bytes);
         outln!(
             out,
-            "  {:<w$} {:>8} {:>10}Gi {:>10}Gi {:>7.2}% {:>6} {:>8} {:>9.1}ms {:>14} {:>6}",
+            "  {:<w$} {:>8} {:>10}Gi {:>10}Gi {:>7.1}% {:>7.2}% {:>6} {:>8} {:>9.1}ms {:>14} {:>6}",
             c.policy,
             c.report.device,
             gib(m.peak_allocated_bytes),
             gib(m.peak_reserved_bytes),
+            100.0 * headroom as f64 / m.peak_reserved_bytes.max(1) as f64,
             100.0 * m.fragmentation_at_peak,
             m.ooms.len(),
             c.report.device_calls.total_calls(),
@@ -174,7 +214,8 @@ fn tables(cells: &[GridCell]) -> String {
         out,
         "\ndevice: `recorded` follows the recording's device calls and addresses (the PyTorch \
          policy under the recording's own settings), `sim` is the modelled device; min capacity \
-         is always bisected on the model"
+         is always bisected on the model; headroom is the share of peak reserved above the \
+         offline placement"
     );
     out
 }

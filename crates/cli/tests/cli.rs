@@ -270,6 +270,22 @@ fn compare_takes_settings_as_columns() {
     );
     // The expandable column's peak is the one `replay --alloc-conf` predicts.
     assert_eq!(rows[1]["peak_reserved_bytes"], 9128902656u64);
+    // Every row carries the trace's bound and offline placement (`allocsim bound`), and its
+    // headroom over the placement: peak reserved less it.
+    let bound = allocsim(&["bound", &trace, "--json"]);
+    let bound: serde_json::Value = serde_json::from_slice(&bound.stdout).expect("bound JSON");
+    for r in &rows {
+        assert_eq!(
+            (&r["bound_bytes"], &r["offline_bytes"]),
+            (&bound["bound_bytes"], &bound["offline_bytes"])
+        );
+        let headroom =
+            r["peak_reserved_bytes"].as_i64().unwrap() - r["offline_bytes"].as_i64().unwrap();
+        assert_eq!(r["headroom_bytes"].as_i64(), Some(headroom));
+    }
+    assert!(
+        rows[0]["headroom_bytes"].as_i64().unwrap() > rows[1]["headroom_bytes"].as_i64().unwrap()
+    );
     let out = allocsim(&["compare", &trace, "--policy", "pytorch[nope:1]"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
