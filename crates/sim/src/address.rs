@@ -393,8 +393,18 @@ impl AddressSpace {
     }
 
     /// The lowest aligned start at or above `VA_BASE` whose range overlaps nothing live.
+    /// The gaps from the one holding `VA_BASE` up: a walk over the gaps too small for the
+    /// range, not over every live range (when the space below `VA_TOP` is full, every new
+    /// range comes here).
     fn lowest_fit(&self, size_bytes: u64, alignment: u64) -> Option<u64> {
-        self.lowest_fit_within(VA_BASE, u64::MAX, size_bytes, alignment)
+        let first = self.gaps.range(..=VA_BASE).next_back().map_or(VA_BASE, |(&start, _)| start);
+        for (&start, &end) in self.gaps.range(first..) {
+            let candidate = align_up(start.max(VA_BASE), alignment)?;
+            if candidate.checked_add(size_bytes)? <= end {
+                return Some(candidate);
+            }
+        }
+        None
     }
 
     /// The lowest aligned start in `[floor, ceiling)` whose range ends by `ceiling` and
@@ -860,9 +870,11 @@ mod tests {
                 let mut live: Vec<u64> = Vec::new();
                 for step in 0..400 {
                     let r = next();
-                    let size = match r % 5 {
-                        0 => (1 + (r >> 8) % 3) * CHUNK_BYTES + (r >> 16) % 4 * MIB2,
-                        1 => (1 + (r >> 8) % 40) * MIB2,
+                    let size = match r % 23 {
+                        // Past what the space below VA_TOP holds after a few: the fallback.
+                        22 => (1 << 38) + (r >> 8) % 4 * CHUNK_BYTES,
+                        n if n % 5 == 0 => (1 + (r >> 8) % 3) * CHUNK_BYTES + (r >> 16) % 4 * MIB2,
+                        n if n % 5 == 1 => (1 + (r >> 8) % 40) * MIB2,
                         _ => (1 + (r >> 8) % 6) * MIB2,
                     };
                     let align = if (r >> 30) % 7 == 0 { 1 << 30 } else { MIB2 };
