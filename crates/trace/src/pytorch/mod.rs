@@ -645,22 +645,20 @@ fn convert_root(
     Ok(trace_of(head, converted))
 }
 
-/// Write `trace` as a snapshot pickle (gzipped if `gzip`). See [`trace_to_snapshot`].
+/// Write `trace` as a snapshot pickle (gzipped if `gzip`): [`trace_to_snapshot`]'s, written as
+/// its entries are made ([`write::write_streamed`]).
 pub fn write_snapshot<W: Write>(
     trace: &Trace,
     out: W,
     gzip: bool,
     path: &Path,
 ) -> Result<(), TraceError> {
-    let value = trace_to_snapshot(trace)
-        .map_err(|message| TraceError::Unwritable { path: path.to_path_buf(), message })?;
-    let pickle_err = |error| TraceError::Pickle { path: path.to_path_buf(), error };
     if gzip {
         let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
-        pickle::write(&value, &mut enc).map_err(pickle_err)?;
+        write::write_streamed(trace, &mut enc, path)?;
         enc.finish().map_err(|e| TraceError::io(path, e))?;
         Ok(())
     } else {
-        pickle::write(&value, out).map_err(pickle_err)
+        write::write_streamed(trace, out, path)
     }
 }
