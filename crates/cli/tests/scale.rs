@@ -282,14 +282,15 @@ fn a_native_file_whose_lists_blow_up_stays_within_bounds() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `convert` to `.pickle.gz` and `replay --export-snapshot` of a trace of 15 M entries (6-7
-/// GB when the writer built the whole snapshot first): the writer holds a batch of entries.
+/// `convert` to `.pickle.gz` and `replay --export-snapshot` of a trace of 10 M entries (the
+/// issue's 15 M took 6-7 GB when the writer built the whole snapshot first; its CPU time is
+/// mostly gzip's): the writer holds a batch of entries and the live blocks.
 #[test]
 fn writers_of_long_traces_stay_within_bounds() {
     let dir = scratch("writers");
-    // 5 M allocations and their frees, as a native file (a trace of 15 M snapshot entries).
+    // Allocations and their frees, as a native file (three snapshot entries each).
     let native = dir.join("long.allocsim");
-    let pairs = 5_000_000u64;
+    let pairs = 3_333_333u64;
     let out = std::io::BufWriter::new(std::fs::File::create(&native).unwrap());
     let mut w =
         allocsim_trace::native::NativeWriter::new(out, &Trace::default(), 2 * pairs, &native)
@@ -306,10 +307,12 @@ fn writers_of_long_traces_stay_within_bounds() {
     let exported = dir.join("exported.pickle.gz");
     let export = ["replay", from, "--export-snapshot", exported.to_str().unwrap()];
     ok("replay --export-snapshot", &measured(&export));
-    // What was written reads back: 15 M entries.
+    // What was written reads back.
     let run = measured(&["info", to]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert!(run.stdout.contains("15000000") || run.stdout.contains("5000000"), "{}", run.stdout);
+    let allocs = pairs.to_string();
+    let counted = run.stdout.lines().any(|l| l.split_whitespace().eq(["alloc", &allocs]));
+    assert!(counted, "{}", run.stdout);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -115,15 +115,19 @@ fn for_each_entry(
             Op::RecordStream { id, .. } => {
                 deferred.insert(*id);
             }
+            // A block is forgotten once its free completes, so the writer holds the live
+            // blocks, not every block of the trace.
             Op::FreeRequested { id } => {
                 let (size, stream, addr) = blocks.get(id).copied().unwrap_or_default();
                 entry("free_requested", addr, size, stream, o)?;
                 if !deferred.contains(id) {
+                    blocks.remove(id);
                     entry("free_completed", addr, size, stream, o)?;
                 }
             }
             Op::FreeCompleted { id } => {
-                let (size, stream, addr) = blocks.get(id).copied().unwrap_or_default();
+                let (size, stream, addr) = blocks.remove(id).unwrap_or_default();
+                deferred.remove(id);
                 entry("free_completed", addr, size, stream, o)?;
             }
             Op::EmptyCache
@@ -253,6 +257,18 @@ pub fn write_streamed<W: std::io::Write>(
     out: W,
     path: &std::path::Path,
 ) -> Result<(), TraceError> {
+    write_streamed_with(trace, out, path, None, None)
+}
+
+/// [`write_streamed`] with `segments` and `allocator_settings` of the caller's (a simulated
+/// run's memory map and its policy's settings) in place of the empty list and the trace's.
+pub fn write_streamed_with<W: std::io::Write>(
+    trace: &Trace,
+    out: W,
+    path: &std::path::Path,
+    segments: Option<&Value>,
+    settings: Option<&Value>,
+) -> Result<(), TraceError> {
     let unwritable = |message| TraceError::Unwritable { path: path.to_path_buf(), message };
     let pickle_err = |error| TraceError::Pickle { path: path.to_path_buf(), error };
     let mut maker = EntryMaker::new(trace).map_err(unwritable)?;
@@ -262,7 +278,7 @@ pub fn write_streamed<W: std::io::Write>(
     w.empty_dict().map_err(pickle_err)?;
     w.mark().map_err(pickle_err)?;
     w.value(&Value::str("segments")).map_err(pickle_err)?;
-    w.value(&Value::list(Vec::new())).map_err(pickle_err)?;
+    w.value(segments.unwrap_or(&Value::list(Vec::new()))).map_err(pickle_err)?;
     w.value(&Value::str("device_traces")).map_err(pickle_err)?;
     w.empty_list().map_err(pickle_err)?;
     w.empty_list().map_err(pickle_err)?;
@@ -287,7 +303,10 @@ pub fn write_streamed<W: std::io::Write>(
         }
         w.append()?;
         w.value(&Value::str("allocator_settings"))?;
-        w.value(&allocator_settings(trace))?;
+        match settings {
+            Some(settings) => w.value(settings)?,
+            None => w.value(&allocator_settings(trace))?,
+        }
         w.value(&Value::str("external_annotations"))?;
         w.value(&Value::list(Vec::new()))?;
         w.setitems()
