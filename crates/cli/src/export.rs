@@ -100,7 +100,8 @@ pub fn write_snapshot(
     // and bytes took gigabytes for a long run.
     let (segments, settings) = (segments_value(segments), settings_value(policy, alloc_conf));
     let write = |out: &mut dyn std::io::Write| {
-        allocsim_trace::pytorch::write_streamed_with(&run, out, path, Some(&segments), Some(&settings))
+        let parts = allocsim_trace::pytorch::RunParts { segments: &segments, settings: &settings };
+        allocsim_trace::pytorch::write_streamed_with(&run, out, path, Some(parts))
     };
     let mut file = allocsim_trace::atomic::AtomicFile::create(path)?;
     let written: anyhow::Result<()> = if path.to_string_lossy().ends_with(".gz") {

@@ -50,9 +50,15 @@ fn program(seed: u64, streams: u64, storm: u64) -> Trace {
                 let id = live.swap_remove(rng.below(live.len() as u64) as usize);
                 ops.push(Op::FreeRequested { id });
             }
-            1 => alloc(&mut rng, &mut ops, &mut live, 512 << rng.below(12)),
+            1 => {
+                let size = 512 << rng.below(12);
+                alloc(&mut rng, &mut ops, &mut live, size);
+            }
             // A terabyte: an OOM under every policy, on a device of any size.
-            _ => alloc(&mut rng, &mut ops, &mut live, (1 << 40) + rng.below(1 << 30)),
+            _ => {
+                let size = (1 << 40) + rng.below(1 << 30);
+                alloc(&mut rng, &mut ops, &mut live, size);
+            }
         }
     }
     for id in live {

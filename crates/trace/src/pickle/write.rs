@@ -80,6 +80,12 @@ impl<W: Write> Stream<W> {
         self.w.put(&[op::EMPTY_LIST])
     }
 
+    /// An empty list, memoized (as [`write`] writes a list held more than once).
+    pub fn shared_empty_list(&mut self) -> Result<(), PickleError> {
+        self.w.put(&[op::EMPTY_LIST])?;
+        self.w.memoize().map(drop)
+    }
+
     pub fn mark(&mut self) -> Result<(), PickleError> {
         self.w.put(&[op::MARK])
     }

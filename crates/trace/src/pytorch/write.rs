@@ -257,18 +257,28 @@ pub fn write_streamed<W: std::io::Write>(
     out: W,
     path: &std::path::Path,
 ) -> Result<(), TraceError> {
-    write_streamed_with(trace, out, path, None, None)
+    write_streamed_with(trace, out, path, None)
 }
 
-/// [`write_streamed`] with `segments` and `allocator_settings` of the caller's (a simulated
-/// run's memory map and its policy's settings) in place of the empty list and the trace's.
+/// What [`write_streamed_with`] writes in place of [`write_streamed`]'s: a simulated run's
+/// memory map and its policy's settings, as `replay --export-snapshot` writes them.
+#[derive(Debug)]
+pub struct RunParts<'v> {
+    pub segments: &'v Value,
+    pub settings: &'v Value,
+}
+
+/// [`write_streamed`], with a run's `segments` and `allocator_settings` if given; then the
+/// `device_traces` and `external_annotations` lists are memoized, as the export has always
+/// written them (it held them twice), so its files stay byte for byte what they were.
 pub fn write_streamed_with<W: std::io::Write>(
     trace: &Trace,
     out: W,
     path: &std::path::Path,
-    segments: Option<&Value>,
-    settings: Option<&Value>,
+    run: Option<RunParts<'_>>,
 ) -> Result<(), TraceError> {
+    let empty = Value::list(Vec::new());
+    let segments = run.as_ref().map_or(&empty, |r| r.segments);
     let unwritable = |message| TraceError::Unwritable { path: path.to_path_buf(), message };
     let pickle_err = |error| TraceError::Pickle { path: path.to_path_buf(), error };
     let mut maker = EntryMaker::new(trace).map_err(unwritable)?;
@@ -278,9 +288,12 @@ pub fn write_streamed_with<W: std::io::Write>(
     w.empty_dict().map_err(pickle_err)?;
     w.mark().map_err(pickle_err)?;
     w.value(&Value::str("segments")).map_err(pickle_err)?;
-    w.value(segments.unwrap_or(&Value::list(Vec::new()))).map_err(pickle_err)?;
+    w.value(segments).map_err(pickle_err)?;
     w.value(&Value::str("device_traces")).map_err(pickle_err)?;
-    w.empty_list().map_err(pickle_err)?;
+    match run {
+        Some(_) => w.shared_empty_list().map_err(pickle_err)?,
+        None => w.empty_list().map_err(pickle_err)?,
+    }
     w.empty_list().map_err(pickle_err)?;
     let mut batch = Vec::with_capacity(BATCH);
     let mut failed = None;
@@ -303,12 +316,15 @@ pub fn write_streamed_with<W: std::io::Write>(
         }
         w.append()?;
         w.value(&Value::str("allocator_settings"))?;
-        match settings {
-            Some(settings) => w.value(settings)?,
+        match &run {
+            Some(run) => w.value(run.settings)?,
             None => w.value(&allocator_settings(trace))?,
         }
         w.value(&Value::str("external_annotations"))?;
-        w.value(&Value::list(Vec::new()))?;
+        match run {
+            Some(_) => w.shared_empty_list()?,
+            None => w.empty_list()?,
+        }
         w.setitems()
     };
     end(&mut w).map_err(pickle_err)?;
