@@ -2,7 +2,7 @@
 //! that `torch.cuda._memory_viz` and pytorch.org/memory_viz open.
 
 use allocsim_core::{RecordedEvent, SnapshotSegment, Trace, TraceMeta};
-use allocsim_trace::pickle::{self, Value};
+use allocsim_trace::pickle::Value;
 use anyhow::{anyhow, Context};
 use std::path::Path;
 
@@ -96,26 +96,23 @@ pub fn write_snapshot(
         op_annotations: source.op_annotations.clone(),
         ..Trace::default()
     };
-    let dict = allocsim_trace::pytorch::trace_to_snapshot(&run).map_err(|e| anyhow!(e))?;
-    let Value::Dict(pairs) = dict else { return Err(anyhow!("snapshot is not a dict")) };
-    let pairs = pairs
-        .iter()
-        .map(|(k, v)| match k.as_str() {
-            Some("segments") => (k.clone(), segments_value(segments)),
-            Some("allocator_settings") => (k.clone(), settings_value(policy, alloc_conf)),
-            _ => (k.clone(), v.clone()),
-        })
-        .collect();
-    let bytes = pickle::to_vec(&Value::dict(pairs)).map_err(|e| anyhow!("{e}"))?;
-    let bytes = if path.to_string_lossy().ends_with(".gz") {
-        use std::io::Write;
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        gz.write_all(&bytes)?;
-        gz.finish()?
-    } else {
-        bytes
+    // Written as the entries are made, straight to the file: the whole snapshot as values
+    // and bytes took gigabytes for a long run.
+    let (segments, settings) = (segments_value(segments), settings_value(policy, alloc_conf));
+    let write = |out: &mut dyn std::io::Write| {
+        let parts = allocsim_trace::pytorch::RunParts { segments: &segments, settings: &settings };
+        allocsim_trace::pytorch::write_streamed_with(&run, out, path, Some(parts))
     };
-    crate::write_atomically(path, &bytes).with_context(|| format!("exporting {}", path.display()))
+    let mut file = allocsim_trace::atomic::AtomicFile::create(path)?;
+    let written: anyhow::Result<()> = if path.to_string_lossy().ends_with(".gz") {
+        let mut gz = flate2::write::GzEncoder::new(&mut file, flate2::Compression::default());
+        write(&mut gz).map_err(|e| anyhow!(e)).and_then(|()| Ok(gz.finish().map(drop)?))
+    } else {
+        write(&mut file).map_err(|e| anyhow!(e))
+    };
+    written
+        .and_then(|()| Ok(file.commit()?))
+        .with_context(|| format!("exporting {}", path.display()))
 }
 
 /// A `MempoolId` as PyTorch writes it: a tuple of two ints.

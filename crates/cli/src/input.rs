@@ -96,6 +96,9 @@ fn with_hint(e: allocsim_trace::TraceError) -> anyhow::Error {
                 "{e} (if the file is trusted, raise the limit with --max-reader-memory)"
             )
         }
+        TraceError::TooBig { .. } => {
+            anyhow::anyhow!("{e} (if the file is trusted, raise it with --max-reader-memory)")
+        }
         _ => e.into(),
     }
 }

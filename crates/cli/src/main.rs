@@ -9,7 +9,8 @@ fn main() -> ExitCode {
         Err(e) => allocsim_cli::usage_exit(e),
     };
     allocsim_cli::process_ends_with_command();
-    // Ctrl-C leaves no half-written file: the writes in progress remove their temporary files.
+    // Ctrl-C, SIGTERM and SIGHUP (the `termination` feature) leave no half-written file: the
+    // writes in progress remove their temporary files.
     let _ = ctrlc::set_handler(|| {
         allocsim_trace::atomic::remove_temporaries();
         std::process::exit(130);

@@ -153,8 +153,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let streams = args.export_snapshot.is_none()
         && args.device != DeviceArg::Cuda
         && allocsim_trace::Format::from_path(&args.trace) == Some(allocsim_trace::Format::Native);
-    let mut stream =
-        if streams { Some(allocsim_trace::native::read_native_ops(&args.trace)?) } else { None };
+    let mut stream = if streams {
+        Some(allocsim_trace::native::read_native_ops_with(
+            &args.trace,
+            &crate::input::read_options(),
+        )?)
+    } else {
+        None
+    };
     // A snapshot replays while it is read when the run wants nothing but its ops as they come
     // (`allocsim_trace::pytorch::read_snapshot_replaying`).
     let overlaps = !streams

@@ -33,6 +33,12 @@ const BANDS: usize = 600;
 const MAP_BLOCKS: usize = 250_000;
 /// OOMs explained on the page, each with its segment map, at most.
 const OOMS_EXPLAINED: usize = 50;
+/// The reserved peak's map is taken as the run goes while the maps taken for it hold at most
+/// this many segments and blocks an op (plus a start): a run whose every op is a new peak
+/// with thousands of segments (issue 50: one per stream) made the report quadratic. Past it,
+/// the map of the last peak is taken by a second replay that stops there.
+const PEAK_MAP_ITEMS_PER_OP: u64 = 64;
+const PEAK_MAP_ITEMS_FREE: u64 = 1 << 20;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -86,6 +92,10 @@ struct Collect {
     empty_caches: Vec<u64>,
     peak_reserved: u64,
     peak: Option<(u64, Vec<SnapshotSegment>)>,
+    /// Segments and blocks in the peak maps taken so far.
+    peak_map_items: u64,
+    /// The op of the reserved peak when its map was not taken (over the budget above).
+    peak_missed: Option<u64>,
     snapshots: Vec<(u64, Vec<SnapshotSegment>)>,
     oom_now: bool,
 }
@@ -105,6 +115,8 @@ impl Collect {
             empty_caches: Vec::new(),
             peak_reserved: 0,
             peak: None,
+            peak_map_items: 0,
+            peak_missed: None,
             snapshots: Vec::new(),
             oom_now: false,
         }
@@ -185,7 +197,13 @@ impl Observer for Collect {
         }
         if self.reserved > self.peak_reserved {
             self.peak_reserved = self.reserved;
-            self.peak = Some((i, a.snapshot()));
+            if self.peak_map_items <= PEAK_MAP_ITEMS_FREE + PEAK_MAP_ITEMS_PER_OP * i {
+                let map = a.snapshot();
+                self.peak_map_items += map.iter().map(|s| 1 + s.blocks.len() as u64).sum::<u64>();
+                (self.peak, self.peak_missed) = (Some((i, map)), None);
+            } else {
+                (self.peak, self.peak_missed) = (None, Some(i));
+            }
         }
         let oom = std::mem::take(&mut self.oom_now) && self.ooms.len() <= OOMS_EXPLAINED;
         if oom || i.is_multiple_of(self.map_every) {
@@ -206,6 +224,21 @@ impl Observer for Collect {
             }
         }
         true
+    }
+}
+
+/// The allocator's map after op `op`; the replay stops there.
+struct MapAt {
+    op: u64,
+    map: Option<Vec<SnapshotSegment>>,
+}
+
+impl Observer for MapAt {
+    fn on_op(&mut self, i: u64, _: &Op, _: &OpOutcome, a: &dyn Allocator, _: &dyn Device) -> bool {
+        if i == self.op {
+            self.map = Some(a.snapshot());
+        }
+        i < self.op
     }
 }
 
@@ -242,6 +275,11 @@ pub fn build(
     .with_context(|| {
         format!("setting up the {} policy", allocsim_core::text::excerpt(&opts.policy))
     })?;
+    if let Some(op) = collect.peak_missed {
+        let mut at = MapAt { op, map: None };
+        run_trace(trace, opts, &mut [&mut at], |_| {})?;
+        collect.peak = at.map.map(|map| (op, map));
+    }
     let advice = match advice {
         Some(device_total) => {
             let (outside, _) = crate::capacity::outside_bytes(None, trace);

@@ -207,7 +207,7 @@ fn rmm_logs_that_pile_up_ooms_or_never_end_a_line_stay_within_bounds() {
     log.flush().unwrap();
     drop(log);
     let file = path.to_str().unwrap();
-    for policy in allocsim_policies::names().into_iter().filter(|&p| p != "best_fit") {
+    for policy in allocsim_policies::names() {
         let run = measured(&["replay", "--device", "sim", "--policy", policy, file]);
         println!(
             "{policy}: exit {}, {:.2} s CPU, {} MB peak",

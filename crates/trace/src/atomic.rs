@@ -4,7 +4,7 @@
 //! `O_CREAT | O_EXCL` (so a file or symlink planted under that name fails the create instead
 //! of being followed), flushed, synced and renamed over the target only by
 //! [`AtomicFile::commit`]. Dropped uncommitted, or when [`remove_temporaries`] runs (the CLI
-//! calls it on Ctrl-C), it leaves nothing behind.
+//! calls it on Ctrl-C, SIGTERM and SIGHUP), it leaves nothing behind.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};

@@ -53,6 +53,11 @@ pub enum TraceError {
     #[error("{}: JSON: {error}", path.display())]
     Json { path: PathBuf, error: serde_json::Error },
 
+    /// The trace built from the file would take more memory than its size allows
+    /// (`crate::built`).
+    #[error("{}: {message}", path.display())]
+    TooBig { path: PathBuf, message: String },
+
     /// The trace cannot be expressed in the format asked for.
     #[error("{}: cannot write: {message}", path.display())]
     Unwritable { path: PathBuf, message: String },

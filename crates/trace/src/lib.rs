@@ -15,6 +15,7 @@
 
 mod addr_map;
 pub mod atomic;
+pub mod built;
 pub mod error;
 mod inflate;
 pub mod native;
@@ -148,7 +149,7 @@ pub fn read_trace_with(path: impl AsRef<Path>, opts: &ReadOptions) -> Result<Tra
     match format {
         Format::PytorchSnapshot | Format::PytorchSnapshotGz => pytorch::read_snapshot(path, opts),
         Format::RmmCsv => rmm::read_rmm(path),
-        Format::Native => native::read_native(path),
+        Format::Native => native::read_native_with(path, opts),
         Format::NativeJson => native::read_native_json(path),
     }
 }

@@ -12,6 +12,7 @@
 //! version number changes when they do. The stored `meta.source_format` is kept as written, so
 //! a snapshot converted to native still says where it came from.
 
+use crate::built::Built;
 use crate::error::TraceError;
 use allocsim_core::{
     AllocId, MemPoolId, Op, PoolAction, RecordedEvent, RecordedKind, Stack, StackFrame, StreamId,
@@ -349,8 +350,14 @@ pub fn write_native<W: Write>(trace: &Trace, out: W, path: &Path) -> Result<(), 
 
 /// Read the binary form.
 pub fn read_native(path: &Path) -> Result<Trace, TraceError> {
+    read_native_with(path, &crate::ReadOptions::default())
+}
+
+/// Read the binary form, building no more than `opts` allow ([`crate::built`]).
+pub fn read_native_with(path: &Path, opts: &crate::ReadOptions) -> Result<Trace, TraceError> {
     let file = crate::error::open_regular(path)?;
-    read_native_from(BufReader::with_capacity(256 * 1024, file), path)
+    let built = Built::for_file(path, opts);
+    read_native_bounded(BufReader::with_capacity(256 * 1024, file), path, &built)
 }
 
 /// The magic and the version, checked.
@@ -377,17 +384,50 @@ fn read_version<R: Read>(input: &mut R, path: &Path) -> Result<u32, TraceError> 
 }
 
 /// Read the binary form (either version) from any reader; `path` names it in errors.
-pub fn read_native_from<R: Read>(mut input: R, path: &Path) -> Result<Trace, TraceError> {
+pub fn read_native_from<R: Read>(input: R, path: &Path) -> Result<Trace, TraceError> {
+    read_native_bounded(input, path, &Built::with_limit(path, u64::MAX))
+}
+
+fn read_native_bounded<R: Read>(
+    mut input: R,
+    path: &Path,
+    built: &Built,
+) -> Result<Trace, TraceError> {
     if read_version(&mut input, path)? == VERSION {
         return read_v1(input, path);
     }
-    let (header, mut trace, ops) = chunked::read_head(input, path, chunked::KeepRecorded::All)?;
+    let (header, mut trace, ops) =
+        chunked::read_head(input, path, chunked::KeepRecorded::All, built)?;
+    let held = trace_held_bytes(&trace);
     // The count is a claim until the ops arrive: reserve no more than a chunk's worth on it.
     trace.ops.reserve_exact(usize::try_from(header.ops).unwrap_or(0).min(1 << 16));
+    let (mut strings, mut checked) = (0u64, 0usize);
     for op in ops {
-        trace.ops.push(op?);
+        let op = op?;
+        if let Op::SetAllocatorSettings { conf } = &op {
+            strings += conf.len() as u64;
+        }
+        trace.ops.push(op);
+        if trace.ops.len() - checked >= 1 << 16 || strings > 0 {
+            checked = trace.ops.len();
+            let bytes = held + (checked * size_of::<Op>()) as u64 + strings;
+            built.check(bytes, || format!("{checked} ops"))?;
+        }
     }
     Ok(trace)
+}
+
+/// What `read_head` left in a trace, as [`crate::built`] counts it.
+fn trace_held_bytes(trace: &Trace) -> u64 {
+    let warnings: u64 = trace.warnings.iter().map(|w| crate::built::string_bytes(w)).sum();
+    let frames = trace.stacks.iter().flat_map(|s| &s.frames);
+    let frames: u64 =
+        frames.map(|f| (size_of::<StackFrame>() + f.name.len() + f.filename.len()) as u64).sum();
+    warnings
+        + frames
+        + (trace.stacks.len() * size_of::<Stack>()) as u64
+        + (trace.recorded.len() * size_of::<RecordedEvent>()) as u64
+        + (trace.op_stacks.len() * size_of::<(u64, u32)>()) as u64
 }
 
 /// A native trace opened for streaming: everything but the ops in `head`, the ops in `ops`.
@@ -405,6 +445,15 @@ pub struct NativeStream {
 /// Open a binary native trace for streaming its ops. A version 1 file (one piece, not
 /// streamable) is read whole first; a version 2 file streams a chunk at a time.
 pub fn read_native_ops(path: &Path) -> Result<NativeStream, TraceError> {
+    read_native_ops_with(path, &crate::ReadOptions::default())
+}
+
+/// [`read_native_ops`], holding no more than `opts` allow ([`crate::built`]).
+pub fn read_native_ops_with(
+    path: &Path,
+    opts: &crate::ReadOptions,
+) -> Result<NativeStream, TraceError> {
+    let built = Built::for_file(path, opts);
     let file = crate::error::open_regular(path)?;
     let mut input = BufReader::with_capacity(256 * 1024, file);
     if read_version(&mut input, path)? == VERSION {
@@ -417,11 +466,13 @@ pub fn read_native_ops(path: &Path) -> Result<NativeStream, TraceError> {
         w.finish()?;
         let mut input: Box<dyn Read> = Box::new(std::io::Cursor::new(bytes));
         read_version(&mut input, path)?;
-        let (_, head, ops) = chunked::read_head(input, path, chunked::KeepRecorded::DeviceEvents)?;
+        let keep = chunked::KeepRecorded::DeviceEvents;
+        let (_, head, ops) = chunked::read_head(input, path, keep, &built)?;
         return Ok(NativeStream { head, recorded_len: trace.recorded.len() as u64, ops });
     }
     let input: Box<dyn Read> = Box::new(input);
-    let (header, head, ops) = chunked::read_head(input, path, chunked::KeepRecorded::DeviceEvents)?;
+    let keep = chunked::KeepRecorded::DeviceEvents;
+    let (header, head, ops) = chunked::read_head(input, path, keep, &built)?;
     Ok(NativeStream { head, recorded_len: header.recorded, ops })
 }
 

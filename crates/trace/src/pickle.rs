@@ -27,7 +27,7 @@ mod write;
 
 pub use stream::{read_records, read_records_after, RecordSpec, Records};
 pub use value::Value;
-pub use write::{to_vec, write};
+pub use write::{to_vec, write, Stream, BATCH};
 
 use std::io::{self, Read};
 

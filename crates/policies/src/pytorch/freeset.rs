@@ -18,7 +18,17 @@
 //!
 //! The order is exactly PyTorch's: classes are monotone in size, the best block of a class is
 //! the smallest (size, address), and streams are kept in numeric order.
+//!
+//! A stream's state is proportional to its use, so that a trace of tens of thousands of streams
+//! with a block or two each costs little: a stream of at most [`FLAT_MAX`] free blocks keeps
+//! them in one list (class 0 of a [`StreamSet`] in its small form) and takes the size classes
+//! only when it grows past that, and a stream's classes are allocated up to the highest one it
+//! has used. Streams are found by a `BTreeMap` once there are more than a few, never by
+//! insertion into a sorted array, and the largest free block over all streams
+//! ([`FreeSet::largest`], which every OOM asks for) is kept per stream, redone only for the
+//! streams that changed since the last question.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 /// A free block as `BlockComparatorSize` orders it: (stream, size, address). `index` never
@@ -232,6 +242,7 @@ impl Bucket {
     }
 
     /// The arena indices in (size, address) order.
+    #[cfg(test)]
     fn collect_indices(&self, out: &mut Vec<u32>) {
         match self {
             Bucket::Flat(v) => {
@@ -252,31 +263,76 @@ impl Bucket {
 struct StreamSet {
     stream: u64,
     len: usize,
+    /// Every block is in class 0, one list of at most [`FLAT_MAX`] blocks (which is still
+    /// ordered by (size, address) as a class is): a stream that never holds more than a few
+    /// free blocks costs a few hundred bytes, not a table of every class.
+    small: bool,
     /// Bit `w` set iff `words[w] != 0`.
     summary: u64,
     /// Bit `c % 64` of word `c / 64` set iff class `c` is non-empty.
     words: [u64; WORDS],
+    /// Class `c`'s blocks, for every class up to the highest one used; a class past the end
+    /// is empty.
     buckets: Vec<Bucket>,
 }
 
 impl StreamSet {
     fn new(stream: u64) -> Self {
-        let buckets = (0..NUM_CLASSES).map(|_| Bucket::Flat(Vec::new())).collect();
-        StreamSet { stream, len: 0, summary: 0, words: [0; WORDS], buckets }
+        StreamSet {
+            stream,
+            len: 0,
+            small: true,
+            summary: 0,
+            words: [0; WORDS],
+            buckets: Vec::new(),
+        }
+    }
+
+    /// The class a block of `size` bytes is kept in.
+    #[inline(always)]
+    fn class(&self, size: u64) -> usize {
+        if self.small {
+            0
+        } else {
+            class_of(size)
+        }
     }
 
     fn insert(&mut self, e: Entry) {
-        let c = class_of(e.size);
+        if self.small && self.len >= FLAT_MAX {
+            self.grow_classes();
+        }
+        let c = self.class(e.size);
+        if c >= self.buckets.len() {
+            self.buckets.resize_with(c + 1, || Bucket::Flat(Vec::new()));
+        }
         self.buckets[c].insert(e);
         self.mark(c);
+    }
+
+    /// The small form is full: every block goes to its size class.
+    #[cold]
+    #[inline(never)]
+    fn grow_classes(&mut self) {
+        let blocks = match self.buckets.pop() {
+            Some(Bucket::Flat(v)) => v,
+            Some(Bucket::Tree(t)) => t.iter().map(entry).collect(),
+            None => Vec::new(),
+        };
+        debug_assert!(self.buckets.is_empty());
+        self.buckets.clear();
+        (self.small, self.len, self.summary, self.words) = (false, 0, 0, [0; WORDS]);
+        for e in blocks {
+            self.insert(e);
+        }
     }
 
     /// [`StreamSet::insert`] into a list that has room without growing; false (and nothing
     /// done) otherwise.
     #[inline(always)]
     fn insert_in_room(&mut self, e: Entry) -> bool {
-        let c = class_of(e.size);
-        if !self.buckets[c].push_in_room(e) {
+        let c = self.class(e.size);
+        if !self.buckets.get_mut(c).is_some_and(|b| b.push_in_room(e)) {
             return false;
         }
         self.mark(c);
@@ -294,7 +350,7 @@ impl StreamSet {
     /// Remove the block with this key from class `c`, at position `at` if known.
     #[inline(always)]
     fn remove(&mut self, c: usize, key: Key, at: u32) -> bool {
-        if !self.buckets[c].remove(key, at) {
+        if !self.buckets.get_mut(c).is_some_and(|b| b.remove(key, at)) {
             return false;
         }
         self.len -= 1;
@@ -338,8 +394,8 @@ impl StreamSet {
     /// The first block with key >= `key`, with its class and position.
     #[inline(always)]
     fn at_least(&self, key: Key) -> Option<(Entry, usize, u32)> {
-        let c = class_of((key >> 64) as u64);
-        if let Some((e, at)) = self.buckets[c].at_least(key) {
+        let c = self.class((key >> 64) as u64);
+        if let Some((e, at)) = self.buckets.get(c).and_then(|b| b.at_least(key)) {
             return Some((e, c, at));
         }
         let c = self.class_from(c + 1)?;
@@ -349,8 +405,8 @@ impl StreamSet {
 
     /// The last block with key < `key`.
     fn below(&self, key: Key) -> Option<Entry> {
-        let c = class_of((key >> 64) as u64);
-        if let Some(e) = self.buckets[c].below(key) {
+        let c = self.class((key >> 64) as u64);
+        if let Some(e) = self.buckets.get(c).and_then(|b| b.below(key)) {
             return Some(e);
         }
         self.buckets[self.class_before(c)?].last()
@@ -380,27 +436,88 @@ pub struct Found {
     at: u32,
 }
 
+/// The largest block of each stream but the first, counted lazily: a change to a stream lists
+/// it in `dirty`, and [`FreeSet::largest`] counts only the listed streams again. The first
+/// stream (most runs' only one) is not listed, so its hot path marks nothing: it is looked at
+/// on every question, in O(1).
+#[derive(Debug, Default)]
+struct Maxima {
+    /// How many streams (past the first) have their largest block of this size.
+    counts: BTreeMap<u64, u32>,
+    /// By position: the largest block as last counted (0: none), and whether the stream
+    /// changed since (then it is in `dirty`).
+    counted: Vec<(u64, bool)>,
+    /// Positions of the streams changed since the last count.
+    dirty: Vec<u32>,
+}
+
+impl Maxima {
+    fn count(&mut self, pos: usize, largest: u64) {
+        let (was, listed) = &mut self.counted[pos];
+        *listed = false;
+        let was = std::mem::replace(was, largest);
+        if was == largest {
+            return;
+        }
+        if was != 0 {
+            match self.counts.get_mut(&was) {
+                Some(n) if *n > 1 => *n -= 1,
+                _ => drop(self.counts.remove(&was)),
+            }
+        }
+        if largest != 0 {
+            *self.counts.entry(largest).or_insert(0) += 1;
+        }
+    }
+}
+
 /// The free (mapped) blocks of a pool, by (stream, size, address).
 #[derive(Debug, Default)]
 pub struct FreeSet {
-    /// Sorted by stream.
+    /// In the order the streams were first seen, so a position stays valid.
     streams: Vec<StreamSet>,
+    /// Stream to position in `streams`, in stream order: what finds a stream among many.
+    order: BTreeMap<u64, u32>,
+    maxima: RefCell<Maxima>,
 }
+
+/// Up to this many streams, a stream is found by a scan of `streams`.
+const SCAN_STREAMS: usize = 8;
 
 impl FreeSet {
     /// The position of `stream` in `streams`. Most runs use one stream: checked first.
     #[inline]
-    fn position(&self, stream: u64) -> Result<usize, usize> {
+    fn position(&self, stream: u64) -> Option<usize> {
         match self.streams.first() {
-            Some(s) if s.stream == stream => Ok(0),
-            _ => self.streams.binary_search_by_key(&stream, |s| s.stream),
+            Some(s) if s.stream == stream => Some(0),
+            _ if self.streams.len() <= SCAN_STREAMS => {
+                self.streams.iter().position(|s| s.stream == stream)
+            }
+            _ => self.order.get(&stream).map(|&pos| pos as usize),
         }
     }
 
     #[inline]
     fn stream(&self, stream: u64) -> Option<&StreamSet> {
-        let pos = self.position(stream).ok()?;
+        let pos = self.position(stream)?;
         Some(&self.streams[pos])
+    }
+
+    /// The stream at `pos` (not the first) changed: its largest block is counted again at the
+    /// next [`FreeSet::largest`].
+    #[inline]
+    fn touch(&mut self, pos: usize) {
+        if pos == 0 {
+            return;
+        }
+        let m = self.maxima.get_mut();
+        if pos >= m.counted.len() {
+            m.counted.resize(pos + 1, (0, false));
+        }
+        if !m.counted[pos].1 {
+            m.counted[pos].1 = true;
+            m.dirty.push(pos as u32);
+        }
     }
 
     #[inline]
@@ -427,26 +544,30 @@ impl FreeSet {
     #[inline(never)]
     fn insert_slow(&mut self, stream: u64, size: u64, addr: u64, index: u32) {
         let pos = match self.position(stream) {
-            Ok(pos) => pos,
-            Err(pos) => self.add_stream(pos, stream),
+            Some(pos) => pos,
+            None => self.add_stream(stream),
         };
         self.streams[pos].insert(Entry { size, addr, index });
+        self.touch(pos);
     }
 
     #[cold]
     #[inline(never)]
-    fn add_stream(&mut self, pos: usize, stream: u64) -> usize {
-        self.streams.insert(pos, StreamSet::new(stream));
+    fn add_stream(&mut self, stream: u64) -> usize {
+        let pos = self.streams.len();
+        self.streams.push(StreamSet::new(stream));
+        self.order.insert(stream, pos as u32);
         pos
     }
 
     /// Remove the block with this (stream, size, address); false if absent.
     #[inline]
     pub fn remove(&mut self, key: &SizeKey) -> bool {
-        match self.position(key.stream) {
-            Ok(pos) => self.streams[pos].remove(class_of(key.size), key_of(key), NO_POS),
-            Err(_) => false,
-        }
+        let Some(pos) = self.position(key.stream) else { return false };
+        let s = &mut self.streams[pos];
+        let removed = s.remove(s.class(key.size), key_of(key), NO_POS);
+        self.touch(pos);
+        removed
     }
 
     /// Remove the block a lookup just found, without searching for it again. The set must not
@@ -454,15 +575,16 @@ impl FreeSet {
     #[inline(always)]
     pub fn remove_found(&mut self, found: &Found) {
         let key = key_of(&found.key);
-        let removed =
-            self.streams[found.stream_pos as usize].remove(found.class as usize, key, found.at);
+        let pos = found.stream_pos as usize;
+        let removed = self.streams[pos].remove(found.class as usize, key, found.at);
         debug_assert!(removed);
+        self.touch(pos);
     }
 
     /// The first block of `stream` at or after (`size`, `addr`).
     #[inline(always)]
     fn find(&self, stream: u64, size: u64, addr: u64) -> Option<Found> {
-        let pos = self.position(stream).ok()?;
+        let pos = self.position(stream)?;
         let (e, class, at) = self.streams[pos].at_least(key(size, addr))?;
         Some(Found {
             key: SizeKey { stream, size: e.size, addr: e.addr, index: e.index },
@@ -494,8 +616,10 @@ impl FreeSet {
     }
 
     /// Every block's arena index, in (stream, size, address) order.
+    #[cfg(test)]
     pub fn collect_indices(&self, out: &mut Vec<u32>) {
-        for s in &self.streams {
+        for &pos in self.order.values() {
+            let s = &self.streams[pos as usize];
             let mut class = s.class_from(0);
             while let Some(c) = class {
                 s.buckets[c].collect_indices(out);
@@ -504,14 +628,33 @@ impl FreeSet {
         }
     }
 
-    /// The largest free block over all streams.
+    /// The largest free block over all streams: the first stream's, and the largest of the
+    /// others' as counted after the streams changed since the last question are counted again.
     pub fn largest(&self) -> u64 {
-        self.streams.iter().filter_map(|s| s.last()).map(|e| e.size).max().unwrap_or(0)
+        let largest_of = |s: &StreamSet| s.last().map_or(0, |e| e.size);
+        let Some(first) = self.streams.first() else { return 0 };
+        let mut maxima = self.maxima.borrow_mut();
+        let dirty = std::mem::take(&mut maxima.dirty);
+        for &pos in &dirty {
+            maxima.count(pos as usize, largest_of(&self.streams[pos as usize]));
+        }
+        maxima.dirty = dirty;
+        maxima.dirty.clear();
+        let others = maxima.counts.keys().next_back().copied().unwrap_or(0);
+        largest_of(first).max(others)
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.streams.iter().map(|s| s.len).sum()
+    }
+
+    /// Bytes held for the streams' indexes (not counting the lists' and trees' entries).
+    #[cfg(test)]
+    fn index_bytes(&self) -> usize {
+        let per_stream =
+            |s: &StreamSet| size_of::<StreamSet>() + s.buckets.capacity() * size_of::<Bucket>();
+        self.streams.iter().map(per_stream).sum()
     }
 }
 
@@ -530,6 +673,43 @@ mod tests {
             size += 1 + size / 37;
         }
         assert!(class_of(u64::MAX) < NUM_CLASSES);
+    }
+
+    /// Many streams with a block or two each (issue 50: 40,000 streams took 2.4 GB): a stream's
+    /// index is proportional to its use, and the largest block over all streams follows every
+    /// change (it is counted lazily per changed stream).
+    #[test]
+    fn many_streams_cost_little_each() {
+        let mut set = FreeSet::default();
+        let mut model: BTreeMap<(u64, u64, u64), u32> = BTreeMap::new();
+        let streams = 20_000u64;
+        for i in 0..streams {
+            // Descending streams: a sorted insertion would shift every stream each time.
+            let stream = streams - i;
+            for (k, size) in [512, (2 << 20) - 512].into_iter().enumerate() {
+                let addr = i * (2 << 20) + k as u64 * 512;
+                set.insert(SizeKey { stream, size, addr, index: i as u32 });
+                model.insert((stream, size, addr), i as u32);
+            }
+            if i % 1000 == 0 {
+                assert_eq!(set.largest(), (2 << 20) - 512);
+            }
+        }
+        let per_stream = set.index_bytes() / streams as usize;
+        assert!(per_stream <= 512, "{per_stream} bytes of index a stream");
+        // Take the big blocks away one stream at a time, asking for the largest each time.
+        for i in 0..streams {
+            let stream = streams - i;
+            let found = set.lower_bound(stream, 4096).expect("the big block");
+            set.remove_found(&found);
+            let k = found.key;
+            model.remove(&(k.stream, k.size, k.addr));
+            let want = if i + 1 < streams { (2 << 20) - 512 } else { 512 };
+            assert_eq!(set.largest(), want, "after stream {stream}");
+        }
+        let mut all = Vec::new();
+        set.collect_indices(&mut all);
+        assert_eq!(all, model.values().copied().collect::<Vec<_>>());
     }
 
     /// Against a `BTreeMap` model, with sizes crowding single classes to force trees.
@@ -555,7 +735,12 @@ mod tests {
             saw_trees |=
                 set.streams.iter().any(|s| s.buckets.iter().any(|b| matches!(b, Bucket::Tree(_))));
             let r = next();
-            let stream = [0, 5, 1 << 40][(r % 3) as usize];
+            // Mostly three streams (classes crowd into trees), sometimes one of ten more (past
+            // the scan: streams found by the map, in stream order, not the order first seen).
+            let stream = match (r >> 60) % 4 {
+                0 => [9, 3, 1 << 41, 7, 2, 11, 4, 6, 8, 1][((r >> 56) % 10) as usize],
+                _ => [0, 5, 1 << 40][(r % 3) as usize],
+            };
             let size = match (r >> 8) % 4 {
                 0 => 512,
                 1 => 512 * (1 + (r >> 20) % 100),

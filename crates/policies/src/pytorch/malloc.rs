@@ -139,6 +139,9 @@ impl PyTorchAllocator {
             return false;
         }
         pool.blocks.remove_found(&found);
+        if arena[key.index].releasable() {
+            pool.releasable.remove(&key);
+        }
         p.block = key.index;
         true
     }
@@ -316,7 +319,11 @@ impl PyTorchAllocator {
         let pool = pool_mut!(self, b.slot, b.small);
         debug_assert!(b.addr == addr && b.size == size);
         b.gc_count_base = pool.get_free_blocks_call_count;
-        pool.blocks.insert(SizeKey { stream: b.stream.0, size, addr, index });
+        let key = SizeKey { stream: b.stream.0, size, addr, index };
+        pool.blocks.insert(key);
+        if b.releasable() {
+            pool.releasable.insert(key);
+        }
     }
 
     /// `pool.blocks.erase(block)`.
@@ -326,5 +333,8 @@ impl PyTorchAllocator {
         let key = b.size_key(index);
         let pool = pool_mut!(self, b.slot, b.small);
         pool.blocks.remove(&key);
+        if b.releasable() {
+            pool.releasable.remove(&key);
+        }
     }
 }

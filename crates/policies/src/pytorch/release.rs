@@ -123,11 +123,12 @@ impl PyTorchAllocator {
     fn release_blocks<E: Emit + ?Sized>(&mut self, env: &mut Env<'_, E>, slot: u16, small: bool) {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        self.pool(slot, small).blocks.collect_indices(&mut scratch);
+        scratch.extend(self.pool(slot, small).releasable.iter().map(|k| k.index));
         let mut to_unmap = 0;
         for i in 0..scratch.len() {
             let index = scratch[i];
             let b = &self.arena[index];
+            debug_assert!(b.releasable(), "block {index} is listed as releasable");
             if b.is_expandable() {
                 scratch[to_unmap] = index;
                 to_unmap += 1;
@@ -178,7 +179,7 @@ impl PyTorchAllocator {
         // The freeable blocks in comparator order; releasing one changes no other.
         let mut candidates = std::mem::take(&mut self.scratch);
         candidates.clear();
-        self.large_pool.blocks.collect_indices(&mut candidates);
+        candidates.extend(self.large_pool.releasable.iter().map(|k| k.index));
         candidates.retain(|&i| !self.arena[i].is_split() && !self.arena[i].is_expandable());
         let age = |b: &super::block::Block| clock - b.gc_count_base;
         let mut total_age: u64 = candidates.iter().map(|&i| age(&self.arena[i])).sum();

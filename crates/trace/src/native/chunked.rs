@@ -29,6 +29,7 @@ use super::{
     bincode_config, decode_message, frame_in, frame_out, native_err, recorded_in, recorded_out,
     NativeFrame, NativeKind, NativeMeta, NativeRecorded, FORMAT_NAME,
 };
+use crate::built::{self, Built};
 use crate::error::TraceError;
 use allocsim_core::{AllocId, MemPoolId, Op, OpSource, RecordedEvent, Stack, StreamId, Trace};
 use serde::{Deserialize, Serialize};
@@ -360,30 +361,71 @@ pub enum KeepRecorded {
     DeviceEvents,
 }
 
+/// The items of a bincode list in a chunk, decoded one at a time.
+struct Items<'c, 'r, R> {
+    reader: &'r ChunkReader<R>,
+    bytes: &'c [u8],
+    pos: usize,
+}
+
+impl<'c, 'r, R: Read> Items<'c, 'r, R> {
+    fn new(reader: &'r ChunkReader<R>, chunk: &'c Chunk) -> Self {
+        Items { reader, bytes: &chunk.bytes, pos: 0 }
+    }
+
+    fn next<T: for<'de> Deserialize<'de>>(&mut self) -> Result<T, TraceError> {
+        let (value, used) =
+            bincode::serde::decode_from_slice(&self.bytes[self.pos..], bincode_config())
+                .map_err(|e| self.reader.corrupt(decode_message(&e)))?;
+        self.pos += used;
+        Ok(value)
+    }
+
+    /// A list's length, as bincode writes it (a varint).
+    fn len(&mut self) -> Result<u64, TraceError> {
+        self.next::<u64>()
+    }
+
+    fn end(&self) -> Result<(), TraceError> {
+        if self.pos != self.bytes.len() {
+            return Err(self.reader.corrupt("bytes left over in a chunk"));
+        }
+        Ok(())
+    }
+}
+
+/// The header holds the meta and the warnings: a few KiB in real files. A header of empty
+/// warnings makes 24 bytes of each byte before anything can be counted, so it is kept small.
+const MAX_HEADER_BYTES: u32 = 16 << 20;
+
 /// The header and every list but the ops, read; the reader is left at the first op chunk.
 pub(super) fn read_head<R: Read>(
     mut input: R,
     path: &Path,
     keep: KeepRecorded,
+    built: &Built,
 ) -> Result<(NativeHeader, Trace, NativeOps<R>), TraceError> {
     let mut reader = ChunkReader { input: &mut input, path: path.to_path_buf(), peeked: None };
     let mut len = [0u8; 4];
     reader.exact(&mut len, "the header")?;
     let len = u32::from_le_bytes(len);
-    if len > MAX_CHUNK_BYTES {
+    if len > MAX_HEADER_BYTES {
         return Err(reader.corrupt(format!("the header claims {len} bytes")));
     }
     let mut chunk = Chunk { bytes: vec![0; len as usize], ..Chunk::default() };
     reader.exact(&mut chunk.bytes, "the header")?;
-    let header: NativeHeader = reader.bincode(&chunk)?;
+    let mut header: NativeHeader = reader.bincode(&chunk)?;
     if header.format != FORMAT_NAME || header.version != BINARY_VERSION {
         return Err(reader.corrupt("the header does not name allocsim version 2"));
     }
     let mut trace = Trace {
         meta: header.meta.clone().into_meta().map_err(|e| reader.corrupt(e))?,
-        warnings: header.warnings.clone(),
+        warnings: std::mem::take(&mut header.warnings),
         ..Trace::default()
     };
+    // What the trace holds, as `built` counts it.
+    let mut held: u64 = trace.warnings.iter().map(|w| built::string_bytes(w)).sum();
+    built.check(held, || format!("{} warnings", trace.warnings.len()))?;
     let (mut recorded, mut stacks) = (0u64, 0u64);
     let mut last_op = 0u64;
     // Each list's count is checked as its chunks arrive, so a file cannot make the reader hold
@@ -410,25 +452,50 @@ pub(super) fn read_head<R: Read>(
         if chunk.pos != chunk.bytes.len() {
             return Err(reader.corrupt("bytes left over in a recorded chunk"));
         }
+        let events = trace.recorded.len() as u64;
+        built.check(held + events * size_of::<RecordedEvent>() as u64, || {
+            format!("{events} recorded events")
+        })?;
     }
+    held += (trace.recorded.len() * size_of::<RecordedEvent>()) as u64;
+    // Stacks and op stacks are decoded an item at a time, each counted as it is made: a
+    // chunk of empty frames or stacks (a byte or three each) would otherwise make tens of
+    // bytes of each before anything could be counted.
     while reader.peek_kind()? == STACKS {
         reader.read(&mut chunk)?;
-        let part: Vec<Vec<NativeFrame>> = reader.bincode(&chunk)?;
-        stacks += part.len() as u64;
-        if stacks > header.stacks {
+        let mut items = Items::new(&reader, &chunk);
+        let count = items.len()?;
+        if count > header.stacks - stacks {
             return Err(reader.corrupt(more_than_announced("stacks")));
         }
-        trace.stacks.extend(
-            part.into_iter().map(|f| Stack { frames: f.into_iter().map(frame_in).collect() }),
-        );
+        for _ in 0..count {
+            let frames = items.len()?;
+            let mut stack = Stack { frames: Vec::new() };
+            held += size_of::<Stack>() as u64;
+            for _ in 0..frames {
+                let f: NativeFrame = items.next()?;
+                held += (size_of::<allocsim_core::StackFrame>() + f.name.len() + f.filename.len())
+                    as u64;
+                built.check(held, || format!("{} stacks", trace.stacks.len() + 1))?;
+                stack.frames.push(frame_in(f));
+            }
+            built.check(held, || format!("{} stacks", trace.stacks.len() + 1))?;
+            trace.stacks.push(stack);
+        }
+        items.end()?;
+        stacks += count;
     }
     while reader.peek_kind()? == OP_STACKS {
         reader.read(&mut chunk)?;
-        let part: Vec<(u64, u32)> = reader.bincode(&chunk)?;
-        if part.len() as u64 > header.op_stacks - trace.op_stacks.len() as u64 {
+        let mut items = Items::new(&reader, &chunk);
+        let count = items.len()?;
+        if count > header.op_stacks - trace.op_stacks.len() as u64 {
             return Err(reader.corrupt(more_than_announced("op stacks")));
         }
-        for &(op, s) in &part {
+        held += count * size_of::<(u64, u32)>() as u64;
+        built.check(held, || format!("{count} more op stacks"))?;
+        for _ in 0..count {
+            let (op, s): (u64, u32) = items.next()?;
             if op >= header.ops || u64::from(s) >= header.stacks {
                 let i = trace.op_stacks.len();
                 let msg = format!(
@@ -439,6 +506,7 @@ pub(super) fn read_head<R: Read>(
             }
             trace.op_stacks.push((op, s));
         }
+        items.end()?;
     }
     if recorded != header.recorded
         || stacks != header.stacks

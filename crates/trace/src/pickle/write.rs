@@ -15,7 +15,7 @@ use std::rc::Rc;
 /// Deeper values are refused rather than risking the writer's own stack.
 const MAX_WRITE_DEPTH: u32 = 1000;
 /// CPython's batch size for APPENDS/SETITEMS.
-const BATCH: usize = 1000;
+pub const BATCH: usize = 1000;
 
 struct Writer<W> {
     out: W,
@@ -34,6 +34,89 @@ pub fn write<W: Write>(value: &Value, out: W) -> Result<(), PickleError> {
     w.value(value, 0)?;
     w.put(&[op::STOP])?;
     w.out.flush().map_err(|e| PickleError { offset: w.written, kind: K::Io(e) })
+}
+
+/// A pickle written a piece at a time, for a value too big to build whole: the opcodes of
+/// [`write`], in the order the caller gives, with the same memo (strings by content, shared
+/// containers by identity), so a value written in pieces is byte for byte the value written
+/// whole.
+pub struct Stream<W: Write> {
+    w: Writer<std::io::BufWriter<W>>,
+}
+
+impl<W: Write> std::fmt::Debug for Stream<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("written", &self.w.written).finish()
+    }
+}
+
+impl<W: Write> Stream<W> {
+    /// Start the pickle (`PROTO 4`).
+    pub fn new(out: W) -> Result<Self, PickleError> {
+        let out = std::io::BufWriter::with_capacity(64 * 1024, out);
+        let mut w = Writer {
+            out,
+            written: 0,
+            strs: HashMap::new(),
+            shared: Default::default(),
+            next_memo: 0,
+        };
+        w.put(&[op::PROTO, 4])?;
+        Ok(Stream { w })
+    }
+
+    /// A whole value.
+    pub fn value(&mut self, v: &Value) -> Result<(), PickleError> {
+        self.w.value(v, 1)
+    }
+
+    /// An empty dict, not memoized (as [`write`] writes a dict held once).
+    pub fn empty_dict(&mut self) -> Result<(), PickleError> {
+        self.w.put(&[op::EMPTY_DICT])
+    }
+
+    /// An empty list, not memoized.
+    pub fn empty_list(&mut self) -> Result<(), PickleError> {
+        self.w.put(&[op::EMPTY_LIST])
+    }
+
+    /// An empty list, memoized (as [`write`] writes a list held more than once).
+    pub fn shared_empty_list(&mut self) -> Result<(), PickleError> {
+        self.w.put(&[op::EMPTY_LIST])?;
+        self.w.memoize().map(drop)
+    }
+
+    pub fn mark(&mut self) -> Result<(), PickleError> {
+        self.w.put(&[op::MARK])
+    }
+
+    /// Append one item to the list below it.
+    pub fn append(&mut self) -> Result<(), PickleError> {
+        self.w.put(&[op::APPEND])
+    }
+
+    /// Set the pairs since the last mark in the dict below it.
+    pub fn setitems(&mut self) -> Result<(), PickleError> {
+        self.w.put(&[op::SETITEMS])
+    }
+
+    /// Up to [`BATCH`] items appended to the list on top, as [`write`] writes each batch.
+    pub fn batch(&mut self, items: &[Value]) -> Result<(), PickleError> {
+        if items.len() > 1 {
+            self.mark()?;
+        }
+        for item in items {
+            self.w.value(item, 2)?;
+        }
+        self.w.put(&[if items.len() > 1 { op::APPENDS } else { op::APPEND }])
+    }
+
+    /// `STOP`, and everything flushed.
+    pub fn finish(mut self) -> Result<(), PickleError> {
+        self.w.put(&[op::STOP])?;
+        let written = self.w.written;
+        self.w.out.flush().map_err(|e| PickleError { offset: written, kind: K::Io(e) })
+    }
 }
 
 /// Write `value` as a protocol 4 pickle into a new buffer.

@@ -55,9 +55,12 @@ pub use allocsim_core::UNKNOWN_STREAM;
 /// Placeholder op tag of a device event whose op is not known yet.
 const UNTAGGED: u64 = u64::MAX;
 
-/// What a conversion keeps besides ops and recorded events, as [`crate::ReadOptions`] says.
+/// What a conversion keeps besides ops and recorded events, as [`crate::ReadOptions`] says,
+/// and how much it may build ([`crate::built`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Keep {
+    /// Most bytes the converted trace may hold.
+    pub max_built_bytes: u64,
     /// Each op's stack (`ReadOptions::stacks`).
     pub stacks: bool,
     /// Each op's time (`ReadOptions::times`).
@@ -67,8 +70,9 @@ pub struct Keep {
 }
 
 impl Keep {
-    pub fn of(opts: &crate::ReadOptions) -> Keep {
-        Keep { stacks: opts.stacks, times: opts.times, events: opts.events }
+    pub fn of(opts: &crate::ReadOptions, path: &std::path::Path) -> Keep {
+        let max_built_bytes = crate::built::Built::for_file(path, opts).limit();
+        Keep { max_built_bytes, stacks: opts.stacks, times: opts.times, events: opts.events }
     }
 }
 
@@ -247,6 +251,8 @@ struct Builder<'a> {
     times: bool,
     /// Whether every recorded event is kept ([`Keep::events`]), and how many were not.
     events: bool,
+    /// [`Keep::max_built_bytes`].
+    max_built_bytes: u64,
     events_left_out: u64,
     /// The annotations entries refer to ([`Entry::annotation`]).
     annotations: Vec<allocsim_core::Annotation>,
@@ -530,9 +536,16 @@ pub struct StreamConvert<'a> {
     waiting_frames: Option<Frames>,
     seen_free_requested: bool,
     seen_free_completed: bool,
+    /// The trace outgrew [`Keep::max_built_bytes`]: final, no other pass would build less.
+    too_big: Option<TraceError>,
 }
 
 impl<'a> StreamConvert<'a> {
+    /// Why [`StreamConvert::push`] stopped, when the trace outgrew its bound.
+    pub fn take_too_big(&mut self) -> Option<TraceError> {
+        self.too_big.take()
+    }
+
     pub fn new(ctx: Ctx<'a>, keep: Keep) -> Self {
         StreamConvert {
             ctx,
@@ -543,6 +556,7 @@ impl<'a> StreamConvert<'a> {
             waiting_frames: None,
             seen_free_requested: false,
             seen_free_completed: false,
+            too_big: None,
         }
     }
 
@@ -576,8 +590,13 @@ impl<'a> StreamConvert<'a> {
         // The entry waiting is stepped where it lies, then replaced: moving it out first
         // cost the Llama snapshot's conversion 4 M instructions more.
         if let Some((j, w)) = &self.waiting {
-            if self.builder.step(*j, w, self.waiting_frames.as_ref(), Some(&e), false).is_err() {
-                return false;
+            match self.builder.step(*j, w, self.waiting_frames.as_ref(), Some(&e), false) {
+                Ok(_) => {}
+                Err(e @ TraceError::TooBig { .. }) => {
+                    self.too_big = Some(e);
+                    return false;
+                }
+                Err(_) => return false,
             }
         }
         self.waiting = Some((i, e));
@@ -651,6 +670,9 @@ impl<'a> StreamConvert<'a> {
 /// rest of the id is the block's place among those found so far.
 const SYNTHETIC_ID: u64 = 1 << 63;
 
+/// Ops between two looks at what the trace holds.
+const BUILT_CHECK_EVERY: u64 = 4096;
+
 impl<'a> Builder<'a> {
     fn new(ctx: Ctx<'a>, entries: usize, keep: Keep) -> Self {
         Builder {
@@ -662,6 +684,7 @@ impl<'a> Builder<'a> {
             op_times: Vec::with_capacity(if keep.times { entries / 2 } else { 0 }),
             times: keep.times,
             events: keep.events,
+            max_built_bytes: keep.max_built_bytes,
             events_left_out: 0,
             annotations: Vec::new(),
             entry_annotations: AddrMap::default(),
@@ -753,6 +776,23 @@ impl<'a> Builder<'a> {
         })
     }
 
+    /// What the trace holds so far against [`Keep::max_built_bytes`].
+    fn check_built(&self) -> Result<(), TraceError> {
+        let pairs = self.op_stacks.len() + self.op_times.len() + self.op_annotations.len();
+        let bytes = self.ops.len() * size_of::<Op>()
+            + self.recorded.len() * size_of::<RecordedEvent>()
+            + self.device_events.len() * size_of::<u32>()
+            + pairs * 16
+            + (self.ids.len() + self.synthetic_ids.len()) * 32;
+        if bytes as u64 <= self.max_built_bytes {
+            return Ok(());
+        }
+        let built = crate::built::Built::with_limit(self.ctx.path, self.max_built_bytes);
+        built.check(bytes as u64, || {
+            format!("{} ops and {} recorded events so far", self.ops.len(), self.recorded.len())
+        })
+    }
+
     fn fresh_id(&mut self) -> AllocId {
         self.next_id += 1;
         AllocId(self.next_id - 1)
@@ -777,6 +817,9 @@ impl<'a> Builder<'a> {
     /// Push an op, attaching the entry's stack if stacks are kept.
     fn push_op(&mut self, op: Op, frames: Option<&Frames>, at: Origin) -> Result<u64, TraceError> {
         let (index, i) = (self.ops.len() as u64, at.entry);
+        if index % BUILT_CHECK_EVERY == 0 {
+            self.check_built()?;
+        }
         self.ops.push(op);
         if self.times && at.time_us != super::entries::NO_TIME {
             self.op_times.push((index, at.time_us));
@@ -1120,7 +1163,7 @@ mod tests {
             },
         ];
         let all = Entries { list: list.clone(), ..Entries::default() };
-        let keep = Keep { stacks: false, times: true, events: true };
+        let keep = Keep { max_built_bytes: u64::MAX, stacks: false, times: true, events: true };
         let listed = convert(ctx, &all, &last, keep).unwrap();
         let mut conv = StreamConvert::new(ctx, keep);
         for (i, e) in list.into_iter().enumerate() {

@@ -17,7 +17,7 @@ mod write;
 pub use convert::UNKNOWN_STREAM;
 pub use overlap::{OpFeed, Overlap};
 pub use sidecar::sidecar_path;
-pub use write::{trace_to_snapshot, SYNTHETIC_BASE};
+pub use write::{trace_to_snapshot, write_streamed_with, RunParts, SYNTHETIC_BASE};
 
 use crate::error::TraceError;
 use crate::inflate::Inflater;
@@ -194,6 +194,7 @@ fn streaming(
     replay: Option<(TraceMeta, &mut dyn FnMut(Overlap))>,
 ) -> Result<(Option<Assembled>, Option<overlap::Sent>), TraceError> {
     let (first, sent) = match pipelined_pass(path, opts, replay)? {
+        (Pass::TooBig(error), _) => return Err(error),
         (Pass::NotPlain, _) => (stream_pass(path, opts, true)?, None),
         pass => pass,
     };
@@ -203,9 +204,11 @@ fn streaming(
         Pass::NeedsEntries => match stream_pass(path, opts, false)? {
             Pass::Done(trace) => (Some(*trace), None),
             Pass::Refused(error) => return Err(refused(error)),
+            Pass::TooBig(error) => return Err(error),
             _ => (None, None),
         },
         Pass::Refused(error) => return Err(refused(error)),
+        Pass::TooBig(error) => return Err(error),
         Pass::Unusual | Pass::NotPlain => (None, None),
     })
 }
@@ -220,6 +223,8 @@ enum Pass {
     NotPlain,
     /// A limit of the reader was reached: the generic reader would reach it too.
     Refused(pickle::PickleError),
+    /// The trace outgrew its bound (`crate::built`): any other pass would build it too.
+    TooBig(TraceError),
 }
 
 /// An entry as the reading thread of [`pipelined_pass`] hands it over: its `frames` the index
@@ -343,7 +348,8 @@ fn pipelined_pass(
             let _ = send.send(Read2Convert::End(end, stacks.map(|s| s.stacks).unwrap_or_default()));
         });
         let convert = move |feeder| {
-            let done = convert_received(ctx, convert::Keep::of(opts), received, spare, feeder);
+            let done =
+                convert_received(ctx, convert::Keep::of(opts, path), received, spare, feeder);
             stop.store(true, Ordering::Relaxed);
             done
         };
@@ -383,6 +389,9 @@ fn convert_received(
                     let frames =
                         (stack != entries::NO_FRAMES).then_some(convert::Frames::Interned(stack));
                     if !conv.push(count, entry, frames, annotation.map(|a| *a)) {
+                        if let Some(error) = conv.take_too_big() {
+                            return (Pass::TooBig(error), None);
+                        }
                         return (Pass::NeedsEntries, None);
                     }
                     count += 1;
@@ -445,8 +454,10 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     let source = open(path, opts)?;
     let ctx = Ctx { path, device: 0 };
     let mut entries = entries::Entries::default();
-    let mut conv = as_they_come.then(|| convert::StreamConvert::new(ctx, convert::Keep::of(opts)));
+    let mut conv =
+        as_they_come.then(|| convert::StreamConvert::new(ctx, convert::Keep::of(opts, path)));
     let mut needs_entries = false;
+    let mut too_big = None;
     let mut count = 0;
     let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
         let Some((entry, extras)) = streamed_entry(ctx, count, fields) else { return false };
@@ -455,6 +466,7 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
             Some(conv) => {
                 let frames = extras.frames.cloned().map(convert::Frames::Listed);
                 needs_entries = !conv.push(count - 1, entry, frames, extras.annotation());
+                too_big = conv.take_too_big();
                 !needs_entries
             }
             None => {
@@ -463,6 +475,9 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
             }
         }
     });
+    if let Some(error) = too_big {
+        return Ok(Pass::TooBig(error));
+    }
     let records = match records {
         Ok(Some(records)) => records,
         Ok(None) if needs_entries => return Ok(Pass::NeedsEntries),
@@ -482,6 +497,7 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
         },
         None => match convert_root(&records.root, path, opts, Some(entries)) {
             Ok(assembled) => Pass::Done(Box::new(assembled)),
+            Err(error @ TraceError::TooBig { .. }) => Pass::TooBig(error),
             Err(_) => Pass::Unusual,
         },
     })
@@ -625,26 +641,24 @@ fn convert_root(
     let streamed_len = streamed.as_ref().map_or(0, |e| e.list.len());
     let (head, entries) = read_root(ctx, root, streamed, streamed_len, opts)?;
     let ctx = Ctx { device: head.device, ..ctx };
-    let converted = convert::convert(ctx, &entries, &head.last, convert::Keep::of(opts))?;
+    let converted = convert::convert(ctx, &entries, &head.last, convert::Keep::of(opts, path))?;
     Ok(trace_of(head, converted))
 }
 
-/// Write `trace` as a snapshot pickle (gzipped if `gzip`). See [`trace_to_snapshot`].
+/// Write `trace` as a snapshot pickle (gzipped if `gzip`): [`trace_to_snapshot`]'s, written as
+/// its entries are made ([`write::write_streamed`]).
 pub fn write_snapshot<W: Write>(
     trace: &Trace,
     out: W,
     gzip: bool,
     path: &Path,
 ) -> Result<(), TraceError> {
-    let value = trace_to_snapshot(trace)
-        .map_err(|message| TraceError::Unwritable { path: path.to_path_buf(), message })?;
-    let pickle_err = |error| TraceError::Pickle { path: path.to_path_buf(), error };
     if gzip {
         let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
-        pickle::write(&value, &mut enc).map_err(pickle_err)?;
+        write::write_streamed(trace, &mut enc, path)?;
         enc.finish().map_err(|e| TraceError::io(path, e))?;
         Ok(())
     } else {
-        pickle::write(&value, out).map_err(pickle_err)
+        write::write_streamed(trace, out, path)
     }
 }
