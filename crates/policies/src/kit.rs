@@ -409,6 +409,70 @@ impl<R: Rules> Kit<R> {
     }
 }
 
+/// The free chunks of a tiling by (their segment's stream, size, address): best fit within a
+/// stream in O(log n), for a policy that keeps it through its hooks (`best_fit`).
+#[derive(Debug, Clone, Default)]
+pub struct FreeIndex {
+    free: std::collections::BTreeSet<(StreamId, u64, u64)>,
+}
+
+impl FreeIndex {
+    fn key<T: Copy>(tiling: &Tiling<T>, addr: u64) -> Option<(StreamId, u64, u64)> {
+        let chunk = tiling.get(addr)?;
+        let stream = tiling.seg(tiling.seg_of(addr)?)?.stream;
+        Some((stream, chunk.size, addr))
+    }
+
+    /// Index the chunk at `addr`, if it is free.
+    pub fn index<T: Copy>(&mut self, tiling: &Tiling<T>, addr: u64) {
+        if tiling.get(addr).is_some_and(|c| c.is_free()) {
+            self.free.extend(Self::key(tiling, addr));
+        }
+    }
+
+    /// Take the chunk at `addr` out of the index.
+    pub fn unindex<T: Copy>(&mut self, tiling: &Tiling<T>, addr: u64) {
+        if let Some(key) = Self::key(tiling, addr) {
+            self.free.remove(&key);
+        }
+    }
+
+    /// The smallest free chunk of `stream` that holds `block` (the lowest address among
+    /// equals), cut to size.
+    pub fn take<T: Copy + Default>(
+        &mut self,
+        tiling: &mut Tiling<T>,
+        block: u64,
+        stream: StreamId,
+    ) -> Option<u64> {
+        let &(s, size, addr) = self.free.range((stream, block, 0)..).next()?;
+        if s != stream {
+            return None;
+        }
+        self.free.remove(&(s, size, addr));
+        if let Some(rest) = tiling.split(addr, block, T::default()) {
+            self.index(tiling, rest);
+        }
+        Some(addr)
+    }
+
+    /// The block at `addr` is free again: released and merged with its free neighbours.
+    pub fn give_back<T: Copy + Default>(&mut self, tiling: &mut Tiling<T>, addr: u64) {
+        tiling.release(addr, T::default());
+        if let Some((next, _)) = tiling.next(addr).filter(|(_, c)| c.is_free()) {
+            self.unindex(tiling, next);
+            tiling.merge_next(addr);
+        }
+        let mut at = addr;
+        if let Some((prev, _)) = tiling.prev(addr).filter(|(_, c)| c.is_free()) {
+            self.unindex(tiling, prev);
+            tiling.merge_next(prev);
+            at = prev;
+        }
+        self.index(tiling, at);
+    }
+}
+
 /// [`Rules::find`]'s default: a free chunk cut to `block`, growing and then releasing what is
 /// cached if need be.
 pub fn find_or_grow<R: Rules>(

@@ -242,7 +242,6 @@ impl Bucket {
     }
 
     /// The arena indices in (size, address) order.
-    #[cfg(test)]
     fn collect_indices(&self, out: &mut Vec<u32>) {
         match self {
             Bucket::Flat(v) => {
@@ -616,7 +615,6 @@ impl FreeSet {
     }
 
     /// Every block's arena index, in (stream, size, address) order.
-    #[cfg(test)]
     pub fn collect_indices(&self, out: &mut Vec<u32>) {
         for &pos in self.order.values() {
             let s = &self.streams[pos as usize];

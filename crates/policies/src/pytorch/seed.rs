@@ -107,7 +107,24 @@ impl PyTorchAllocator {
         }
         self.stats = self.seeded_stats(stats);
         self.active_is_allocation = false;
+        self.recount_releasable();
         Ok(())
+    }
+
+    /// Seeding links a block to the next after it went into its free set, so whether it is
+    /// releasable (`BlockPool::releasable`) is known only at the end: listed again here.
+    fn recount_releasable(&mut self) {
+        let mut indices = Vec::new();
+        let pools = (self.private.iter_mut().flat_map(|p| [&mut p.small, &mut p.large]))
+            .chain([&mut self.small_pool, &mut self.large_pool]);
+        for pool in pools {
+            indices.clear();
+            pool.blocks.collect_indices(&mut indices);
+            pool.releasable = (indices.iter())
+                .filter(|&&i| self.arena[i].releasable())
+                .map(|&i| self.arena[i].size_key(i))
+                .collect();
+        }
     }
 
     /// The blocks of one segment (checked by [`StartState::problem`]), linked in address order.
