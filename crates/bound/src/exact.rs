@@ -17,7 +17,7 @@ pub fn exact(lifetimes: &[Lifetime], max_len: usize) -> Option<Placement> {
         return None;
     }
     let bound = lower_bound(lifetimes);
-    let mut best = crate::place(lifetimes);
+    let mut best = crate::place(lifetimes)?;
     if best.peak > bound {
         let mut order = Vec::with_capacity(lifetimes.len());
         let mut used = vec![false; lifetimes.len()];

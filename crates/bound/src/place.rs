@@ -18,7 +18,17 @@ pub struct Placement {
 /// first), by length (longest-lived first: what lives long goes to the bottom), and by start
 /// (as an online allocator would see them, with hindsight only in where). Ties broken by the
 /// other key, then position: deterministic.
-pub fn place(lifetimes: &[Lifetime]) -> Placement {
+///
+/// Each placement visits, for every allocation, every other that lives at the same time: a
+/// trace with many allocations live at once (an OOM storm of a hundred thousand) makes that
+/// quadratic. The variants tried are cut to what [`PLACEMENT_WORK`] pair visits allow, and
+/// `None` says not even one fits: the bound alone is the answer then.
+pub fn place(lifetimes: &[Lifetime]) -> Option<Placement> {
+    let work = overlap_work(lifetimes).max(1);
+    let variants = (PLACEMENT_WORK / work).min(8) as usize;
+    if variants == 0 {
+        return None;
+    }
     let n = lifetimes.len();
     let by = |key: &dyn Fn(usize) -> (u64, u64)| {
         let mut order: Vec<usize> = (0..n).collect();
@@ -37,15 +47,38 @@ pub fn place(lifetimes: &[Lifetime]) -> Placement {
         ("start", (0..n).collect()),
     ];
     let mut best: Option<Placement> = None;
-    for (name, order) in orders {
-        for tightest in [false, true] {
-            let p = fit(lifetimes, &order, name, tightest);
-            if best.as_ref().is_none_or(|b| p.peak < b.peak) {
-                best = Some(p);
-            }
+    let tries = orders
+        .iter()
+        .flat_map(|(name, order)| [false, true].map(|tightest| (*name, order, tightest)));
+    for (name, order, tightest) in tries.take(variants) {
+        let p = fit(lifetimes, order, name, tightest);
+        if best.as_ref().is_none_or(|b| p.peak < b.peak) {
+            best = Some(p);
         }
     }
-    best.unwrap_or(Placement { offsets: Vec::new(), peak: 0, order: "size" })
+    best
+}
+
+/// How many pair visits [`place`] may spend: a few seconds on two cores.
+pub const PLACEMENT_WORK: u64 = 400_000_000;
+
+/// The pairs of allocations that live at the same time, each counted from both sides: what one
+/// placement visits. From sorted starts and ends: for each allocation, all but those that end
+/// before it starts or start after it ends.
+fn overlap_work(lifetimes: &[Lifetime]) -> u64 {
+    let live: Vec<&Lifetime> = lifetimes.iter().filter(|l| l.start < l.end).collect();
+    let mut starts: Vec<u64> = live.iter().map(|l| l.start).collect();
+    let mut ends: Vec<u64> = live.iter().map(|l| l.end).collect();
+    starts.sort_unstable();
+    ends.sort_unstable();
+    let n = live.len() as u64;
+    live.iter()
+        .map(|l| {
+            let ended = ends.partition_point(|&e| e <= l.start) as u64;
+            let not_started = n - starts.partition_point(|&s| s < l.end) as u64;
+            n - ended - not_started
+        })
+        .sum()
 }
 
 /// Places `lifetimes` in `order`, each at the lowest address free over its whole lifetime.

@@ -34,11 +34,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let report = run_trace(&trace, &opts, &mut [], |_| {})?;
     let policy = report.stats.reserved_bytes.all.peak.max(0) as u64;
-    let (bound, offline) =
-        (allocsim_bound::reserved(live), allocsim_bound::reserved(placement.peak));
-    let headroom = |best: u64| policy.saturating_sub(best);
-    let percent =
-        |best: u64| if policy == 0 { 0.0 } else { 100.0 * headroom(best) as f64 / policy as f64 };
+    let bound = allocsim_bound::reserved(live);
+    let offline = placement.as_ref().map(|p| allocsim_bound::reserved(p.peak));
+    // Negative where the policy needs less than the offline placement: it can free segments
+    // and take them again, which one contiguous arena cannot.
+    let headroom = |best: u64| policy as i64 - best as i64;
+    let percent = |best: u64| 100.0 * headroom(best) as f64 / policy.max(1) as f64;
     if args.json {
         let j = json!({
             "trace": args.trace.display().to_string(),
@@ -46,35 +47,49 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "peak_live_bytes": live,
             "bound_bytes": bound,
             "offline_bytes": offline,
-            "offline_order": placement.order,
+            "offline_order": placement.as_ref().map(|p| p.order),
             "policy": report.policy,
             "alloc_conf": report.alloc_conf,
             "policy_peak_reserved_bytes": policy,
-            "headroom_over_offline_bytes": headroom(offline),
+            "headroom_over_offline_bytes": offline.map(headroom),
             "headroom_over_bound_bytes": headroom(bound),
         });
         crate::output::emit(&(serde_json::to_string_pretty(&j)? + "\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
+    let signed = |b: i64| {
+        if b < 0 {
+            format!("-{}", bytes(b.unsigned_abs()))
+        } else {
+            bytes(b as u64)
+        }
+    };
     let mut out = String::new();
     outln!(out, "{} allocations", lifetimes.len());
     outln!(out, "bound (peak live bytes, in whole pages):  {}", bytes(bound));
-    outln!(
-        out,
-        "offline placement (every lifetime known): {} (order: {})",
-        bytes(offline),
-        placement.order
-    );
+    match (&placement, offline) {
+        (Some(p), Some(offline)) => outln!(
+            out,
+            "offline placement (every lifetime known): {} (order: {})",
+            bytes(offline),
+            p.order
+        ),
+        _ => outln!(
+            out,
+            "offline placement: not computed (too many allocations live at once); the bound stands"
+        ),
+    }
     let conf = allocsim_core::text::quoted(&report.alloc_conf);
     outln!(out, "{} {conf} peak reserved: {}", report.policy, bytes(policy));
-    outln!(
-        out,
-        "headroom: {} ({:.1} %) over the offline placement, {} ({:.1} %) over the bound",
-        bytes(headroom(offline)),
-        percent(offline),
-        bytes(headroom(bound)),
-        percent(bound)
-    );
+    if let Some(offline) = offline {
+        outln!(
+            out,
+            "headroom over the offline placement: {} ({:.1} %)",
+            signed(headroom(offline)),
+            percent(offline)
+        );
+    }
+    outln!(out, "headroom over the bound: {} ({:.1} %)", signed(headroom(bound)), percent(bound));
     crate::output::emit(&out)?;
     Ok(ExitCode::SUCCESS)
 }

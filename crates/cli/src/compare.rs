@@ -100,7 +100,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map(|(name, trace)| {
             let lifetimes = allocsim_bound::lifetimes(trace);
             let bound = allocsim_bound::reserved(allocsim_bound::lower_bound(&lifetimes));
-            let offline = allocsim_bound::reserved(allocsim_bound::place(&lifetimes).peak);
+            let offline =
+                allocsim_bound::place(&lifetimes).map(|p| allocsim_bound::reserved(p.peak));
             (name.as_str(), Bounds { bound, offline })
         })
         .collect();
@@ -121,18 +122,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-/// A trace's `bound_bytes` and `offline_bytes`, in whole pages.
+/// A trace's `bound_bytes` and `offline_bytes`, in whole pages (no placement when too many
+/// allocations live at once: `allocsim_bound::place`).
 struct Bounds {
     bound: u64,
-    offline: u64,
+    offline: Option<u64>,
 }
 
 impl Bounds {
     /// What a placement knowing every lifetime would save against `peak_reserved`: negative
     /// where the policy needs less (it can free segments and take them again, which one
     /// contiguous arena cannot).
-    fn headroom(&self, peak_reserved: u64) -> i64 {
-        peak_reserved as i64 - self.offline as i64
+    fn headroom(&self, peak_reserved: u64) -> Option<i64> {
+        self.offline.map(|offline| peak_reserved as i64 - offline as i64)
     }
 }
 
@@ -170,12 +172,8 @@ fn tables(cells: &[GridCell], bounds: &HashMap<&str, Bounds>) -> String {
             current = &c.trace;
             let b = &bounds[current];
             outln!(out, "\n{current}");
-            outln!(
-                out,
-                "  bound {}Gi, offline placement {}Gi (allocsim bound)",
-                gib(b.bound),
-                gib(b.offline)
-            );
+            let offline = b.offline.map_or("not computed".into(), |o| format!("{}Gi", gib(o)));
+            outln!(out, "  bound {}Gi, offline placement {offline} (allocsim bound)", gib(b.bound));
             outln!(
                 out,
                 "  {:<w$} {:>8} {:>12} {:>12} {:>10} {:>8} {:>6} {:>8} {:>11} {:>14} {:>6}",
@@ -196,12 +194,14 @@ fn tables(cells: &[GridCell], bounds: &HashMap<&str, Bounds>) -> String {
         let headroom = bounds[c.trace.as_str()].headroom(m.peak_reserved_bytes);
         outln!(
             out,
-            "  {:<w$} {:>8} {:>10}Gi {:>10}Gi {:>7.1}% {:>7.2}% {:>6} {:>8} {:>9.1}ms {:>14} {:>6}",
+            "  {:<w$} {:>8} {:>10}Gi {:>10}Gi {:>10} {:>7.2}% {:>6} {:>8} {:>9.1}ms {:>14} {:>6}",
             c.policy,
             c.report.device,
             gib(m.peak_allocated_bytes),
             gib(m.peak_reserved_bytes),
-            100.0 * headroom as f64 / m.peak_reserved_bytes.max(1) as f64,
+            headroom.map_or("-".into(), |h| {
+                format!("{:.1}%", 100.0 * h as f64 / m.peak_reserved_bytes.max(1) as f64)
+            }),
             100.0 * m.fragmentation_at_peak,
             m.ooms.len(),
             c.report.device_calls.total_calls(),
