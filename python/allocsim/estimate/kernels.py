@@ -84,7 +84,7 @@ def _iter_dims(shape, strides, reduced):
     return out
 
 
-def reduction_scratch(shape, strides, reduced, scalar_bytes: int, acc_bytes: int,
+def reduction_scratch(shape, strides, reduced, acc_bytes: int,
                       device=_H200, max_threads: int = 512, input_vec: int = 4) -> Optional[tuple]:
     """(buffer bytes, semaphore bytes) of a reduction that reduces over a global buffer, else
     None. Strides in elements; the output is assumed aligned (the caching allocator's blocks
@@ -151,9 +151,9 @@ def _reduction(name: str, args, kwargs, outs, ctx) -> Optional[list]:
     elif isinstance(dims, int):
         dims = [dims]
     reduced = [d % max(x.dim(), 1) for d in dims]
-    scalar = x.element_size()
-    acc = 8 if (x.dtype.is_floating_point and scalar == 8) or not x.dtype.is_floating_point else 4
-    scratch = reduction_scratch(tuple(x.shape), tuple(x.stride()), reduced, scalar, acc)
+    # The accumulator: float for floating types narrower than double, else 8 bytes.
+    acc = 4 if x.dtype.is_floating_point and x.element_size() < 8 else 8
+    scratch = reduction_scratch(tuple(x.shape), tuple(x.stride()), reduced, acc)
     steps = _outs(len(outs))
     if scratch:
         steps += [("tmp", scratch[0]), ("tmp", scratch[1])]
