@@ -594,40 +594,48 @@ fn no_command_writes_over_its_input() {
     }
 }
 
-/// Ctrl-C while an event log is written leaves the file that was there, and no temporary file.
+/// Ctrl-C, SIGTERM or SIGHUP while an event log is written leaves the file that was there, and
+/// no temporary file.
 #[test]
 fn an_interrupted_write_leaves_the_old_file_and_no_temporary() {
-    let scratch = scratch();
-    let dir = scratch.path();
-    let log = file_in(dir, "interrupted.log", b"the old log\n");
-    let temporaries = || {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".interrupted.log")
-            })
-            .count()
-    };
-    let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../traces/pytorch-2.11-h100-extra/llama_generate_varlen.pickle.gz");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
-        .args(["replay", trace.to_str().unwrap(), "--check", "--policy", "tlsf"])
-        .args(["--event-log", log.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    while temporaries() == 0 && start.elapsed().as_secs() < 20 {
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    for signal in ["-INT", "-TERM", "-HUP"] {
+        let scratch = scratch();
+        let dir = scratch.path();
+        let log = file_in(dir, "interrupted.log", b"the old log\n");
+        let temporaries = || {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .filter(|e| {
+                    let name = e.as_ref().unwrap().file_name();
+                    name.to_string_lossy().starts_with(".interrupted.log")
+                })
+                .count()
+        };
+        let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../traces/pytorch-2.11-h100-extra/llama_generate_varlen.pickle.gz");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+            .args(["replay", trace.to_str().unwrap(), "--check", "--policy", "tlsf"])
+            .args(["--event-log", log.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while temporaries() == 0 && start.elapsed().as_secs() < 20 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(temporaries(), 1, "{signal}: the log is written to a temporary file first");
+        let pid = child.id().to_string();
+        assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
+        let status = child.wait().unwrap();
+        assert_eq!(
+            status.code(),
+            Some(130),
+            "{signal}: ended by its handler at the replay's start"
+        );
+        assert_eq!(std::fs::read(&log).unwrap(), b"the old log\n");
+        assert_eq!(temporaries(), 0, "{signal}");
     }
-    assert_eq!(temporaries(), 1, "the log is written to a temporary file first");
-    let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "interrupted (a replay of seconds, stopped at its start)");
-    assert_eq!(std::fs::read(&log).unwrap(), b"the old log\n");
-    assert_eq!(temporaries(), 0);
 }
 
 /// Settings a trace recorded that the policy refuses: the error names the file and where in it.

@@ -1,82 +1,21 @@
 //! Issue 50's reproductions of scale, each rebuilt here at test time: many streams, an OOM
 //! storm, a snapshot of tens of millions of identical entries, writers of long traces, native
-//! files whose lists blow up when read, and SIGTERM/SIGHUP during a write. Each runs in a
-//! child whose peak memory and CPU time `wait4` measures (as `hostile.rs` does), and must end
-//! within 1 GB and 10 s of CPU, or with a clear error naming the file. The CPU bound catches
-//! a quadratic path (these took minutes), not a slow machine: each takes a second or two.
+//! files whose lists blow up when read (SIGTERM and SIGHUP during a write: `cli.rs`). Each
+//! runs in a child whose peak memory and CPU time `wait4` measures (`measured/`), and must
+//! end within 1 GB and 10 s of CPU, or with a clear error naming the file. The CPU bound
+//! catches a quadratic path (these took minutes), not a slow machine: each takes a second or
+//! two.
 
 use allocsim_core::{Op, StreamId, Trace};
 use allocsim_trace::pickle::Value;
 use flate2::write::GzEncoder;
 use flate2::Compression;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-const GB: u64 = 1_000_000_000;
+mod measured;
 
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("allocsim-scale-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    peak_bytes: u64,
-    cpu_seconds: f64,
-}
-
-/// `allocsim ARGS` in a child, with its peak resident memory and CPU time (`wait4`: see
-/// `hostile.rs`, whose helper this is). A child still running after two minutes is killed.
-#[allow(unsafe_code)]
-#[allow(clippy::zombie_processes)]
-fn measured(args: &[&str]) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running allocsim");
-    let read = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            pipe.read_to_string(&mut text).map(|_| text)
-        })
-    };
-    let stdout = read(Box::new(child.stdout.take().unwrap()));
-    let stderr = read(Box::new(child.stderr.take().unwrap()));
-    let pid = child.id() as libc::pid_t;
-    let started = std::time::Instant::now();
-    let mut status = 0;
-    // SAFETY: all-zero bytes are a valid `rusage` (a struct of integers).
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `pid` is our unreaped child; `status` and `usage` are valid for writes.
-        let waited = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        assert!(waited >= 0, "wait4: {}", std::io::Error::last_os_error());
-        if waited == pid {
-            break;
-        }
-        if started.elapsed() > std::time::Duration::from_secs(120) {
-            // Not yet reaped, so the pid is still this child's.
-            let _ = child.kill();
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Run {
-        code: if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 },
-        stdout: stdout.join().unwrap().unwrap(),
-        stderr: stderr.join().unwrap().unwrap(),
-        // Linux reports kilobytes.
-        peak_bytes: usage.ru_maxrss as u64 * 1024,
-        cpu_seconds: seconds(usage.ru_utime) + seconds(usage.ru_stime),
-    }
-}
+use measured::{measured, scratch, Run, GB};
 
 /// `run` stayed within 1 GB and 10 s of CPU; printed for the record.
 fn within_bounds(what: &str, run: &Run) {
@@ -316,43 +255,4 @@ fn writers_of_long_traces_stay_within_bounds() {
     let counted = run.stdout.lines().any(|l| l.split_whitespace().eq(["alloc", &allocs]));
     assert!(counted, "{}", run.stdout);
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// SIGTERM and SIGHUP while an event log is written leave the old file and no temporary.
-#[test]
-fn a_terminated_write_leaves_the_old_file_and_no_temporary() {
-    for signal in ["-TERM", "-HUP"] {
-        let dir = scratch(&format!("signal{signal}"));
-        let log = dir.join("terminated.log");
-        std::fs::write(&log, b"the old log\n").unwrap();
-        let temporaries = || {
-            (std::fs::read_dir(&dir).unwrap())
-                .filter(|e| {
-                    let name = e.as_ref().unwrap().file_name();
-                    name.to_string_lossy().starts_with(".terminated.log")
-                })
-                .count()
-        };
-        let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../traces/pytorch-2.11-h100-extra/llama_generate_varlen.pickle.gz");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
-            .args(["replay", trace.to_str().unwrap(), "--check", "--policy", "tlsf"])
-            .args(["--event-log", log.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let start = std::time::Instant::now();
-        while temporaries() == 0 && start.elapsed().as_secs() < 20 {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(temporaries(), 1, "{signal}: the log is written to a temporary file first");
-        let pid = child.id().to_string();
-        assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
-        let status = child.wait().unwrap();
-        assert_eq!(status.code(), Some(130), "{signal}: ended by its handler");
-        assert_eq!(std::fs::read(&log).unwrap(), b"the old log\n");
-        assert_eq!(temporaries(), 0, "{signal}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }
