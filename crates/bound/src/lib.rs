@@ -98,19 +98,59 @@ pub fn lifetimes(trace: &Trace) -> Vec<Lifetime> {
 /// The most bytes live at any op: no allocator can do with less. [`PAGE_BYTES`] rounding is
 /// left to the caller (`reserved_bound`).
 pub fn lower_bound(lifetimes: &[Lifetime]) -> u64 {
+    live_bytes(lifetimes).into_iter().map(|(_, live)| live).max().unwrap_or(0)
+}
+
+/// The bytes live after each op where some lifetime starts or ends, in op order.
+pub(crate) fn live_bytes(lifetimes: &[Lifetime]) -> Vec<(u64, u64)> {
     let mut edges: Vec<(u64, i128)> = Vec::with_capacity(lifetimes.len() * 2);
     for l in lifetimes.iter().filter(|l| l.start < l.end) {
         edges.push((l.start, l.size as i128));
         edges.push((l.end, -(l.size as i128)));
     }
-    // At one op, frees (ends) come before allocations (starts): `end` is exclusive.
-    edges.sort_unstable_by_key(|&(at, delta)| (at, delta > 0));
-    let (mut live, mut peak) = (0i128, 0i128);
-    for (_, delta) in edges {
+    edges.sort_unstable_by_key(|&(at, _)| at);
+    let mut points: Vec<(u64, u64)> = Vec::new();
+    let mut live = 0i128;
+    for (k, &(at, delta)) in edges.iter().enumerate() {
         live += delta;
-        peak = peak.max(live);
+        if edges.get(k + 1).is_none_or(|next| next.0 != at) {
+            points.push((at, live as u64));
+        }
     }
-    peak as u64
+    points
+}
+
+/// What `allocsim bound` and `compare` report of a trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bound {
+    pub allocations: usize,
+    pub peak_live_bytes: u64,
+    /// `peak_live_bytes` in whole pages: no allocator reserves less.
+    pub bound_bytes: u64,
+    /// The offline placement's peak in whole pages, and the order that gave it; `None` when
+    /// too many allocations live at once for one ([`place`]).
+    pub offline: Option<(u64, &'static str)>,
+}
+
+impl Bound {
+    /// What a placement knowing every lifetime would save against a policy's `peak_reserved`:
+    /// negative where the policy needs less (it can free segments and take them again, which
+    /// one contiguous arena cannot).
+    pub fn headroom(&self, peak_reserved: u64) -> Option<i64> {
+        self.offline.map(|(offline, _)| peak_reserved as i64 - offline as i64)
+    }
+}
+
+/// The bound and the offline placement of `trace`.
+pub fn bound(trace: &Trace) -> Bound {
+    let lifetimes = lifetimes(trace);
+    let peak_live_bytes = lower_bound(&lifetimes);
+    Bound {
+        allocations: lifetimes.len(),
+        peak_live_bytes,
+        bound_bytes: reserved(peak_live_bytes),
+        offline: place(&lifetimes).map(|p| (reserved(p.peak), p.order)),
+    }
 }
 
 /// Device memory reserved in whole pages to hold `bytes`.

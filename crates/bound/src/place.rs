@@ -209,21 +209,7 @@ impl IntervalTree {
 
 /// For each allocation, the most bytes live at one op during its lifetime (itself included).
 fn breadths(lifetimes: &[Lifetime]) -> Vec<u64> {
-    let mut edges: Vec<(u64, i128)> = Vec::new();
-    for l in lifetimes.iter().filter(|l| l.start < l.end) {
-        edges.push((l.start, l.size as i128));
-        edges.push((l.end, -(l.size as i128)));
-    }
-    edges.sort_unstable_by_key(|&(at, delta)| (at, delta > 0));
-    // Live bytes after each distinct op, then a range maximum per lifetime.
-    let mut points: Vec<(u64, u64)> = Vec::new();
-    let mut live = 0i128;
-    for (k, &(at, delta)) in edges.iter().enumerate() {
-        live += delta;
-        if edges.get(k + 1).is_none_or(|next| next.0 != at) {
-            points.push((at, live as u64));
-        }
-    }
+    let points = crate::live_bytes(lifetimes);
     let table = SparseMax::new(points.iter().map(|p| p.1).collect());
     lifetimes
         .iter()

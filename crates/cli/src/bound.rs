@@ -24,9 +24,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let trace = crate::input::load_trace(&args.trace)?;
-    let lifetimes = allocsim_bound::lifetimes(&trace);
-    let live = allocsim_bound::lower_bound(&lifetimes);
-    let placement = allocsim_bound::place(&lifetimes);
+    let b = allocsim_bound::bound(&trace);
     let opts = RunOptions {
         policy: args.policy.clone(),
         alloc_conf: args.alloc_conf,
@@ -34,24 +32,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let report = run_trace(&trace, &opts, &mut [], |_| {})?;
     let policy = report.stats.reserved_bytes.all.peak.max(0) as u64;
-    let bound = allocsim_bound::reserved(live);
-    let offline = placement.as_ref().map(|p| allocsim_bound::reserved(p.peak));
-    // Negative where the policy needs less than the offline placement: it can free segments
-    // and take them again, which one contiguous arena cannot.
+    let (bound, offline) = (b.bound_bytes, b.offline.map(|(bytes, _)| bytes));
+    // Negative where the policy needs less: see `Bound::headroom`.
     let headroom = |best: u64| policy as i64 - best as i64;
     let percent = |best: u64| 100.0 * headroom(best) as f64 / policy.max(1) as f64;
     if args.json {
         let j = json!({
             "trace": args.trace.display().to_string(),
-            "allocations": lifetimes.len(),
-            "peak_live_bytes": live,
+            "allocations": b.allocations,
+            "peak_live_bytes": b.peak_live_bytes,
             "bound_bytes": bound,
             "offline_bytes": offline,
-            "offline_order": placement.as_ref().map(|p| p.order),
+            "offline_order": b.offline.map(|(_, order)| order),
             "policy": report.policy,
             "alloc_conf": report.alloc_conf,
             "policy_peak_reserved_bytes": policy,
-            "headroom_over_offline_bytes": offline.map(headroom),
+            "headroom_over_offline_bytes": b.headroom(policy),
             "headroom_over_bound_bytes": headroom(bound),
         });
         crate::output::emit(&(serde_json::to_string_pretty(&j)? + "\n"))?;
@@ -65,16 +61,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     let mut out = String::new();
-    outln!(out, "{} allocations", lifetimes.len());
+    outln!(out, "{} allocations", b.allocations);
     outln!(out, "bound (peak live bytes, in whole pages):  {}", bytes(bound));
-    match (&placement, offline) {
-        (Some(p), Some(offline)) => outln!(
+    match b.offline {
+        Some((offline, order)) => outln!(
             out,
             "offline placement (every lifetime known): {} (order: {})",
             bytes(offline),
-            p.order
+            order
         ),
-        _ => outln!(
+        None => outln!(
             out,
             "offline placement: not computed (too many allocations live at once); the bound stands"
         ),

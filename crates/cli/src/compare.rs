@@ -1,6 +1,7 @@
 //! `allocsim compare TRACE... --policy all|a,b,c`: the policy x trace grid.
 
 use crate::output::outln;
+use allocsim_bound::Bound;
 use allocsim_core::text::quoted;
 use allocsim_run::{compare, GridCell, RunOptions};
 use anyhow::{bail, Context};
@@ -95,16 +96,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("running the comparison grid")?;
     bar.finish_and_clear();
     // Each trace's bound and offline placement (`allocsim bound`): the headroom column.
-    let bounds: HashMap<&str, Bounds> = traces
-        .iter()
-        .map(|(name, trace)| {
-            let lifetimes = allocsim_bound::lifetimes(trace);
-            let bound = allocsim_bound::reserved(allocsim_bound::lower_bound(&lifetimes));
-            let offline =
-                allocsim_bound::place(&lifetimes).map(|p| allocsim_bound::reserved(p.peak));
-            (name.as_str(), Bounds { bound, offline })
-        })
-        .collect();
+    let bounds: HashMap<&str, Bound> =
+        traces.iter().map(|(name, trace)| (name.as_str(), allocsim_bound::bound(trace))).collect();
     if let Some(path) = &args.html {
         let html = crate::html::report(&traces, &cells, &base)?;
         crate::write_atomically(path, html.as_bytes())?;
@@ -122,27 +115,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-/// A trace's `bound_bytes` and `offline_bytes`, in whole pages (no placement when too many
-/// allocations live at once: `allocsim_bound::place`).
-struct Bounds {
-    bound: u64,
-    offline: Option<u64>,
-}
-
-impl Bounds {
-    /// What a placement knowing every lifetime would save against `peak_reserved`: negative
-    /// where the policy needs less (it can free segments and take them again, which one
-    /// contiguous arena cannot).
-    fn headroom(&self, peak_reserved: u64) -> Option<i64> {
-        self.offline.map(|offline| peak_reserved as i64 - offline as i64)
-    }
-}
-
-fn row(c: &GridCell, b: &Bounds) -> serde_json::Value {
+fn row(c: &GridCell, b: &Bound) -> serde_json::Value {
     let m = &c.report.metrics;
     serde_json::json!({
-        "bound_bytes": b.bound,
-        "offline_bytes": b.offline,
+        "bound_bytes": b.bound_bytes,
+        "offline_bytes": b.offline.map(|(bytes, _)| bytes),
         "headroom_bytes": b.headroom(m.peak_reserved_bytes),
         "trace": c.trace,
         "policy": c.policy,
@@ -163,7 +140,7 @@ fn gib(n: u64) -> String {
     format!("{:.3}", n as f64 / (1u64 << 30) as f64)
 }
 
-fn tables(cells: &[GridCell], bounds: &HashMap<&str, Bounds>) -> String {
+fn tables(cells: &[GridCell], bounds: &HashMap<&str, Bound>) -> String {
     let w = cells.iter().map(|c| c.policy.len()).max().unwrap_or(0).max(14);
     let mut out = String::new();
     let mut current = "";
@@ -172,8 +149,12 @@ fn tables(cells: &[GridCell], bounds: &HashMap<&str, Bounds>) -> String {
             current = &c.trace;
             let b = &bounds[current];
             outln!(out, "\n{current}");
-            let offline = b.offline.map_or("not computed".into(), |o| format!("{}Gi", gib(o)));
-            outln!(out, "  bound {}Gi, offline placement {offline} (allocsim bound)", gib(b.bound));
+            let offline = b.offline.map_or("not computed".into(), |(o, _)| format!("{}Gi", gib(o)));
+            outln!(
+                out,
+                "  bound {}Gi, offline placement {offline} (allocsim bound)",
+                gib(b.bound_bytes)
+            );
             outln!(
                 out,
                 "  {:<w$} {:>8} {:>12} {:>12} {:>10} {:>8} {:>6} {:>8} {:>11} {:>14} {:>6}",
