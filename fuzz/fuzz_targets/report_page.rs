@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Err(failure) = allocsim_cli::report_page_target(data) {
+    if let Err(failure) = allocsim_testgen::targets::report_page(data) {
         panic!("{failure}");
     }
 });

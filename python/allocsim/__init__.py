@@ -6,9 +6,9 @@ workloads) through GPU allocator policies.
     result = allocsim.replay(trace, alloc_conf="expandable_segments:True")
     result.memory_stats["reserved_bytes.all.peak"]
 
-Every function runs the `allocsim` command of the same name in-process (the native module is
-the command-line tool's library) and reads the JSON it prints, so a result here and the CLI's
-`--json` are the same numbers, key for key. Importing allocsim needs no torch; `capture` does.
+Every function calls the `allocsim` library (the native module) with typed arguments, the GIL
+released, so threads run calls side by side; a result here and the CLI's `--json` are the same
+numbers, key for key. Importing allocsim needs no torch; `capture` does.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ __all__ = [
     "bound",
     "explain_oom",
     "fidelity",
+    "report",
+    "convert",
+    "workloads",
     "policies",
     "capture",
     "estimate",
@@ -83,52 +86,27 @@ PathLike = Union[str, "os.PathLike[str]"]
 Size = Union[int, float, str]
 
 
-def _cli(command: str, paths: Sequence[str], **options: Any) -> str:
-    """Run `allocsim COMMAND --OPTION=VALUE... -- PATH...` in-process and return what it
-    printed; raise on failure. Each option is one `--flag=value` word and the paths come after
-    `--`, so no spelling of a path or a value is read as another option: `load("--help")`
-    looks for a file of that name, and a path `--html=x` writes nothing. (A replay whose
-    checker found violations exits 1 and still prints its report: the result says so in
-    `checker_violations`.)"""
-    argv = [command, *_options(**options), "--", *paths]
-    _status, out, error = _allocsim.run(argv)
-    if error is not None:
-        kind, message = error
-        raise _ERRORS.get(kind, AllocsimError)(message)
-    return out
+def _native(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a native call, raising its failure as the package's exception for its kind."""
+    try:
+        return call(*args, **kwargs)
+    except _allocsim.Failure as e:
+        kind, message = e.args
+        raise _ERRORS.get(kind, AllocsimError)(message) from None
 
 
-def _json(command: str, paths: Sequence[str], **options: Any) -> Any:
-    return json.loads(_cli(command, paths, json=True, **options))
-
-
-def _size(value: Size) -> str:
-    """A size as the CLI takes it: bytes, `40GiB`, `40GB` or `4e10`."""
-    if isinstance(value, bool):
-        raise UsageError(f"a size, not {value!r}")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value)
-
-
-def _options(**named: Any) -> list[str]:
-    """`--flag=value` for each named option that is set (`--flag` alone for a switch): one
-    word each, so a value that starts with `-` is still the value."""
-    argv: list[str] = []
-    for name, value in named.items():
-        if value is None or value is False:
-            continue
-        flag = "--" + name.replace("_", "-")
-        argv.append(flag if value is True else f"{flag}={value}")
-    return argv
-
-
-@dataclass(frozen=True)
 class Trace:
-    """A trace file allocsim can read, with what `allocsim info` says of it."""
+    """A trace read once (`allocsim.load`): every call given it uses it as it is, with what
+    `allocsim info` says of it. Its ops and stacks are reachable: `trace.ops` (their number,
+    also `len(trace)`), `trace.op_list(start, stop)`, `trace.stack(op_index)`."""
 
-    path: str
-    info: Mapping[str, Any] = field(repr=False)
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self.info: Mapping[str, Any] = json.loads(_native(native.info))
+
+    @property
+    def path(self) -> str:
+        return os.fspath(self._native.path)
 
     @property
     def format(self) -> str:
@@ -138,6 +116,18 @@ class Trace:
     def ops(self) -> int:
         """Operations replayed: allocations, frees, `empty_cache` calls, ..."""
         return self.info["ops"]
+
+    def op_list(self, start: int = 0, stop: Optional[int] = None) -> list[dict[str, Any]]:
+        """The ops from `start` to `stop`, each a dict: `action` and its fields."""
+        return self._native.ops(start, stop)
+
+    def stack(self, op_index: int) -> list[tuple[str, int, str]]:
+        """The (filename, line, name) frames of the entry op `op_index` came from, innermost
+        first; empty when the recording kept none."""
+        return self._native.stack(op_index)
+
+    def __len__(self) -> int:
+        return len(self._native)
 
     @property
     def peak_live_bytes(self) -> int:
@@ -159,6 +149,9 @@ class Trace:
     def __fspath__(self) -> str:
         return self.path
 
+    def __repr__(self) -> str:
+        return f"Trace(path={self.path!r}, format={self.format!r}, ops={self.ops})"
+
     def _repr_html_(self) -> str:
         from ._html import trace_html
 
@@ -168,24 +161,39 @@ class Trace:
 TraceLike = Union[Trace, PathLike]
 
 
-def _path(trace: TraceLike) -> str:
-    return os.fspath(trace)
+def _trace(trace: TraceLike) -> Any:
+    """What the native calls take: a loaded trace, or a path."""
+    if isinstance(trace, Trace):
+        return trace._native
+    if isinstance(trace, (str, os.PathLike)):
+        return os.fspath(trace)
+    raise TypeError(f"expected an allocsim.Trace or a path, not {type(trace).__name__}")
 
 
-def load(path: PathLike) -> Trace:
+def _json(returned: tuple[Optional[str], str, bool]) -> Any:
+    return json.loads(returned[0])
+
+
+def load(
+    path: PathLike, cuda_device: Optional[int] = None, max_reader_memory: Optional[Size] = None
+) -> Trace:
     """Read a trace (a PyTorch snapshot `.pickle`/`.pickle.gz`, an RMM log `.csv`, a native
-    `.allocsim`/`.allocsim.json`, or `workload:NAME?key=value` for a live workload) and say
-    what it holds. Raises `TraceError` naming the file and the place if it cannot."""
-    path = os.fspath(path)
-    return Trace(path, _json("info", [path]))
+    `.allocsim`/`.allocsim.json`, or `workload:NAME?key=value` for a live workload) once, for
+    every later call. Raises `TraceError` naming the file and the place if it cannot, and
+    `FileError` if it cannot be opened."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a str or os.PathLike, not {type(path).__name__}")
+    return Trace(_native(_allocsim.load, os.fspath(path), cuda_device, max_reader_memory))
 
 
 @dataclass(frozen=True)
 class ReplayResult:
     """One replay: `memory_stats` under PyTorch's key names, peaks, OOMs with the figures that
-    explain them, fragmentation, and the timeline. `raw` is `allocsim replay --json` whole."""
+    explain them, fragmentation, and the timeline. `raw` is `allocsim replay --json` whole;
+    `summary` the text `allocsim replay` prints, `torch.cuda.memory_summary()`'s table last."""
 
     raw: Mapping[str, Any] = field(repr=False)
+    summary: str = field(default="", repr=False)
 
     @property
     def memory_stats(self) -> dict[str, int]:
@@ -253,45 +261,62 @@ def replay(
     memory_fraction: Optional[float] = None,
     device: str = "auto",
     check: bool = False,
+    seed: int = 0,
 ) -> ReplayResult:
     """Replay `trace` through `policy` (`allocsim.policies()` lists them) under `alloc_conf`
     (for `pytorch`, a `PYTORCH_CUDA_ALLOC_CONF` string; for the others their own settings), on
-    the modelled device with `device_free`/`device_total` (bytes or `"40GiB"`). `check` runs
-    the independent checker over every event. The same as `allocsim replay ... --json`."""
-    return ReplayResult(
-        _json(
-            "replay",
-            [_path(trace)],
-            policy=policy,
-            device=device,
-            alloc_conf=alloc_conf,
-            device_free=None if device_free is None else _size(device_free),
-            device_total=None if device_total is None else _size(device_total),
-            memory_fraction=memory_fraction,
-            check=check,
-        )
+    the modelled device with `device_free`/`device_total` (bytes, or `"40GiB"`). `check` runs
+    the independent checker over every event (violations: `checker_violations`). The same
+    numbers as `allocsim replay ... --json`."""
+    raw, text, _failed = _native(
+        _allocsim.replay,
+        _trace(trace),
+        policy=policy,
+        alloc_conf=alloc_conf,
+        device_free=device_free,
+        device_total=device_total,
+        memory_fraction=memory_fraction,
+        device=device,
+        check=check,
+        seed=seed,
     )
+    return ReplayResult(json.loads(raw), text)
 
 
 def compare(
     traces: Union[TraceLike, Sequence[TraceLike]],
     policies: Union[str, Sequence[str]] = "all",
     memory_fraction: Optional[float] = None,
+    device_total: Optional[Size] = None,
+    capacity: bool = True,
+    html: Optional[PathLike] = None,
+    jobs: Optional[int] = None,
 ) -> list[dict[str, Any]]:
     """Every column on every trace: peaks, fragmentation, OOMs, device calls, minimum feasible
     capacity, checker violations, one dict per (trace, column). A column is a policy or a
-    policy under settings, `"pytorch[expandable_segments:True]"`. As `allocsim compare`."""
+    policy under settings, `"pytorch[expandable_segments:True]"`. `html` also writes the
+    comparison page there. As `allocsim compare`."""
     if isinstance(traces, (str, os.PathLike, Trace)):
         traces = [traces]
     columns = policies if isinstance(policies, str) else ",".join(policies)
-    paths = [_path(t) for t in traces]
-    return _json("compare", paths, policy=columns, memory_fraction=memory_fraction)
+    return _json(
+        _native(
+            _allocsim.compare,
+            [_trace(t) for t in traces],
+            policies=columns,
+            memory_fraction=memory_fraction,
+            device_total=device_total,
+            capacity=capacity,
+            html=None if html is None else os.fspath(html),
+            jobs=jobs,
+        )
+    )
 
 
 def capacity(
     trace: TraceLike,
     alloc_conf: Optional[str] = None,
-    policy: Optional[str] = None,
+    policy: str = "pytorch",
     outside: Optional[Size] = None,
 ) -> dict[str, Any]:
     """The smallest free memory at the start (as `torch.cuda.mem_get_info()` reports it once
@@ -299,20 +324,16 @@ def capacity(
     the band `capacity_low_bytes`..`capacity_high_bytes`, and how it was found. As `allocsim
     capacity`."""
     return _json(
-        "capacity",
-        [_path(trace)],
-        alloc_conf=alloc_conf,
-        policy=policy,
-        outside=None if outside is None else _size(outside),
+        _native(_allocsim.capacity, _trace(trace), alloc_conf=alloc_conf, policy=policy, outside=outside)
     )
 
 
-def bound(trace: TraceLike, policy: Optional[str] = None, alloc_conf: Optional[str] = None) -> dict[str, Any]:
+def bound(trace: TraceLike, policy: str = "pytorch", alloc_conf: Optional[str] = None) -> dict[str, Any]:
     """How far from the best possible: `bound_bytes` (the most bytes live at once, in whole
     pages: no allocator needs less), `offline_bytes` (a placement that knows every lifetime in
     advance), the policy's `policy_peak_reserved_bytes` and its headroom over both. As
     `allocsim bound`."""
-    return _json("bound", [_path(trace)], policy=policy, alloc_conf=alloc_conf)
+    return _json(_native(_allocsim.bound, _trace(trace), policy=policy, alloc_conf=alloc_conf))
 
 
 def advise(
@@ -323,38 +344,75 @@ def advise(
     """The `PYTORCH_CUDA_ALLOC_CONF` settings people try, ranked by the memory each needs, with
     peak reserved, OOMs on a card with `device_free` free, and fragmentation. As `allocsim
     advise`."""
-    return _json(
-        "advise",
-        [_path(trace)],
-        device_free=None if device_free is None else _size(device_free),
-        outside=None if outside is None else _size(outside),
-    )
+    return _json(_native(_allocsim.advise, _trace(trace), device_free=device_free, outside=outside))
 
 
 def explain_oom(
     trace: TraceLike,
-    policy: Optional[str] = None,
+    policy: str = "pytorch",
     alloc_conf: Optional[str] = None,
     device_total: Optional[Size] = None,
-    limit: Optional[int] = None,
+    limit: int = 20,
 ) -> Any:
     """Why each OOM happened (free memory, largest free block per pool, the live blocks
     fencing the largest free region with their stacks), and which settings would have avoided
     it. As `allocsim explain-oom --json`."""
     return _json(
-        "explain-oom",
-        [_path(trace)],
-        policy=policy,
-        alloc_conf=alloc_conf,
-        device_total=None if device_total is None else _size(device_total),
-        limit=limit,
+        _native(
+            _allocsim.explain_oom,
+            _trace(trace),
+            policy=policy,
+            alloc_conf=alloc_conf,
+            device_total=device_total,
+            limit=limit,
+        )
     )
 
 
 def fidelity(trace: TraceLike) -> str:
     """Replay a PyTorch recording in lockstep with itself: the report, ending in `exact` or
     saying where simulation and recording part. As `allocsim fidelity`."""
-    return _cli("fidelity", [_path(trace)])
+    return _native(_allocsim.fidelity, _trace(trace))[1]
+
+
+def report(
+    trace: TraceLike,
+    out: Optional[PathLike] = None,
+    policy: str = "pytorch",
+    alloc_conf: Optional[str] = None,
+    device_total: Optional[Size] = None,
+    advice: bool = True,
+) -> str:
+    """Write the trace's report page (the memory timeline, segment maps, OOMs, the settings
+    ranked) to `out` (default: the trace's name with `.html`, here) and return its path. As
+    `allocsim report`."""
+    return os.fspath(
+        _native(
+            _allocsim.report,
+            _trace(trace),
+            out=None if out is None else os.fspath(out),
+            policy=policy,
+            alloc_conf=alloc_conf,
+            device_total=device_total,
+            advice=advice,
+        )
+    )
+
+
+def convert(trace: TraceLike, out: PathLike) -> None:
+    """Write `trace` to `out` in the format its extension names (`.pickle[.gz]`, `.csv`,
+    `.allocsim`, `.allocsim.json`); an existing file is replaced only once the new one is
+    whole. As `allocsim convert`."""
+    _native(_allocsim.convert, _trace(trace), os.fspath(out))
+
+
+def workloads() -> dict[str, dict[str, Any]]:
+    """The live workloads `load("workload:NAME?key=value")` builds: for each name, what it is
+    and its parameters with their defaults."""
+    return {
+        name: {"description": what, "parameters": dict(params)}
+        for name, what, params in _allocsim.workloads()
+    }
 
 
 def policies() -> list[str]:

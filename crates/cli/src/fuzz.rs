@@ -5,7 +5,7 @@
 //! writes it as a trace file and prints the commands that reproduce the run and the minimal
 //! case. `--trace FILE` runs every oracle on one trace file: what those commands run.
 
-use crate::output::counted;
+use allocsim::output::counted;
 use allocsim_testgen::oracles::{check_trace_catching, formats, Failure, Oracle};
 use allocsim_testgen::shrink::shrink;
 use allocsim_testgen::suite::{reproduce_command, save_case};
@@ -85,11 +85,11 @@ fn policies(only: &Option<String>) -> anyhow::Result<Vec<String>> {
     Ok(vec![spec.clone()])
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args, cx: &allocsim::Context) -> anyhow::Result<ExitCode> {
     let policies = policies(&args.policy)?;
     quiet_panics();
     if let Some(path) = &args.trace {
-        let trace = crate::input::load_trace(path)?;
+        let trace = allocsim::load(path, &cx.read)?.trace;
         let mut failed = false;
         for policy in &policies {
             match oracles(policy, &trace) {
@@ -122,7 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ops += trace.ops.len() as u64;
         for policy in &policies {
             if let Err(failure) = oracles(policy, &trace) {
-                return report(&args, seed, &program, failure);
+                return report(args, seed, &program, failure);
             }
         }
         if (i + 1) % 1000 == 0 {

@@ -177,8 +177,8 @@ fn a_files_strings_reach_the_terminal_escaped() {
     assert_no_controls("replay of hostile settings", &out);
 }
 
-/// The `report_page` fuzz target's oracle as a plain test (CI has no cargo-fuzz), on its
-/// committed corpus and on seeded random bytes with text of every kind before the program.
+/// The `report_page` fuzz target's oracle on seeded random bytes with text of every kind
+/// before the program (`fuzz_smoke` runs its corpus and mutations).
 #[test]
 fn report_page_target_smoke() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/report_page");
@@ -201,7 +201,7 @@ fn report_page_target_smoke() {
         inputs.push(input);
     }
     for input in &inputs {
-        if let Err(e) = allocsim_cli::report_page_target(input) {
+        if let Err(e) = allocsim_testgen::targets::report_page(input) {
             panic!("{e}\ninput: {input:?}");
         }
     }

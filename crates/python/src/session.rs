@@ -137,7 +137,7 @@ impl Session {
         let recorded = std::mem::take(&mut trace.recorded);
         let segments = self.inner.segments();
         let (policy, conf) = (&self.policy, &self.conf);
-        py.detach(|| allocsim_cli::write_snapshot(&path, &trace, recorded, &segments, policy, conf))
+        py.detach(|| allocsim::write_snapshot(&path, &trace, recorded, &segments, policy, conf))
             .map_err(|e| PyOSError::new_err(format!("{e:#}")))
     }
 }

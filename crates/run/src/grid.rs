@@ -54,8 +54,8 @@ pub fn column_options(column: &str, base: &RunOptions) -> RunOptions {
 /// cell runs on the device `auto` picks (the PyTorch policy under a recording's own settings
 /// follows the recording; anything else runs on the model), and its capacity bisection on
 /// the model. `progress` is called once per finished cell.
-pub fn compare(
-    traces: &[(String, Trace)],
+pub fn compare<T: std::borrow::Borrow<Trace> + Sync>(
+    traces: &[(String, T)],
     policies: &[String],
     base: &RunOptions,
     with_capacity: bool,
@@ -66,13 +66,14 @@ pub fn compare(
     // Longest first (a trace's ops as the estimate), one cell per task: the cells started
     // last are short ones, so no core idles long at the end while another finishes a big one.
     let mut order: Vec<usize> = (0..cells.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(traces[cells[i].0].1.ops.len()));
+    order.sort_by_key(|&i| std::cmp::Reverse(traces[cells[i].0].1.borrow().ops.len()));
     let mut done: Vec<(usize, GridCell)> = order
         .par_iter()
         .with_max_len(1)
         .map(|&i| {
             let (t, policy) = cells[i];
             let (name, trace) = &traces[t];
+            let trace = trace.borrow();
             let opts = RunOptions { device: DeviceChoice::Auto, ..column_options(policy, base) };
             let report = run_trace(trace, &opts, &mut [], |_| {})?;
             let opts = RunOptions { device: DeviceChoice::Sim, ..opts };

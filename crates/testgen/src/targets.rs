@@ -75,7 +75,7 @@ pub type Target = fn(&[u8]) -> Result<(), Failure>;
 
 /// Every target by its `fuzz/fuzz_targets/` name (the report page's, `report_page`, is
 /// `allocsim_cli::page_reads_back`'s, which this crate cannot reach).
-pub const TARGETS: [(&str, Target); 8] = [
+pub const TARGETS: [(&str, Target); 9] = [
     ("program", program),
     ("snapshot_import", snapshot_import),
     ("snapshot_file", snapshot_file),
@@ -84,4 +84,22 @@ pub const TARGETS: [(&str, Target); 8] = [
     ("snapshot_gzip", snapshot_gzip),
     ("alloc_conf", alloc_conf),
     ("writers", writers),
+    ("report_page", report_page),
 ];
+
+/// The `report_page` fuzz target's body: `data` as the `writers` target reads it (the first
+/// byte picks the policy, then lines of text and a program:
+/// [`crate::oracles::writers::trace_with_strings`]), its first line also the title, through
+/// [`allocsim::page_reads_back`].
+pub fn report_page(data: &[u8]) -> Result<(), Failure> {
+    let policy = policy_for(data);
+    let rest = data.get(1..).unwrap_or(&[]);
+    let trace = crate::oracles::writers::trace_with_strings(rest);
+    let title = trace.warnings.first().cloned().unwrap_or_default();
+    allocsim::page_reads_back(&trace, &title, policy).map_err(|message| Failure {
+        oracle: crate::oracles::Oracle::RoundTrip,
+        policy: policy.to_string(),
+        op_index: None,
+        message,
+    })
+}

@@ -336,7 +336,7 @@ pub extern "C" fn allocsim_memory_stats_json(device: c_int) -> *mut c_char {
 pub extern "C" fn allocsim_memory_summary(device: c_int) -> *mut c_char {
     with_hub(std::ptr::null_mut(), |hub| {
         let d = device_index(device)?;
-        Ok(give(allocsim_cli::memory_summary(&hub.stats(d), d)))
+        Ok(give(allocsim::memory_summary(&hub.stats(d), d)))
     })
 }
 
@@ -367,7 +367,7 @@ pub extern "C" fn allocsim_save_snapshot(device: c_int, path: *const c_char) -> 
         let mut trace = hub.recording(d).unwrap_or_default();
         let recorded = std::mem::take(&mut trace.recorded);
         let s = hub.settings();
-        allocsim_cli::write_snapshot(&path, &trace, recorded, &hub.segments(d), &s.policy, &s.conf)
+        allocsim::write_snapshot(&path, &trace, recorded, &hub.segments(d), &s.policy, &s.conf)
             .map_err(|e| format!("{e:#}"))?;
         Ok(0)
     })

@@ -1,9 +1,9 @@
 //! `allocsim replay TRACE --policy NAME ...`.
 
+use crate::output::outln;
 use crate::output::{
     bytes, compares_cumulative, memory_summary, parse_size, read_stats_json, recorded_differences,
 };
-use crate::output::{emit, outln};
 use allocsim_core::text::quoted;
 use allocsim_core::{CallKind, MemPoolId};
 use allocsim_replay::{EventLog, Observer, Recorder};
@@ -16,7 +16,6 @@ use allocsim_trace::atomic::AtomicFile;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DeviceArg {
@@ -60,9 +59,6 @@ pub struct Args {
     /// Run the independent checker over every event; exit 1 on any violation.
     #[arg(long)]
     pub check: bool,
-    /// Print one JSON object instead of the summary.
-    #[arg(long)]
-    pub json: bool,
     /// Write every event, one line each, to this file.
     #[arg(long)]
     pub event_log: Option<PathBuf>,
@@ -137,7 +133,7 @@ impl Args {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     if let (Some(log), Some(export)) = (&args.event_log, &args.export_snapshot) {
         if allocsim_trace::atomic::same_file(log, export) {
             anyhow::bail!("--event-log and --export-snapshot name one file: {}", log.display());
@@ -150,20 +146,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // A native binary trace streams its ops, so memory stays bounded however long it is;
     // exporting a snapshot and replaying on a GPU want the whole trace.
-    let streams = args.export_snapshot.is_none()
+    let preloaded = cx.preloaded(&args.trace);
+    let streams = preloaded.is_none()
+        && args.export_snapshot.is_none()
         && args.device != DeviceArg::Cuda
         && allocsim_trace::Format::from_path(&args.trace) == Some(allocsim_trace::Format::Native);
     let mut stream = if streams {
-        Some(allocsim_trace::native::read_native_ops_with(
-            &args.trace,
-            &crate::input::read_options(),
-        )?)
+        Some(allocsim_trace::native::read_native_ops_with(&args.trace, &cx.read)?)
     } else {
         None
     };
     // A snapshot replays while it is read when the run wants nothing but its ops as they come
     // (`allocsim_trace::pytorch::read_snapshot_replaying`).
     let overlaps = !streams
+        && preloaded.is_none()
         && args.export_snapshot.is_none()
         && args.event_log.is_none()
         && args.device != DeviceArg::Cuda
@@ -179,19 +175,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Events the recording has, where the snapshot's trace holds only its device events.
     let mut recorded_len = None;
     let mut trace = match stream.as_mut() {
-        Some(s) => std::mem::take(&mut s.head),
+        Some(s) => std::borrow::Cow::Owned(std::mem::take(&mut s.head)),
         None if overlaps => {
-            let read = crate::input::read_snapshot_replaying(&args.trace, |o| {
+            let read = crate::input::read_snapshot_replaying(&args.trace, cx, |o| {
                 let head = allocsim_core::Trace { meta: o.meta, ..Default::default() };
                 allocsim_run::run_trace_fed(&head, o.recorded, o.ops, &opts, &mut [], |_| {})
             })?;
             (overlapped, recorded_len) = (read.replay.flatten(), Some(read.recorded_len));
-            read.trace
+            std::borrow::Cow::Owned(read.trace)
         }
-        None => crate::input::load_trace(&args.trace)?,
+        None => cx.trace(&args.trace)?,
     };
     if let Some(path) = &args.stats_at_start {
-        trace.meta.stats_at_start = Some(read_stats_json(path)?);
+        trace.to_mut().meta.stats_at_start = Some(read_stats_json(path)?);
     }
     let mut log = match &args.event_log {
         Some(path) => Some(EventLog::new(AtomicFile::create(path)?)),
@@ -213,7 +209,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )
     };
     let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
-    let progress = crate::input::progress_bar("replay", ops_len);
+    let progress = crate::input::progress_bar(cx, "replay", ops_len);
     let mut cuda_lines = Vec::new();
     let report = if let Some(report) = overlapped {
         report.with_context(setup)?
@@ -241,6 +237,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .and_then(AtomicFile::commit)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    let mut notes = Vec::new();
     if let (Some(r), Some(path)) = (recorder, &args.export_snapshot) {
         crate::export::write_snapshot(
             path,
@@ -250,7 +247,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             &report.policy,
             &report.alloc_conf,
         )?;
-        crate::output::note(&format!("wrote {}", path.display()));
+        notes.push(format!("wrote {}", path.display()));
     }
     // A what-if is not the recorded run: it is held against it on what matters, not key by key.
     let what_if = opts.policy != "pytorch" || allocsim_run::changes_the_run(&opts, &trace.meta);
@@ -258,21 +255,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let differences = expected.filter(|_| !what_if).map(|e| recorded_differences(&report, e));
     let what_if = expected.filter(|_| what_if).map(|e| WhatIf::new(e, &report));
     let violations = report.check.as_ref().map_or(0, |c| c.total_violations());
-    let mut out = if args.json {
-        serde_json::to_string_pretty(&json_report(&args, &report, &differences, &what_if))? + "\n"
-    } else {
-        print_report(&args, &trace.warnings, &report, &differences, &what_if)
-    };
-    for line in cuda_lines {
-        if args.json {
-            crate::output::note(&line)
-        } else {
-            outln!(out, "{line}")
-        }
+    let mut json = json_report(args, &report, &differences, &what_if);
+    if !cuda_lines.is_empty() {
+        json["gpu_timing"] = serde_json::json!(cuda_lines);
     }
-    emit(&out)?;
-    crate::at_exit((trace, report));
-    Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    let mut text = print_report(args, cx, &trace.warnings, &report, &differences, &what_if);
+    for line in &cuda_lines {
+        outln!(text, "{line}");
+    }
+    Ok(crate::Output { json: Some(json), text, notes, failed: violations > 0 })
 }
 
 type Differences = Option<Vec<(String, Option<i64>, Option<i64>)>>;
@@ -431,6 +422,7 @@ fn json_report(
 
 fn print_report(
     args: &Args,
+    cx: &crate::Context,
     warnings: &[String],
     r: &RunReport,
     differences: &Differences,
@@ -566,7 +558,7 @@ fn print_report(
     }
     // The GPU the snapshot was read for (`--cuda-device`; else the one with entries, which a
     // single-GPU recording names as 0).
-    let device = crate::input::read_options().cuda_device.unwrap_or(0);
+    let device = cx.read.cuda_device.unwrap_or(0);
     outln!(out, "{}", memory_summary(&r.stats, device as u32));
     out
 }

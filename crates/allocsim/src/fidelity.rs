@@ -4,40 +4,39 @@ use crate::output::{comparable, outln, read_stats_json, recorded_differences};
 use allocsim_run::{run_trace, DeviceChoice, RunOptions};
 use anyhow::bail;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A PyTorch snapshot with its trace (history recorded with `enabled="all"`).
-    trace: PathBuf,
+    pub trace: PathBuf,
     /// `torch.cuda.memory_stats()` of the recorded run, as JSON: either the flat dict or an
     /// object with a `memory_stats` member. Default: the trace's sidecar NAME.json, if any.
     #[arg(long)]
-    truth: Option<PathBuf>,
+    pub truth: Option<PathBuf>,
     /// The policy that should reproduce the recording.
     #[arg(long, default_value = "pytorch")]
-    policy: String,
+    pub policy: String,
     /// Follow the recording's addresses and refusals (the default) or use the modelled device.
     #[arg(long)]
-    model: bool,
+    pub model: bool,
     /// With `--model`: how the modelled device places segments (`driver`, `jittered:SEED`,
     /// `descending`, `lowest`).
     #[arg(long, value_parser = allocsim_sim::Placement::parse, default_value = "driver")]
-    placement: allocsim_sim::Placement,
+    pub placement: allocsim_sim::Placement,
     /// `torch.cuda.memory_stats()` when a history that starts mid-run began, as JSON (the flat
     /// dict, or an object with a `memory_stats` member). Default: the sidecar's
     /// `meta.memory_stats_at_history_start`, if any.
     #[arg(long, value_name = "FILE")]
-    stats_at_start: Option<PathBuf>,
+    pub stats_at_start: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut trace = crate::input::load_trace(&args.trace)?;
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    let mut trace = cx.trace(&args.trace)?;
     if let Some(path) = &args.truth {
-        trace.meta.expected_stats = Some(read_stats_json(path)?);
+        trace.to_mut().meta.expected_stats = Some(read_stats_json(path)?);
     }
     if let Some(path) = &args.stats_at_start {
-        trace.meta.stats_at_start = Some(read_stats_json(path)?);
+        trace.to_mut().meta.stats_at_start = Some(read_stats_json(path)?);
     }
     if trace.recorded.is_empty() {
         bail!(
@@ -96,6 +95,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => outln!(out, "memory_stats: no recorded statistics to compare (use --truth)"),
     }
     outln!(out, "{}", if exact { "exact" } else { "not exact" });
-    crate::output::emit(&out)?;
-    Ok(if exact { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(crate::Output { failed: !exact, ..crate::Output::text(out) })
 }

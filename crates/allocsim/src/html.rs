@@ -163,7 +163,7 @@ fn segments_at_peak(trace: &Trace, c: &GridCell, base: &RunOptions) -> anyhow::R
 
 /// The whole report. Re-runs each cell up to its reserved peak to draw the segment map there.
 pub fn report(
-    traces: &[(String, Trace)],
+    traces: &[(String, std::borrow::Cow<'_, Trace>)],
     cells: &[GridCell],
     base: &RunOptions,
 ) -> anyhow::Result<String> {

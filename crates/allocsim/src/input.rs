@@ -1,30 +1,18 @@
-//! Where every command's input comes from: a trace file (read with the options the command
-//! line set once), or a live workload named `workload:NAME?key=value&...`, and the progress bar
+//! Where every command's input comes from: a trace file (read with the [`Context`]'s
+//! options), or a live workload named `workload:NAME?key=value&...`, and the progress bar
 //! long runs show. Every command that takes a trace takes it through [`load_trace`].
 
+use crate::Context;
 use allocsim_core::Trace;
-use anyhow::Context;
+use anyhow::Context as _;
 use std::path::Path;
 
-/// How every command reads its trace files: set from the command line.
-static READ_OPTIONS: std::sync::Mutex<Option<allocsim_trace::ReadOptions>> =
-    std::sync::Mutex::new(None);
-
-/// Set how trace files are read from here on (the command line's `--cuda-device` and
-/// `--max-reader-memory`).
-pub fn set_read_options(options: allocsim_trace::ReadOptions) {
-    *READ_OPTIONS.lock().unwrap_or_else(|e| e.into_inner()) = Some(options);
-}
-
-/// The options the command line set (the defaults if none).
-pub fn read_options() -> allocsim_trace::ReadOptions {
-    READ_OPTIONS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default()
-}
-
-/// Read a trace file as the command line says ([`allocsim_trace::read_trace_with`]).
-fn read_trace(path: &Path) -> anyhow::Result<Trace> {
-    with_read_bar(path, read_options(), |opts| allocsim_trace::read_trace_with(path, opts))
-        .map_err(with_hint)
+/// Read a trace file with the context's options ([`allocsim_trace::read_trace_with`]).
+fn read_trace(path: &Path, cx: &Context) -> anyhow::Result<Trace> {
+    with_read_bar(path, cx.read.clone(), cx.progress, |opts| {
+        allocsim_trace::read_trace_with(path, opts)
+    })
+    .map_err(with_hint)
 }
 
 /// Files at least this big get a bar of the bytes read (a snapshot of this size takes a
@@ -37,12 +25,13 @@ const READ_BAR_FROM_BYTES: u64 = 16 << 20;
 fn with_read_bar<T>(
     path: &Path,
     mut opts: allocsim_trace::ReadOptions,
+    progress: bool,
     read: impl FnOnce(&allocsim_trace::ReadOptions) -> T,
 ) -> T {
     use std::io::IsTerminal;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let total = std::fs::metadata(path).map_or(0, |m| m.len());
-    if total < READ_BAR_FROM_BYTES || !std::io::stderr().is_terminal() {
+    if !progress || total < READ_BAR_FROM_BYTES || !std::io::stderr().is_terminal() {
         return read(&opts);
     }
     let count = std::sync::Arc::new(AtomicU64::new(0));
@@ -71,15 +60,16 @@ fn with_read_bar<T>(
 /// it is read ([`allocsim_trace::pytorch::read_snapshot_replaying`]).
 pub fn read_snapshot_replaying<R>(
     path: &Path,
+    cx: &Context,
     replay: impl FnOnce(allocsim_trace::pytorch::Overlap) -> R,
 ) -> anyhow::Result<allocsim_trace::pytorch::Replayed<R>> {
     let opts = allocsim_trace::ReadOptions {
         stacks: false,
         times: false,
         events: false,
-        ..read_options()
+        ..cx.read.clone()
     };
-    with_read_bar(path, opts, |opts| {
+    with_read_bar(path, opts, cx.progress, |opts| {
         allocsim_trace::pytorch::read_snapshot_replaying(path, opts, replay)
     })
     .map_err(with_hint)
@@ -93,11 +83,11 @@ fn with_hint(e: allocsim_trace::TraceError) -> anyhow::Error {
             if matches!(error.kind, PickleErrorKind::MemoryLimit(_)) =>
         {
             anyhow::anyhow!(
-                "{e} (if the file is trusted, raise the limit with --max-reader-memory)"
+                "{e} (if the file is trusted, raise the limit: --max-reader-memory, or max_reader_memory= in Python)"
             )
         }
         TraceError::TooBig { .. } => {
-            anyhow::anyhow!("{e} (if the file is trusted, raise it with --max-reader-memory)")
+            anyhow::anyhow!("{e} (if the file is trusted, raise it: --max-reader-memory, or max_reader_memory= in Python)")
         }
         _ => e.into(),
     }
@@ -107,7 +97,7 @@ fn with_hint(e: allocsim_trace::TraceError) -> anyhow::Error {
 pub const WORKLOAD_PREFIX: &str = "workload:";
 
 /// Read a trace file, or build the workload a `workload:NAME?key=value&...` argument names.
-pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
+pub fn load_trace(input: &Path, cx: &Context) -> anyhow::Result<Trace> {
     let text = input.to_string_lossy();
     match text.strip_prefix(WORKLOAD_PREFIX) {
         Some(spec) => allocsim_workloads::trace(spec).with_context(|| {
@@ -116,7 +106,7 @@ pub fn load_trace(input: &Path) -> anyhow::Result<Trace> {
                 allocsim_core::text::excerpt(&text)
             )
         }),
-        None => read_trace(input),
+        None => read_trace(input, cx),
     }
 }
 
@@ -130,9 +120,10 @@ pub fn trace_name(path: &Path) -> String {
     stem.map_or(name.clone(), str::to_string)
 }
 
-/// A progress bar on stderr for runs long enough to want one (hidden when not a terminal).
-pub fn progress_bar(label: &str, ops: u64) -> impl FnMut(u64) {
-    let bar = (ops >= 500_000).then(|| bar(label, ops, "ops"));
+/// A progress bar on stderr for runs long enough to want one, when the context draws bars
+/// (hidden when not a terminal).
+pub fn progress_bar(cx: &Context, label: &str, ops: u64) -> impl FnMut(u64) {
+    let bar = (cx.progress && ops >= 500_000).then(|| bar(label, ops, "ops"));
     move |done| {
         if let Some(bar) = &bar {
             bar.set_position(done);

@@ -41,10 +41,14 @@ pub(super) fn options(args: &Args) -> RunOptions {
     }
 }
 
-pub(super) fn run_hardware(args: &Args, trace: &Trace) -> anyhow::Result<HardwareRun> {
+pub(super) fn run_hardware(
+    args: &Args,
+    trace: &Trace,
+    cx: &crate::Context,
+) -> anyhow::Result<HardwareRun> {
     let opts = options(args);
     let mut recorder = Recorder::default();
-    let progress = crate::input::progress_bar("validate", trace.ops.len() as u64);
+    let progress = crate::input::progress_bar(cx, "validate", trace.ops.len() as u64);
     let setup = || format!("setting up the {} policy", allocsim_core::text::excerpt(&args.policy));
     let (description, report, patterns, calls, wall) = match args.device {
         HardwareArg::Cuda => {

@@ -23,7 +23,6 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Columns of the timeline at most.
 const COLUMNS: u64 = 3000;
@@ -43,15 +42,15 @@ const PEAK_MAP_ITEMS_FREE: u64 = 1 << 20;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The trace (any format `replay` reads).
-    trace: PathBuf,
+    pub trace: PathBuf,
     /// Where to write the page. Default: the trace's name with `.html`, in this directory.
     #[arg(short, long)]
-    out: Option<PathBuf>,
+    pub out: Option<PathBuf>,
     #[command(flatten)]
-    run: crate::input::RunArgs,
+    pub run: crate::input::RunArgs,
     /// Leave out the table of settings (`allocsim advise`, about a second on a big trace).
     #[arg(long)]
-    no_advice: bool,
+    pub no_advice: bool,
 }
 
 /// One allocation's life: from the op of its `Alloc` to the op that freed it.
@@ -242,17 +241,17 @@ impl Observer for MapAt {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.trace));
     crate::output::check_output(&out, &[&args.trace])?;
-    let trace = crate::input::load_trace(&args.trace)?;
+    let trace = cx.trace(&args.trace)?;
     let title = args.trace.file_name().map_or("trace".into(), |n| n.to_string_lossy().into_owned());
     let advice = (args.run.policy == "pytorch" && !args.no_advice).then_some(args.run.device_total);
-    let page = build(&trace, &title, &args.run.options(), advice)
+    let page = build(&trace, &title, &args.run.options(), advice, cx)
         .with_context(|| args.trace.display().to_string())?;
     crate::write_atomically(&out, page.as_bytes())?;
-    crate::output::note(&format!("wrote {} ({})", out.display(), bytes(page.len() as u64)));
-    Ok(ExitCode::SUCCESS)
+    let notes = vec![format!("wrote {} ({})", out.display(), bytes(page.len() as u64))];
+    Ok(crate::Output { notes, ..crate::Output::default() })
 }
 
 /// The page of `trace` replayed under `opts`, titled `title`; with the settings ranked when
@@ -262,6 +261,7 @@ pub fn build(
     title: &str,
     opts: &allocsim_run::RunOptions,
     advice: Option<Option<u64>>,
+    cx: &crate::Context,
 ) -> anyhow::Result<String> {
     let ops = trace.ops.len() as u64;
     let mut collect = Collect::new(ops);
@@ -270,7 +270,7 @@ pub fn build(
         trace,
         opts,
         &mut [&mut collect, &mut explainer],
-        crate::input::progress_bar("report", ops),
+        crate::input::progress_bar(cx, "report", ops),
     )
     .with_context(|| {
         format!("setting up the {} policy", allocsim_core::text::excerpt(&opts.policy))
@@ -318,25 +318,15 @@ pub fn build(
     Ok(page(title, &data))
 }
 
-/// The `report_page` fuzz target's body: `data` as the `writers` target reads it (the first
-/// byte picks the policy, then lines of text and a program:
-/// `allocsim_testgen::oracles::writers::trace_with_strings`), its first line also the title,
-/// through [`page_reads_back`].
-pub fn report_page_target(data: &[u8]) -> Result<(), String> {
-    let policy = allocsim_testgen::targets::policy_for(data);
-    let rest = data.get(1..).unwrap_or(&[]);
-    let trace = allocsim_testgen::oracles::writers::trace_with_strings(rest);
-    let title = trace.warnings.first().cloned().unwrap_or_default();
-    page_reads_back(&trace, &title, policy)
-}
-
-/// The writers fuzz target's oracle for the page (`allocsim_testgen` cannot reach this crate):
+/// The `report_page` fuzz target's oracle (`allocsim_testgen::targets::report_page`):
 /// the page of `trace`, read back. Its data element must hold no markup, parse, and carry
 /// the title and every frame of every stack it draws as they were; the visible title must
 /// hold no markup either.
 pub fn page_reads_back(trace: &Trace, title: &str, policy: &str) -> Result<(), String> {
     let opts = allocsim_run::RunOptions { policy: policy.into(), ..Default::default() };
-    let Ok(page) = build(trace, title, &opts, None) else { return Ok(()) };
+    let Ok(page) = build(trace, title, &opts, None, &crate::Context::default()) else {
+        return Ok(());
+    };
     let open = r#"<script type="application/json" id="data">"#;
     let start = page.find(open).ok_or("no data element")? + open.len();
     let len = page[start..].find("</script>").ok_or("the data element does not end")?;
@@ -365,7 +355,7 @@ pub fn page_reads_back(trace: &Trace, title: &str, policy: &str) -> Result<(), S
 }
 
 /// `TRACE.html` in the current directory, for `TRACE.pickle.gz` and the other formats.
-fn default_out(trace: &std::path::Path) -> PathBuf {
+pub fn default_out(trace: &std::path::Path) -> PathBuf {
     let stem = crate::input::trace_name(trace);
     let stem = stem.trim_start_matches("workload:").replace(['?', '&', '=', '/'], "_");
     PathBuf::from(format!("{stem}.html"))

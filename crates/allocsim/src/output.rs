@@ -1,7 +1,7 @@
 //! Human-readable rendering shared by the commands: byte sizes, the `memory_summary` table,
 //! the comparison with recorded statistics.
 
-use allocsim_core::text::{quoted, terminal_safe};
+use allocsim_core::text::quoted;
 use allocsim_core::{MemoryStats, Stat, StatArray};
 use allocsim_run::{RunReport, StartedFrom};
 use std::path::Path;
@@ -291,42 +291,6 @@ macro_rules! outln {
     }};
 }
 pub(crate) use outln;
-
-thread_local! {
-    /// Where [`emit`] writes while [`capture`] runs on this thread.
-    static CAPTURED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Run `f`, keeping what [`emit`] writes on this thread meanwhile instead of printing it.
-pub fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
-    let outer = CAPTURED.with(|c| c.replace(Some(String::new())));
-    let result = f();
-    let text = CAPTURED.with(|c| c.replace(outer)).unwrap_or_default();
-    (result, text)
-}
-
-/// Write a finished report to stdout (or to [`capture`]'s buffer), every character a terminal
-/// could act on escaped ([`terminal_safe`]: a trace's strings reach the report). A reader that
-/// went away is not an error.
-pub fn emit(text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let text = &*terminal_safe(text);
-    let kept = CAPTURED.with(|c| c.borrow_mut().as_mut().map(|buf| buf.push_str(text)).is_some());
-    if kept {
-        return Ok(());
-    }
-    let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
-}
-
-/// A line for stderr (what a command wrote, a note beside a JSON report), escaped as [`emit`]
-/// escapes stdout.
-pub fn note(line: &str) {
-    eprintln!("{}", terminal_safe(line));
-}
 
 /// Device calls by kind as JSON: `{"malloc": {"calls", "failed", "time_ns"}, ...}`.
 pub fn device_calls_json(calls: &allocsim_core::DeviceCalls) -> serde_json::Value {

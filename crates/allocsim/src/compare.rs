@@ -7,38 +7,34 @@ use allocsim_run::{compare, GridCell, RunOptions};
 use anyhow::{bail, Context};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Traces to compare on (any format `replay` reads).
     #[arg(required = true)]
-    traces: Vec<PathBuf>,
+    pub traces: Vec<PathBuf>,
     /// `all`, or a comma-separated list of columns, each a policy under its defaults (`bfc`) or
     /// under settings in its own syntax (`pytorch[expandable_segments:True]`,
     /// `pytorch[max_split_size_mb:128,roundup_power2_divisions:4]`). `pytorch` alone replays a
     /// recording under the settings it was recorded with.
     #[arg(long, default_value = "all")]
-    policy: String,
+    pub policy: String,
     /// Cap reserved memory at this fraction of the device total, in every column.
     #[arg(long)]
-    memory_fraction: Option<f64>,
+    pub memory_fraction: Option<f64>,
     /// Device memory, total and free at start (bytes, or `40GiB`, `40GB`, `4e10`). Default:
     /// each trace's own device.
     #[arg(long, value_parser = crate::output::parse_size)]
-    device_total: Option<u64>,
+    pub device_total: Option<u64>,
     /// Skip the minimum-feasible-capacity bisection (about 16 more runs per cell).
     #[arg(long)]
-    no_capacity: bool,
-    /// Print a JSON array of rows instead of tables.
-    #[arg(long)]
-    json: bool,
+    pub no_capacity: bool,
     /// Also write a self-contained HTML report (timelines, segment map at peak, table).
     #[arg(long)]
-    html: Option<PathBuf>,
+    pub html: Option<PathBuf>,
     /// Worker threads (default: all cores).
     #[arg(long)]
-    jobs: Option<usize>,
+    pub jobs: Option<usize>,
 }
 
 /// The columns `--policy` names: policies, each with settings in brackets or not.
@@ -71,7 +67,7 @@ fn policies(spec: &str) -> anyhow::Result<Vec<String>> {
     Ok(columns)
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     if let Some(path) = &args.html {
         let inputs: Vec<&std::path::Path> = args.traces.iter().map(|t| t.as_path()).collect();
         crate::output::check_output(path, &inputs)?;
@@ -79,11 +75,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let policies = policies(&args.policy)?;
     let mut traces = Vec::new();
     for path in &args.traces {
-        traces.push((crate::input::trace_name(path), crate::input::load_trace(path)?));
+        traces.push((crate::input::trace_name(path), cx.trace(path)?));
     }
-    if let Some(jobs) = args.jobs {
-        rayon::ThreadPoolBuilder::new().num_threads(jobs).build_global().ok();
-    }
+    // A pool of this call's own when `jobs` says how many: the process's other calls keep
+    // theirs.
+    let pool = match args.jobs {
+        Some(jobs) => Some(rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?),
+        None => None,
+    };
     let base = RunOptions {
         device_total_bytes: args.device_total,
         device_free_bytes: args.device_total,
@@ -91,28 +90,42 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         check: true,
         ..RunOptions::default()
     };
-    let bar = crate::input::bar("compare", (traces.len() * policies.len()) as u64, "cells");
-    let cells = compare(&traces, &policies, &base, !args.no_capacity, || bar.inc(1))
-        .context("running the comparison grid")?;
-    bar.finish_and_clear();
+    let cells = (traces.len() * policies.len()) as u64;
+    let bar = cx.progress.then(|| crate::input::bar("compare", cells, "cells"));
+    let grid = || {
+        compare(&traces, &policies, &base, !args.no_capacity, || {
+            if let Some(bar) = &bar {
+                bar.inc(1)
+            }
+        })
+    };
+    let cells = match &pool {
+        Some(pool) => pool.install(grid),
+        None => grid(),
+    }
+    .context("running the comparison grid")?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     // Each trace's bound and offline placement (`allocsim bound`): the headroom column.
     let bounds: HashMap<&str, Bound> =
         traces.iter().map(|(name, trace)| (name.as_str(), allocsim_bound::bound(trace))).collect();
+    let mut notes = Vec::new();
     if let Some(path) = &args.html {
         let html = crate::html::report(&traces, &cells, &base)?;
         crate::write_atomically(path, html.as_bytes())?;
-        crate::output::note(&format!("wrote {}", path.display()));
+        notes.push(format!("wrote {}", path.display()));
     }
-    if args.json {
-        let rows: Vec<serde_json::Value> =
-            cells.iter().map(|c| row(c, &bounds[c.trace.as_str()])).collect();
-        crate::output::emit(&(serde_json::to_string_pretty(&rows)? + "\n"))?;
-    } else {
-        crate::output::emit(&tables(&cells, &bounds))?;
-    }
+    let rows: Vec<serde_json::Value> =
+        cells.iter().map(|c| row(c, &bounds[c.trace.as_str()])).collect();
     let violations: u64 =
         cells.iter().map(|c| c.report.check.as_ref().map_or(0, |r| r.total_violations())).sum();
-    Ok(if violations > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(crate::Output {
+        json: Some(serde_json::Value::Array(rows)),
+        text: tables(&cells, &bounds),
+        notes,
+        failed: violations > 0,
+    })
 }
 
 fn row(c: &GridCell, b: &Bound) -> serde_json::Value {

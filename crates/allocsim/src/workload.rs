@@ -1,10 +1,9 @@
 //! `allocsim workload [SPEC] [--out FILE]`: list the live workloads, or build one and write it.
 
 use crate::input::WORKLOAD_PREFIX;
-use crate::output::bytes;
+use crate::output::{bytes, outln};
 use anyhow::Context;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub struct WorkloadArgs {
@@ -17,21 +16,22 @@ pub struct WorkloadArgs {
     pub out: Option<PathBuf>,
 }
 
-pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: &WorkloadArgs) -> anyhow::Result<crate::Output> {
     if let Some(out) = &args.out {
         crate::output::check_trace_output(out, &[])?;
     }
-    let Some(spec) = args.spec else {
-        println!("Live workloads; name one as `workload:NAME?key=value&...` wherever a TRACE is expected.");
+    let mut text = String::new();
+    let Some(spec) = &args.spec else {
+        outln!(text, "Live workloads; name one as `workload:NAME?key=value&...` wherever a TRACE is expected.");
         for (name, what) in allocsim_workloads::names() {
-            println!("\n{name}: {what}");
+            outln!(text, "\n{name}: {what}");
             let params = allocsim_workloads::parameters(name).unwrap_or_default();
             let line: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!("  parameters (defaults): {}", line.join(" "));
+            outln!(text, "  parameters (defaults): {}", line.join(" "));
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(crate::Output::text(text));
     };
-    let spec = spec.strip_prefix(WORKLOAD_PREFIX).unwrap_or(&spec);
+    let spec = spec.strip_prefix(WORKLOAD_PREFIX).unwrap_or(spec);
     let trace = allocsim_workloads::trace(spec)?;
     let (mut live, mut peak, mut sizes) = (0u64, 0u64, std::collections::HashMap::new());
     for op in &trace.ops {
@@ -46,11 +46,11 @@ pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
             _ => {}
         }
     }
-    println!("workload {spec}: {} ops, peak live {}", trace.ops.len(), bytes(peak));
+    outln!(text, "workload {spec}: {} ops, peak live {}", trace.ops.len(), bytes(peak));
     if let Some(out) = &args.out {
         allocsim_trace::write_trace(&trace, out)
             .with_context(|| format!("writing {}", out.display()))?;
-        println!("wrote {}", out.display());
+        outln!(text, "wrote {}", out.display());
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::Output::text(text))
 }

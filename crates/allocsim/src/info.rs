@@ -5,16 +5,12 @@ use allocsim_core::text::quoted;
 use allocsim_core::{BlockState, MemPoolId, Op, PoolAction, RecordedKind, Trace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The trace: a PyTorch snapshot (.pickle, .pickle.gz), an RMM log (.csv) or a native
     /// trace (.allocsim, .allocsim.json).
-    trace: PathBuf,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    json: bool,
+    pub trace: PathBuf,
 }
 
 /// What `info` reports, computed from the ops alone (and the recording, when there is one).
@@ -78,12 +74,11 @@ fn summarise(trace: &Trace) -> Summary {
     s
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::input::load_trace(&args.trace)?;
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    let trace = cx.trace(&args.trace)?;
     let s = summarise(&trace);
     let m = &trace.meta;
-    if args.json {
-        let json = serde_json::json!({
+    let json = serde_json::json!({
             "trace": args.trace.display().to_string(),
             "format": m.source_format,
             "ops": trace.ops.len(),
@@ -112,10 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "live_blocks": st.ids.len(),
                 "has_stats_at_start": m.stats_at_start.is_some(),
             })),
-        });
-        crate::output::emit(&(serde_json::to_string_pretty(&json)? + "\n"))?;
-        return Ok(ExitCode::SUCCESS);
-    }
+    });
     let mut out = String::new();
     outln!(out, "{} ({})", args.trace.display(), m.source_format);
     for w in &trace.warnings {
@@ -168,6 +160,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !trace.stacks.is_empty() {
         outln!(out, "  call stacks: {} distinct", trace.stacks.len());
     }
-    crate::output::emit(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::Output::both(json, out))
 }

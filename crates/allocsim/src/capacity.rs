@@ -1,7 +1,7 @@
 //! `allocsim capacity TRACE`: the smallest free memory the recorded program needs, and
 //! `allocsim advise TRACE`: the settings people try, ranked.
 
-use crate::output::{bytes, emit, outln, parse_size};
+use crate::output::{bytes, outln, parse_size};
 use allocsim_core::text::quoted;
 use allocsim_core::Trace;
 use allocsim_run::{
@@ -11,7 +11,6 @@ use allocsim_run::{
 use rayon::prelude::*;
 use serde_json::json;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Seeded jittered placements the band is taken over, besides the driver placement.
 const JITTERS: u32 = 16;
@@ -24,10 +23,7 @@ pub struct ModelArgs {
     /// `meta.outside_allocator_bytes` (recorded by validation/fit.py), else 246 MiB, measured
     /// on an H100 with PyTorch 2.11 (docs/capacity.md).
     #[arg(long, value_parser = parse_size)]
-    outside: Option<u64>,
-    /// Print one JSON object instead of the text.
-    #[arg(long)]
-    json: bool,
+    pub outside: Option<u64>,
 }
 
 impl ModelArgs {
@@ -40,16 +36,16 @@ impl ModelArgs {
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The trace (any format `replay` reads).
-    trace: PathBuf,
+    pub trace: PathBuf,
     /// Allocator settings in the policy's syntax (for pytorch: a PYTORCH_CUDA_ALLOC_CONF
     /// string). Default: the trace's own.
     #[arg(long)]
-    alloc_conf: Option<String>,
+    pub alloc_conf: Option<String>,
     /// The policy.
     #[arg(long, default_value = "pytorch")]
-    policy: String,
+    pub policy: String,
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
 }
 
 fn options(policy: &str, alloc_conf: Option<String>, outside: u64) -> CapacityOptions {
@@ -74,25 +70,20 @@ fn capacity_json(c: &Capacity) -> serde_json::Value {
     })
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::input::load_trace(&args.trace)?;
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    let trace = cx.trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
     let conf = args.alloc_conf.clone();
     // The trace's own settings are PyTorch's, and apply to the PyTorch policy only.
     let own = trace.meta.alloc_conf.clone().filter(|_| args.policy == "pytorch");
     let shown_conf = conf.clone().or(own).unwrap_or_default();
     let c = capacity(&trace, &options(&args.policy, conf, outside))?;
+    let mut j = capacity_json(&c);
+    j["trace"] = json!(args.trace.display().to_string());
+    j["policy"] = json!(args.policy);
+    j["alloc_conf"] = json!(shown_conf);
+    j["outside_allocator_source"] = json!(source);
     let mut out = String::new();
-    if args.model.json {
-        let mut j = capacity_json(&c);
-        j["trace"] = json!(args.trace.display().to_string());
-        j["policy"] = json!(args.policy);
-        j["alloc_conf"] = json!(shown_conf);
-        j["outside_allocator_source"] = json!(source);
-        outln!(out, "{}", serde_json::to_string_pretty(&j)?);
-        emit(&out)?;
-        return Ok(ExitCode::SUCCESS);
-    }
     outln!(out, "allocsim capacity {}", args.trace.display());
     outln!(out, "  policy: {} (settings {})", args.policy, quoted(&shown_conf));
     match c.capacity_bytes {
@@ -118,8 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         JITTERS + 1
     );
     outln!(out, "   the point, as much as real runs under other chunk orders needed less: docs/capacity.md)");
-    emit(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::Output::both(j, out))
 }
 
 /// The settings people try, in the order the table lists them before ranking.
@@ -141,16 +131,17 @@ const ADVISE_JITTERS: u32 = 3;
 #[derive(Debug, clap::Args)]
 pub struct AdviseArgs {
     /// The trace (a PyTorch recording; any format `replay` reads).
-    trace: PathBuf,
+    pub trace: PathBuf,
     /// Free memory on the card you want to run on, at the start (bytes, or `40GiB`, `40GB`,
     /// `4e10`): OOMs are counted there. Default: the recording's own.
     #[arg(long, value_parser = parse_size)]
-    device_free: Option<u64>,
+    pub device_free: Option<u64>,
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
 }
 
 /// One setting's row.
+#[derive(Debug)]
 pub struct Row {
     pub conf: &'static str,
     pub capacity: Capacity,
@@ -210,37 +201,32 @@ fn advise_row(
     })
 }
 
-pub fn advise(args: AdviseArgs) -> anyhow::Result<ExitCode> {
-    let trace = crate::input::load_trace(&args.trace)?;
+pub fn advise(args: &AdviseArgs, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    let trace = cx.trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
     let rows = advice(&trace, outside, args.device_free)?;
     let device_free = args.device_free.or(trace.meta.device_free_bytes);
+    let json_rows: Vec<_> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut j = capacity_json(&r.capacity);
+            j["rank"] = json!(i + 1);
+            j["PYTORCH_CUDA_ALLOC_CONF"] = json!(r.conf);
+            j["peak_reserved_bytes"] = json!(r.peak_reserved);
+            j["fragmentation_at_peak"] = json!(r.fragmentation);
+            j["ooms_on_device"] = json!(r.ooms);
+            j
+        })
+        .collect();
+    let j = json!({
+        "trace": args.trace.display().to_string(),
+        "device_free_bytes": device_free,
+        "outside_allocator_bytes": outside,
+        "outside_allocator_source": source,
+        "settings": json_rows,
+    });
     let mut out = String::new();
-    if args.model.json {
-        let rows: Vec<_> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let mut j = capacity_json(&r.capacity);
-                j["rank"] = json!(i + 1);
-                j["PYTORCH_CUDA_ALLOC_CONF"] = json!(r.conf);
-                j["peak_reserved_bytes"] = json!(r.peak_reserved);
-                j["fragmentation_at_peak"] = json!(r.fragmentation);
-                j["ooms_on_device"] = json!(r.ooms);
-                j
-            })
-            .collect();
-        let j = json!({
-            "trace": args.trace.display().to_string(),
-            "device_free_bytes": device_free,
-            "outside_allocator_bytes": outside,
-            "outside_allocator_source": source,
-            "settings": rows,
-        });
-        outln!(out, "{}", serde_json::to_string_pretty(&j)?);
-        emit(&out)?;
-        return Ok(ExitCode::SUCCESS);
-    }
     let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
     let opt_gib = |b: Option<u64>| b.map_or("-".to_string(), gib);
     outln!(out, "allocsim advise {}", args.trace.display());
@@ -282,6 +268,5 @@ pub fn advise(args: AdviseArgs) -> anyhow::Result<ExitCode> {
         out,
         "  setting: a program that frees in an order that depends on addresses may differ."
     );
-    emit(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::Output::both(j, out))
 }

@@ -7,20 +7,16 @@ use allocsim_replay::{OomExplainer, OomExplanation};
 use allocsim_run::{run_trace, DeviceChoice, RunOptions};
 use anyhow::Context;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The trace (any format `replay` reads).
-    trace: PathBuf,
+    pub trace: PathBuf,
     #[command(flatten)]
-    run: crate::input::RunArgs,
+    pub run: crate::input::RunArgs,
     /// Explain at most this many OOMs.
     #[arg(long, default_value_t = 20)]
-    limit: usize,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    json: bool,
+    pub limit: usize,
 }
 
 /// The stack of the op that allocated a fence, as "name (file:line)" lines, innermost first.
@@ -32,15 +28,15 @@ fn stack_of(trace: &Trace, op: u64) -> Vec<String> {
     stack.frames.iter().take(6).map(|f| format!("{} ({}:{})", f.name, f.filename, f.line)).collect()
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::input::load_trace(&args.trace)?;
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    let trace = cx.trace(&args.trace)?;
     let opts = args.run.options();
     let mut explainer = OomExplainer::default();
     let report = run_trace(
         &trace,
         &opts,
         &mut [&mut explainer],
-        progress_bar("explain", trace.ops.len() as u64),
+        progress_bar(cx, "explain", trace.ops.len() as u64),
     )
     .with_context(|| {
         format!(
@@ -55,17 +51,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let out = if args.json {
-        let json = serde_json::json!({
+    let json = serde_json::json!({
             "trace": args.trace.display().to_string(),
             "policy": args.run.policy,
             "device": report.device,
             "ooms": explainer.explanations.len(),
             "explained": shown.iter().map(|e| explanation_json(&trace, e, avoiding.as_ref())).collect::<Vec<_>>(),
             "no_oom_under": avoiding.as_ref().map(|a| a.clean.clone()),
-        });
-        serde_json::to_string_pretty(&json)? + "\n"
-    } else {
+    });
+    let text = {
         let mut out = String::new();
         outln!(
             out,
@@ -94,8 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         out
     };
-    crate::output::emit(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::Output::both(json, text))
 }
 
 pub(crate) fn explanation_text(out: &mut String, trace: &Trace, e: &OomExplanation) {

@@ -5,29 +5,25 @@ use crate::output::{bytes, outln};
 use allocsim_run::{run_trace, RunOptions};
 use serde_json::json;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The trace (any format `replay` reads).
-    trace: PathBuf,
+    pub trace: PathBuf,
     /// The policy held against the bound.
     #[arg(long, default_value = "pytorch")]
-    policy: String,
+    pub policy: String,
     /// Its settings (for pytorch, a PYTORCH_CUDA_ALLOC_CONF string). Default: the trace's.
     #[arg(long)]
-    alloc_conf: Option<String>,
-    /// Print one JSON object instead of the text.
-    #[arg(long)]
-    json: bool,
+    pub alloc_conf: Option<String>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = crate::input::load_trace(&args.trace)?;
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    let trace = cx.trace(&args.trace)?;
     let b = allocsim_bound::bound(&trace);
     let opts = RunOptions {
         policy: args.policy.clone(),
-        alloc_conf: args.alloc_conf,
+        alloc_conf: args.alloc_conf.clone(),
         ..RunOptions::default()
     };
     let report = run_trace(&trace, &opts, &mut [], |_| {})?;
@@ -36,8 +32,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Negative where the policy needs less: see `Bound::headroom`.
     let headroom = |best: u64| policy as i64 - best as i64;
     let percent = |best: u64| 100.0 * headroom(best) as f64 / policy.max(1) as f64;
-    if args.json {
-        let j = json!({
+    let j = json!({
             "trace": args.trace.display().to_string(),
             "allocations": b.allocations,
             "peak_live_bytes": b.peak_live_bytes,
@@ -49,10 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "policy_peak_reserved_bytes": policy,
             "headroom_over_offline_bytes": b.headroom(policy),
             "headroom_over_bound_bytes": headroom(bound),
-        });
-        crate::output::emit(&(serde_json::to_string_pretty(&j)? + "\n"))?;
-        return Ok(ExitCode::SUCCESS);
-    }
+    });
     let signed = |b: i64| {
         if b < 0 {
             format!("-{}", bytes(b.unsigned_abs()))
@@ -86,6 +78,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     outln!(out, "headroom over the bound: {} ({:.1} %)", signed(headroom(bound)), percent(bound));
-    crate::output::emit(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::Output::both(j, out))
 }

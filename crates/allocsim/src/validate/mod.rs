@@ -15,7 +15,6 @@ mod report;
 mod runs;
 
 use crate::gpu::per_op_us;
-use crate::input::load_trace;
 use crate::output::bytes;
 use allocsim_core::{CallKind, Event, RecordedEvent, Trace};
 use allocsim_cuda::{CudaDevice, PatternReport, Patterns};
@@ -25,7 +24,6 @@ use allocsim_sim::{CallLog, CallLogger, ReplayCallsDevice, SimConfig, SimDevice}
 use anyhow::Context;
 use std::cell::RefCell;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -62,21 +60,18 @@ pub struct Args {
     /// Skip the pattern kernels (fill on alloc, verify on free and at the end).
     #[arg(long)]
     pub no_patterns: bool,
-    /// Print one JSON object instead of the summary.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// Drives the pattern kernels from the events: fill on alloc, verify on free.
 use report::*;
 use runs::*;
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let trace = load_trace(&args.input)?;
-    let hw = run_hardware(&args, &trace)?;
-    let model = Comparison::of(&hw.report, &run_simulated(&args, &trace, &hw)?);
+pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    let trace = cx.trace(&args.input)?;
+    let hw = run_hardware(args, &trace, cx)?;
+    let model = Comparison::of(&hw.report, &run_simulated(args, &trace, &hw)?);
     // Run always: it also compares the model's free memory with the driver's after each call.
-    let following = run_following(&args, &trace, &hw)?;
+    let following = run_following(args, &trace, &hw)?;
     let corrupted = hw
         .patterns
         .as_ref()
@@ -84,13 +79,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let violations = hw.report.check.as_ref().map_or(0, |c| c.total_violations());
     let clean = !corrupted && violations == 0;
     let verdict = verdict(clean, &model, &following);
-    if args.json {
-        let value = json(&args, &trace, &hw, &model, &following, violations, verdict);
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        print(&args, &trace, &hw, &model, &following, violations, verdict);
-    }
-    Ok(if verdict == "DIFFER" { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    let value = json(args, &trace, &hw, &model, &following, violations, verdict);
+    let text = print(args, &trace, &hw, &model, &following, violations, verdict);
+    Ok(crate::Output { failed: verdict == "DIFFER", ..crate::Output::both(value, text) })
 }
 
 /// AGREE: the modelled device alone reproduces the hardware run; AGREE given the GPU's
@@ -119,7 +110,6 @@ mod tests {
             alloc_conf: None,
             memory_fraction: None,
             no_patterns: true,
-            json: false,
         }
     }
 
@@ -130,10 +120,10 @@ mod tests {
     fn sim_against_sim_agrees_for_every_policy_on_a_workload() {
         let input =
             "workload:transformer-train?layers=2&hidden=256&batch=2&seq=128&vocab=4096&steps=2";
-        let trace = load_trace(Path::new(input)).unwrap();
+        let trace = crate::input::load_trace(Path::new(input), &crate::Context::default()).unwrap();
         for policy in allocsim_policies::names() {
             let a = args(input, policy);
-            let hw = run_hardware(&a, &trace).unwrap();
+            let hw = run_hardware(&a, &trace, &crate::Context::default()).unwrap();
             assert!(!hw.recorded.is_empty());
             let model = Comparison::of(&hw.report, &run_simulated(&a, &trace, &hw).unwrap());
             assert!(model.exact(), "{policy}: {}", model.summary());
@@ -187,7 +177,7 @@ mod tests {
     #[test]
     fn other_addresses_alone_are_no_difference() {
         let input = "workload:cnn-train?batch=2&image=64&steps=2";
-        let trace = load_trace(Path::new(input)).unwrap();
+        let trace = crate::input::load_trace(Path::new(input), &crate::Context::default()).unwrap();
         let a = args(input, "uncached");
         let (total, free) = sim_capacity(&trace);
         let sim = SimDevice::new(SimConfig {
@@ -282,7 +272,7 @@ mod tests {
     #[test]
     fn a_driver_packing_small_segments_is_followed() {
         let input = "workload:cnn-train?batch=2&image=64&steps=2";
-        let trace = load_trace(Path::new(input)).unwrap();
+        let trace = crate::input::load_trace(Path::new(input), &crate::Context::default()).unwrap();
         for policy in ["rmm_pool", "bfc", "rmm_binning", "async_pool"] {
             let a = args(input, policy);
             let mut device = Packing {
@@ -308,7 +298,7 @@ mod tests {
     fn a_refusal_the_model_would_not_make_is_followed() {
         let input =
             "workload:transformer-train?layers=2&hidden=256&batch=2&seq=128&vocab=4096&steps=2";
-        let trace = load_trace(Path::new(input)).unwrap();
+        let trace = crate::input::load_trace(Path::new(input), &crate::Context::default()).unwrap();
         for policy in allocsim_policies::names() {
             let a = args(input, policy);
             let mut device = stand_in_sim(&trace, vec![allocsim_sim::Fault::FailNthMalloc(3)]);
@@ -329,7 +319,8 @@ mod tests {
 
     #[test]
     fn a_wrong_workload_is_an_error_naming_the_choices() {
-        let err = load_trace(Path::new("workload:nope")).unwrap_err();
+        let err = crate::input::load_trace(Path::new("workload:nope"), &crate::Context::default())
+            .unwrap_err();
         assert!(format!("{err:#}").contains("transformer-train"), "{err:#}");
     }
 }
