@@ -72,6 +72,35 @@ impl<R> Apply<R> {
     }
 }
 
+/// A policy's settings, one line each: its help as a doc comment, then its key, how its value
+/// applies ([`Apply`]'s variant) and, unless the value goes to the field of the key's name,
+/// what it does. An array, for `&settings![...]`:
+///
+/// ```ignore
+/// settings![
+///     /// the smallest segment reserved, in bytes
+///     min_segment: Bytes,
+///     /// bytes the allocator may reserve (default: the device's free memory)
+///     memory_limit: Bytes => |rules, v| rules.memory_limit = Some(v),
+/// ]
+/// ```
+#[macro_export]
+macro_rules! settings {
+    ($($(#[doc = $help:literal])+ $key:ident: $kind:ident $(=> $apply:expr)?),* $(,)?) => {
+        [$($crate::kit::Setting {
+            key: stringify!($key),
+            help: concat!($($help),+).trim_ascii_start(),
+            apply: $crate::settings!(@apply $kind $key $($apply)?),
+        }),*]
+    };
+    (@apply $kind:ident $key:ident) => {
+        $crate::kit::Apply::$kind(|rules, v| rules.$key = v)
+    };
+    (@apply $kind:ident $key:ident $apply:expr) => {
+        $crate::kit::Apply::$kind($apply)
+    };
+}
+
 /// A setting's value as a byte count: digits with an optional binary suffix (`k`, `MiB`, `g`,
 /// ...), or `max`.
 pub fn bytes_value(value: &str) -> Result<u64, String> {

@@ -68,7 +68,8 @@
 //! - `reserve_size` (bytes, default: the device's total memory): address space per
 //!   reservation, rounded up to 2 MiB.
 
-use crate::kit::{round_up, Apply, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::kit::{round_up, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::settings;
 use allocsim_core::{Pool, StreamId, MIB};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -500,39 +501,19 @@ impl Lanes {
 
 impl Rules for Lanes {
     const NAME: &'static str = "allocsim";
-    const SETTINGS: &'static [Setting<Self>] = &[
-        Setting {
-            key: "headroom",
-            help: "how far reserved may exceed the peak need, in bytes (max: cache until OOM)",
-            apply: Apply::Bytes(|r, v| r.conf.headroom = v),
-        },
-        Setting {
-            key: "grow_step",
-            help: "map-ahead granularity at a lane's frontier, in bytes",
-            apply: Apply::Bytes(|r, v| {
-                r.conf.grow_step = round_up(v.clamp(1, MAX_REQUEST_BYTES), PAGE)
-            }),
-        },
-        Setting {
-            key: "reclaim_min",
-            help: "the least to unmap once unmapping, in bytes",
-            apply: Apply::Bytes(|r, v| r.conf.reclaim_min = v),
-        },
-        Setting {
-            key: "candidates",
-            help: "best-fit holes weighed by the pages they would need",
-            apply: Apply::Bytes(|r, v| r.conf.candidates = v.clamp(1, 1 << 20)),
-        },
-        Setting {
-            key: "small_max",
-            help: "the largest block of the small lanes, in bytes (0: one lane per stream)",
-            apply: Apply::Bytes(|r, v| r.conf.small_max = v),
-        },
-        Setting {
-            key: "reserve_size",
-            help: "address space per reservation, in bytes (default: the device's memory)",
-            apply: Apply::Bytes(|r, v| r.conf.reserve_size = Some(v)),
-        },
+    const SETTINGS: &'static [Setting<Self>] = &settings![
+        /// how far reserved may exceed the peak need, in bytes (max: cache until OOM)
+        headroom: Bytes => |r, v| r.conf.headroom = v,
+        /// map-ahead granularity at a lane's frontier, in bytes
+        grow_step: Bytes => |r, v| r.conf.grow_step = round_up(v.clamp(1, MAX_REQUEST_BYTES), PAGE),
+        /// the least to unmap once unmapping, in bytes
+        reclaim_min: Bytes => |r, v| r.conf.reclaim_min = v,
+        /// best-fit holes weighed by the pages they would need
+        candidates: Bytes => |r, v| r.conf.candidates = v.clamp(1, 1 << 20),
+        /// the largest block of the small lanes, in bytes (0: one lane per stream)
+        small_max: Bytes => |r, v| r.conf.small_max = v,
+        /// address space per reservation, in bytes (default: the device's memory)
+        reserve_size: Bytes => |r, v| r.conf.reserve_size = Some(v),
     ];
     type Tag = ();
 

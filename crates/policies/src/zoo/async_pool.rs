@@ -27,7 +27,8 @@
 //! - `internal_dependencies` (bool, default `true`),
 //! - `trim_on_empty_cache` (bool, default `true`).
 
-use crate::kit::{round_up, Apply, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::kit::{round_up, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::settings;
 use allocsim_core::StreamId;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -144,27 +145,15 @@ impl Async {
 
 impl Rules for Async {
     const NAME: &'static str = "async_pool";
-    const SETTINGS: &'static [Setting<Self>] = &[
-        Setting {
-            key: "release_threshold",
-            help: "bytes the pool keeps at a synchronization (max: everything)",
-            apply: Apply::Bytes(|r, v| r.release_threshold = v),
-        },
-        Setting {
-            key: "granularity",
-            help: "segments are whole units of this many bytes, a power of two >= 512",
-            apply: Apply::Bytes(|r, v| r.granularity = v),
-        },
-        Setting {
-            key: "internal_dependencies",
-            help: "a stream takes another stream's uncompleted free before growing",
-            apply: Apply::Bool(|r, v| r.internal_dependencies = v),
-        },
-        Setting {
-            key: "trim_on_empty_cache",
-            help: "empty_cache gives every wholly free segment back",
-            apply: Apply::Bool(|r, v| r.trim_on_empty_cache = v),
-        },
+    const SETTINGS: &'static [Setting<Self>] = &settings![
+        /// bytes the pool keeps at a synchronization (max: everything)
+        release_threshold: Bytes,
+        /// segments are whole units of this many bytes, a power of two >= 512
+        granularity: Bytes,
+        /// a stream takes another stream's uncompleted free before growing
+        internal_dependencies: Bool,
+        /// empty_cache gives every wholly free segment back
+        trim_on_empty_cache: Bool,
     ];
     type Tag = Avail;
 

@@ -33,7 +33,8 @@
 //! - `garbage_collection` (bool, default `true`, as GPU TF),
 //! - `fragmentation_fraction` (float in [0, 1], default 0 = use 128 MiB).
 
-use crate::kit::{round_up, Apply, Kit, Live, Room, Rules, Setting, Tiling, ALIGN_256};
+use crate::kit::{round_up, Kit, Live, Room, Rules, Setting, Tiling, ALIGN_256};
+use crate::settings;
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
@@ -112,27 +113,15 @@ impl BfcRules {
 
 impl Rules for BfcRules {
     const NAME: &'static str = "bfc";
-    const SETTINGS: &'static [Setting<Self>] = &[
-        Setting {
-            key: "allow_growth",
-            help: "start with a 2 MiB region and grow (true), or reserve the whole limit (false)",
-            apply: Apply::Bool(|rules, v| rules.allow_growth = v),
-        },
-        Setting {
-            key: "memory_limit",
-            help: "bytes the allocator may reserve (default: free memory at the first request)",
-            apply: Apply::Bytes(|rules, v| rules.memory_limit = Some(v)),
-        },
-        Setting {
-            key: "garbage_collection",
-            help: "give wholly free regions back before an OOM",
-            apply: Apply::Bool(|rules, v| rules.garbage_collection = v),
-        },
-        Setting {
-            key: "fragmentation_fraction",
-            help: "split a chunk when the rest is at least this fraction of the limit (0: 128 MiB)",
-            apply: Apply::Number(|rules, f| rules.fragmentation_fraction = f),
-        },
+    const SETTINGS: &'static [Setting<Self>] = &settings![
+        /// start with a 2 MiB region and grow (true), or reserve the whole limit (false)
+        allow_growth: Bool,
+        /// bytes the allocator may reserve (default: free memory at the first request)
+        memory_limit: Bytes => |rules, v| rules.memory_limit = Some(v),
+        /// give wholly free regions back before an OOM
+        garbage_collection: Bool,
+        /// split a chunk when the rest is at least this fraction of the limit (0: 128 MiB)
+        fragmentation_fraction: Number,
     ];
     type Tag = ();
 

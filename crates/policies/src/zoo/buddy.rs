@@ -15,7 +15,8 @@
 //! - `min_block` (bytes, power of two >= 256, default 512),
 //! - `segment_size` (bytes, power of two >= `min_block`, default 64 MiB).
 
-use crate::kit::{Apply, Kit, Live, Room, Rules, Setting, Tiling};
+use crate::kit::{Kit, Live, Room, Rules, Setting, Tiling};
+use crate::settings;
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
@@ -54,17 +55,11 @@ impl BuddyRules {
 
 impl Rules for BuddyRules {
     const NAME: &'static str = "buddy";
-    const SETTINGS: &'static [Setting<Self>] = &[
-        Setting {
-            key: "min_block",
-            help: "the smallest block, a power of two >= 256 (only before the first request)",
-            apply: Apply::Bytes(|rules, v| rules.min_block = v),
-        },
-        Setting {
-            key: "segment_size",
-            help: "the segment reserved for blocks up to its size, a power of two",
-            apply: Apply::Bytes(|rules, v| rules.segment_size = v),
-        },
+    const SETTINGS: &'static [Setting<Self>] = &settings![
+        /// the smallest block, a power of two >= 256 (only before the first request)
+        min_block: Bytes,
+        /// the segment reserved for blocks up to its size, a power of two
+        segment_size: Bytes,
     ];
     type Tag = ();
 

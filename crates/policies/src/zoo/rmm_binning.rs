@@ -20,7 +20,8 @@
 //! - `preallocate` (bool, default `true`): fill every bin at the first request.
 
 use super::rmm_pool::{pool_settings, Piece, PoolCore};
-use crate::kit::{rounded_request, Apply, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256};
+use crate::kit::{rounded_request, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256};
+use crate::settings;
 use allocsim_core::StreamId;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -139,30 +140,17 @@ impl Rules for Binning {
     const NAME: &'static str = "rmm_binning";
     const SETTINGS: &'static [Setting<Self>] = &{
         let [initial, maximum] = pool_settings!(Binning, pool);
-        [
-            initial,
-            maximum,
-            Setting {
-                key: "min_exp",
-                help: "the smallest bin is 2^min_exp bytes",
-                apply: Apply::Bytes(|r, v| r.min_exp = exponent(v)),
-            },
-            Setting {
-                key: "max_exp",
-                help: "the largest bin is 2^max_exp bytes",
-                apply: Apply::Bytes(|r, v| r.max_exp = exponent(v)),
-            },
-            Setting {
-                key: "blocks_to_preallocate",
-                help: "blocks per growth of a bin",
-                apply: Apply::Bytes(|r, v| r.blocks_to_preallocate = v),
-            },
-            Setting {
-                key: "preallocate",
-                help: "fill every bin at the first request",
-                apply: Apply::Bool(|r, v| r.preallocate = v),
-            },
-        ]
+        let [min, max, blocks, preallocate]: [Setting<Self>; 4] = settings![
+            /// the smallest bin is 2^min_exp bytes
+            min_exp: Bytes => |r, v| r.min_exp = exponent(v),
+            /// the largest bin is 2^max_exp bytes
+            max_exp: Bytes => |r, v| r.max_exp = exponent(v),
+            /// blocks per growth of a bin
+            blocks_to_preallocate: Bytes,
+            /// fill every bin at the first request
+            preallocate: Bool,
+        ];
+        [initial, maximum, min, max, blocks, preallocate]
     };
     type Tag = Piece;
 

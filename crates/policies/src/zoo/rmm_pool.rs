@@ -21,9 +21,8 @@
 //!   reserved at the first request on the legacy stream 0's list, skipped if the device refuses;
 //! - `maximum_pool_size` (bytes, default none).
 
-use crate::kit::{
-    round_up, rounded_request, Apply, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256,
-};
+use crate::kit::{round_up, rounded_request, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256};
+use crate::settings;
 use allocsim_core::StreamId;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -188,20 +187,14 @@ pub struct Pool {
 /// RMM's `pool_memory_resource`.
 pub type RmmPool = Kit<Pool>;
 
-/// A pool setting, for the pool and the layers on it.
+/// The pool's settings, for the pool and the layers on it (`$rules`, whose `$core` is the pool).
 macro_rules! pool_settings {
-    ($rules:ty, $($core:ident).+) => {
-        [
-            Setting {
-                key: "initial_pool_size",
-                help: "bytes reserved at the first request (0: grow on demand)",
-                apply: Apply::Bytes(|r: &mut $rules, v| r.$($core).+.conf.set_initial(v)),
-            },
-            Setting {
-                key: "maximum_pool_size",
-                help: "the most the pool reserves, in bytes",
-                apply: Apply::Bytes(|r: &mut $rules, v| r.$($core).+.conf.maximum_pool_size = Some(v)),
-            },
+    ($rules:ty, $core:ident) => {
+        settings![
+            /// bytes reserved at the first request (0: grow on demand)
+            initial_pool_size: Bytes => |r: &mut $rules, v| r.$core.conf.set_initial(v),
+            /// the most the pool reserves, in bytes
+            maximum_pool_size: Bytes => |r: &mut $rules, v| r.$core.conf.maximum_pool_size = Some(v),
         ]
     };
 }

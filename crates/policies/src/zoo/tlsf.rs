@@ -26,8 +26,9 @@
 //! - `sl_bits` (second-level bits, 1..=6, default 5 as in TLSF and VMA).
 
 use crate::kit::{
-    round_up, Apply, Kit, Live, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
+    round_up, Kit, Live, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
 };
+use crate::settings;
 use allocsim_core::{StreamId, MIB};
 use std::collections::BTreeSet;
 
@@ -177,19 +178,13 @@ impl TlsfRules {
 
 impl Rules for TlsfRules {
     const NAME: &'static str = "tlsf";
-    const SETTINGS: &'static [Setting<Self>] = &[
-        Setting {
-            key: "segment_size",
-            help: "the preferred segment, 2 MiB to 1 PiB (VMA's preferred block size)",
-            apply: Apply::Bytes(|rules, v| rules.segment_size = v),
-        },
-        Setting {
-            key: "sl_bits",
-            help: "second-level bits, 1 to 6 (only before the first request)",
-            apply: Apply::Text(|rules, value| {
-                rules.sl_bits = value.parse().map_err(|_| "not a whole number".to_string())?;
-                Ok(())
-            }),
+    const SETTINGS: &'static [Setting<Self>] = &settings![
+        /// the preferred segment, 2 MiB to 1 PiB (VMA's preferred block size)
+        segment_size: Bytes,
+        /// second-level bits, 1 to 6 (only before the first request)
+        sl_bits: Text => |rules, value| {
+            rules.sl_bits = value.parse().map_err(|_| "not a whole number".to_string())?;
+            Ok(())
         },
     ];
     type Tag = Links;

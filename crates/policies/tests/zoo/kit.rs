@@ -48,3 +48,15 @@ fn a_wrong_placement_is_not_trusted() {
         assert_eq!(kit.rules.limit, MIB, "{conf} changed nothing");
     }
 }
+
+/// `settings!` takes each setting's help from its doc comment, and its key from its name.
+#[test]
+fn settings_read_their_help_from_doc_comments() {
+    let settings = allocsim_policies::zoo::bfc::BfcRules::SETTINGS;
+    let keys: Vec<&str> = settings.iter().map(|s| s.key).collect();
+    assert_eq!(
+        keys,
+        ["allow_growth", "memory_limit", "garbage_collection", "fragmentation_fraction"]
+    );
+    assert_eq!(settings[2].help, "give wholly free regions back before an OOM");
+}
