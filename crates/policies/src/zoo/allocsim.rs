@@ -489,12 +489,7 @@ impl Lanes {
     /// The block at `addr` is free: coalesce its chunk and its hole; its pages stay cached.
     fn release(&mut self, tiling: &mut Tiling<()>, addr: u64, size: u64, stream: StreamId) {
         tiling.release(addr, ());
-        if tiling.next(addr).is_some_and(|(_, c)| c.is_free()) {
-            tiling.merge_next(addr);
-        }
-        if let Some((prev, _)) = tiling.prev(addr).filter(|(_, c)| c.is_free()) {
-            tiling.merge_next(prev);
-        }
+        tiling.coalesce(addr, |_| true, |_, _, _| {});
         self.free_range(tiling, self.lane_key(size, stream), addr, addr + size);
     }
 }

@@ -27,10 +27,9 @@
 //! - `internal_dependencies` (bool, default `true`),
 //! - `trim_on_empty_cache` (bool, default `true`).
 
-use crate::kit::{round_up, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::kit::{round_up, Cx, FreeLists, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
 use crate::settings;
 use allocsim_core::StreamId;
-use std::collections::{BTreeMap, BTreeSet};
 
 const ALIGN_512: u64 = 512;
 
@@ -46,8 +45,8 @@ pub enum Avail {
 
 #[derive(Debug, Clone)]
 pub struct Async {
-    /// Free blocks by availability, each by (size, address).
-    free: BTreeMap<Avail, BTreeSet<(u64, u64)>>,
+    /// Free blocks by availability.
+    free: FreeLists<Avail>,
     release_threshold: u64,
     granularity: u64,
     internal_dependencies: bool,
@@ -60,7 +59,7 @@ pub type AsyncPool = Kit<Async>;
 impl Default for Async {
     fn default() -> Self {
         Async {
-            free: BTreeMap::new(),
+            free: FreeLists::default(),
             release_threshold: u64::MAX,
             granularity: PAGE_2MIB,
             internal_dependencies: true,
@@ -78,18 +77,11 @@ impl Async {
         stream: StreamId,
         any_stream: bool,
     ) -> Option<u64> {
-        let (chunk, addr, avail) = self
-            .free
-            .iter()
-            .filter(|(&avail, _)| {
-                any_stream || avail == Avail::Any || avail == Avail::Stream(stream)
-            })
-            .filter_map(|(&avail, set)| set.range((block, 0)..).next().map(|&(s, a)| (s, a, avail)))
-            .min()?;
-        let set = self.free.entry(avail).or_default();
-        set.remove(&(chunk, addr));
+        let usable = |avail| any_stream || avail == Avail::Any || avail == Avail::Stream(stream);
+        let (chunk, addr, avail) = self.free.best_fit(block, usable)?;
+        self.free.remove(avail, (chunk, addr));
         if let Some(rest) = tiling.split(addr, block, avail) {
-            set.insert((chunk - block, rest));
+            self.free.insert(avail, (chunk - block, rest));
         }
         Some(addr)
     }
@@ -98,31 +90,21 @@ impl Async {
     fn grow(&mut self, cx: &mut Cx<'_, '_, Avail>, block: u64, stream: StreamId) -> Option<u64> {
         let size = round_up(block, self.granularity);
         let addr = cx.reserve(size, stream, Avail::Any)?;
-        self.free.entry(Avail::Any).or_default().insert((size, addr));
+        self.free.insert(Avail::Any, (size, addr));
         self.take_best_fit(cx.tiling, block, stream, false)
-    }
-
-    /// The free chunk at `addr`, tagged `avail`, joins its list, coalescing with contiguous
-    /// free chunks of the same list.
-    fn insert(&mut self, tiling: &mut Tiling<Avail>, addr: u64, avail: Avail) {
-        tiling.merge_alike(addr, self.free.entry(avail).or_default());
     }
 
     /// Synchronize: every free has completed, so every free block is usable by any stream;
     /// then release down to the threshold.
     fn synchronize(&mut self, cx: &mut Cx<'_, '_, Avail>) {
         cx.synced();
-        let mut pending: Vec<u64> = self
-            .free
-            .iter()
-            .filter(|(&avail, _)| avail != Avail::Any)
-            .flat_map(|(_, set)| set.iter().map(|&(_, a)| a))
-            .collect();
-        self.free.retain(|&avail, _| avail == Avail::Any);
+        let streams: Vec<Avail> = self.free.keys().filter(|&a| a != Avail::Any).collect();
+        let mut pending: Vec<u64> =
+            streams.into_iter().flat_map(|a| self.free.remove_list(a)).flatten().collect();
         pending.sort_unstable();
         for addr in pending {
             cx.tiling.set_tag(addr, Avail::Any);
-            self.insert(cx.tiling, addr, Avail::Any);
+            self.free.merge_in(cx.tiling, addr, Avail::Any);
         }
         self.trim_to(cx, self.release_threshold);
     }
@@ -135,9 +117,7 @@ impl Async {
                 break;
             }
             let Some(c) = cx.tiling.get(base).copied() else { continue };
-            if let Some(set) = self.free.get_mut(&c.tag) {
-                set.remove(&(c.size, base));
-            }
+            self.free.remove(c.tag, (c.size, base));
             cx.unreserve(base);
         }
     }
@@ -181,7 +161,7 @@ impl Rules for Async {
     fn give_back(&mut self, tiling: &mut Tiling<Avail>, block: &Live, deferred: bool) {
         let avail = if deferred { Avail::Any } else { Avail::Stream(block.stream) };
         tiling.release(block.addr, avail);
-        self.insert(tiling, block.addr, avail);
+        self.free.merge_in(tiling, block.addr, avail);
     }
 
     /// Synchronizes and, like PyTorch's `emptyCache` (`cudaMemPoolTrimTo(pool, 0)`), trims

@@ -174,18 +174,14 @@ impl Rules for BfcRules {
 
     /// `MarkFree` + `TryToCoalesce` + `InsertFreeChunk`.
     fn give_back(&mut self, tiling: &mut Tiling<()>, block: &Live, _: bool) {
-        let addr = block.addr;
-        tiling.release(addr, ());
-        let mut at = addr;
-        if let Some((next, c)) = tiling.next(at).filter(|(_, c)| c.is_free()) {
-            self.free.remove(&(c.size, next));
-            tiling.merge_next(at);
-        }
-        if let Some((prev, c)) = tiling.prev(at).filter(|(_, c)| c.is_free()) {
-            self.free.remove(&(c.size, prev));
-            tiling.merge_next(prev);
-            at = prev;
-        }
+        tiling.release(block.addr, ());
+        let at = tiling.coalesce(
+            block.addr,
+            |_| true,
+            |_, a, c| {
+                self.free.remove(&(c.size, a));
+            },
+        );
         if let Some(c) = tiling.get(at) {
             self.free.insert((c.size, at));
         }

@@ -21,10 +21,11 @@
 //!   reserved at the first request on the legacy stream 0's list, skipped if the device refuses;
 //! - `maximum_pool_size` (bytes, default none).
 
-use crate::kit::{round_up, rounded_request, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256};
+use crate::kit::{
+    round_up, rounded_request, Cx, FreeLists, Kit, Live, Rules, Setting, Tiling, ALIGN_256,
+};
 use crate::settings;
 use allocsim_core::StreamId;
-use std::collections::{BTreeMap, BTreeSet};
 
 /// What a chunk is to the pool and the layers above it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,8 +54,8 @@ impl PoolConf {
 /// The pool itself, on a tiling shared with the layers above (binning).
 #[derive(Debug, Clone, Default)]
 pub(super) struct PoolCore {
-    /// Per stream: free blocks by (size, address).
-    lists: BTreeMap<StreamId, BTreeSet<(u64, u64)>>,
+    /// Per stream: free blocks.
+    lists: FreeLists<StreamId>,
     pub conf: PoolConf,
     started: bool,
 }
@@ -69,18 +70,18 @@ impl PoolCore {
         stream: StreamId,
     ) -> Option<u64> {
         self.start(cx);
-        if let Some(addr) = self.best_fit(stream, size) {
+        if let Some(addr) = self.lists.take(stream, size) {
             return Some(self.cut(cx.tiling, addr, size, stream));
         }
-        let others: Vec<StreamId> = self.lists.keys().copied().filter(|&s| s != stream).collect();
+        let others: Vec<StreamId> = self.lists.keys().filter(|&s| s != stream).collect();
         for &other in &others {
-            if let Some(addr) = self.best_fit(other, size) {
+            if let Some(addr) = self.lists.take(other, size) {
                 return Some(self.cut(cx.tiling, addr, size, other));
             }
         }
         for &other in &others {
             self.merge_list(cx, other, stream);
-            if let Some(addr) = self.best_fit(stream, size) {
+            if let Some(addr) = self.lists.take(stream, size) {
                 return Some(self.cut(cx.tiling, addr, size, stream));
             }
         }
@@ -91,7 +92,7 @@ impl PoolCore {
     /// The unowned chunk at `addr` goes back on `stream`'s list, coalescing.
     pub fn deallocate(&mut self, tiling: &mut Tiling<Piece>, addr: u64, stream: StreamId) {
         tiling.set_tag(addr, Piece::Free(stream));
-        self.insert(tiling, addr, stream);
+        self.lists.merge_in(tiling, addr, stream);
     }
 
     /// `initialize_pool`: the initial block on the legacy stream's list.
@@ -105,35 +106,21 @@ impl PoolCore {
         }
     }
 
-    fn best_fit(&mut self, stream: StreamId, size: u64) -> Option<u64> {
-        let list = self.lists.get_mut(&stream)?;
-        let &(s, addr) = list.range((size, 0)..).next()?;
-        list.remove(&(s, addr));
-        Some(addr)
-    }
-
     /// `allocate_and_insert_remainder`: cut `size` bytes off the free chunk at `addr`; the
     /// remainder goes on `list`'s free list.
     fn cut(&mut self, tiling: &mut Tiling<Piece>, addr: u64, size: u64, list: StreamId) -> u64 {
         // Tag it first: the remainder must not coalesce back into it.
         tiling.set_tag(addr, Piece::Used);
         if let Some(rest) = tiling.split(addr, size, Piece::Free(list)) {
-            self.insert(tiling, rest, list);
+            self.lists.merge_in(tiling, rest, list);
         }
         addr
     }
 
-    /// `coalescing_free_list::insert`: merge with contiguous free blocks of the same list.
-    fn insert(&mut self, tiling: &mut Tiling<Piece>, addr: u64, stream: StreamId) {
-        tiling.merge_alike(addr, self.lists.entry(stream).or_default());
-    }
-
     /// `merge_lists`: move `other`'s free list into `stream`'s, coalescing.
     fn merge_list(&mut self, cx: &mut Cx<'_, '_, Piece>, other: StreamId, stream: StreamId) {
-        let Some(blocks) = self.lists.remove(&other) else { return };
+        let Some(addrs) = self.lists.remove_list(other) else { return };
         cx.synced();
-        let mut addrs: Vec<u64> = blocks.into_iter().map(|(_, a)| a).collect();
-        addrs.sort_unstable();
         for addr in addrs {
             self.deallocate(cx.tiling, addr, stream);
         }

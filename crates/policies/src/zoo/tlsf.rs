@@ -30,7 +30,6 @@ use crate::kit::{
 };
 use crate::settings;
 use allocsim_core::{StreamId, MIB};
-use std::collections::BTreeSet;
 
 const ALIGN_LOG2: u32 = 8;
 const NIL: u64 = u64::MAX;
@@ -61,10 +60,6 @@ pub struct TlsfRules {
     sl_bitmap: [u64; 64],
     /// Head of each class list, `fl * 2^sl_bits + sl` (made at the first segment).
     heads: Vec<u64>,
-    /// Segments dedicated to one allocation.
-    dedicated: BTreeSet<u64>,
-    /// The segment being reserved is dedicated to its block.
-    dedicating: bool,
     /// The size tried for a regular segment, before rounding, and the halvings so far.
     trying: (u64, u32),
 }
@@ -77,8 +72,6 @@ impl Default for TlsfRules {
             fl_bitmap: 0,
             sl_bitmap: [0; 64],
             heads: Vec::new(),
-            dedicated: BTreeSet::new(),
-            dedicating: false,
             trying: (0, 0),
         }
     }
@@ -169,11 +162,6 @@ impl TlsfRules {
             }
         }
     }
-
-    /// Whether a block goes to a segment of its own (VMA: over half the preferred size).
-    fn is_dedicated(&self, block: u64) -> bool {
-        block > self.segment_size / 2
-    }
 }
 
 impl Rules for TlsfRules {
@@ -197,15 +185,15 @@ impl Rules for TlsfRules {
         block > MAX_REQUEST_BYTES
     }
 
-    /// A dedicated segment (rounded to 2 MiB), or VMA's regular one: the preferred size,
-    /// halved up to 3 times while the half is larger than every regular segment and at least
-    /// twice the block.
+    /// VMA: a block over half the preferred size gets a segment of its own.
+    fn dedicated(&self, block: u64) -> bool {
+        block > self.segment_size / 2
+    }
+
+    /// VMA's regular segment: the preferred size, halved up to 3 times while the half is
+    /// larger than every regular segment and at least twice the block.
     fn segment_size(&mut self, tiling: &Tiling<Links>, block: u64, _: &Room<'_>) -> Option<u64> {
-        self.dedicating = self.is_dedicated(block);
-        if self.dedicating {
-            return Some(round_up(block, PAGE_2MIB));
-        }
-        let regular = tiling.segments().filter(|(b, _)| !self.dedicated.contains(b));
+        let regular = tiling.segments().filter(|(_, s)| !s.dedicated);
         let largest = regular.map(|(_, s)| s.size).max().unwrap_or(0);
         let (mut size, mut shift) = (self.segment_size, 0);
         while shift < NEW_SEGMENT_SHIFT_MAX && size / 2 > largest && size / 2 >= block * 2 {
@@ -216,10 +204,10 @@ impl Rules for TlsfRules {
         Some(round_up(size, ALIGN_256))
     }
 
-    /// Halve again (3 halvings in all), never below the block; a dedicated one is not cut.
+    /// Halve again (3 halvings in all), never below the block.
     fn smaller_segment(&mut self, block: u64, _: u64) -> Option<u64> {
         let (size, shift) = self.trying;
-        if self.dedicating || shift >= NEW_SEGMENT_SHIFT_MAX || size / 2 < block {
+        if shift >= NEW_SEGMENT_SHIFT_MAX || size / 2 < block {
             return None;
         }
         self.trying = (size / 2, shift + 1);
@@ -228,9 +216,6 @@ impl Rules for TlsfRules {
 
     /// The head of the first class that surely fits; the rest is listed again.
     fn take(&mut self, tiling: &mut Tiling<Links>, block: u64, _: StreamId) -> Option<u64> {
-        if self.is_dedicated(block) {
-            return None;
-        }
         let addr = self.find_suitable(self.search_class(block))?;
         self.unlink(tiling, addr);
         if let Some(rest) = tiling.split(addr, block, Links::default()) {
@@ -239,61 +224,30 @@ impl Rules for TlsfRules {
         Some(addr)
     }
 
-    /// A dedicated segment is the block, whole.
-    fn take_from(
-        &mut self,
-        tiling: &mut Tiling<Links>,
-        base: u64,
-        block: u64,
-        s: StreamId,
-    ) -> Option<u64> {
-        if self.dedicating {
-            return Some(base);
-        }
-        self.take(tiling, block, s)
+    /// From a new segment too, only what the class search finds (a segment smaller than the
+    /// block's search class is left unused).
+    fn take_from(&mut self, t: &mut Tiling<Links>, _: u64, block: u64, s: StreamId) -> Option<u64> {
+        self.take(t, block, s)
     }
 
     fn added(&mut self, tiling: &mut Tiling<Links>, base: u64) {
-        if self.dedicating {
-            self.dedicated.insert(base);
-        } else {
-            self.link(tiling, base);
-        }
+        self.link(tiling, base);
     }
 
     /// Coalesce with free physical neighbours at once, and list the result first (LIFO).
     fn give_back(&mut self, tiling: &mut Tiling<Links>, block: &Live, _: bool) {
-        let addr = block.addr;
-        tiling.release(addr, Links::default());
-        if tiling.seg_of(addr).is_some_and(|base| self.dedicated.contains(&base)) {
-            return;
-        }
-        let mut at = addr;
-        if let Some((next, _)) = tiling.next(at).filter(|(_, c)| c.is_free()) {
-            self.unlink(tiling, next);
-            tiling.merge_next(at);
-        }
-        if let Some((prev, _)) = tiling.prev(at).filter(|(_, c)| c.is_free()) {
-            self.unlink(tiling, prev);
-            tiling.merge_next(prev);
-            at = prev;
-        }
+        tiling.release(block.addr, Links::default());
+        let at = tiling.coalesce(block.addr, |_| true, |tiling, a, _| self.unlink(tiling, a));
         self.link(tiling, at);
     }
 
     fn removing(&mut self, tiling: &mut Tiling<Links>, base: u64) {
-        if !self.dedicated.remove(&base) {
-            self.unlink(tiling, base);
-        }
+        self.unlink(tiling, base);
     }
 
-    /// A dedicated segment goes at once; VMA keeps one empty regular segment.
-    fn on_segment_free(&mut self, _: &Tiling<Links>, base: u64) -> Release {
-        if self.dedicated.contains(&base) {
-            Release::This
-        } else {
-            Release::KeepingFirst(1)
-        }
+    /// VMA keeps one empty segment.
+    fn on_segment_free(&mut self, _: &Tiling<Links>, _: u64) -> Release {
+        Release::KeepingFirst(1)
     }
 
     /// `sl_bits` takes effect only before the first request.
