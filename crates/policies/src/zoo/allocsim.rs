@@ -279,15 +279,8 @@ impl Lanes {
         gaps
     }
 
-    /// Map `[start, end)` of `key`'s reservation `(base, limit)` and join it with the mapped
-    /// ranges beside it.
-    fn map_gap(
-        &mut self,
-        cx: &mut Cx<'_, '_, ()>,
-        key: LaneKey,
-        gap: (u64, u64),
-        range: (u64, u64),
-    ) -> bool {
+    /// Map `gap` of `key`'s reservation `range` and join it with the mapped ranges beside it.
+    fn map_gap(cx: &mut Cx<'_, '_, ()>, key: LaneKey, gap: (u64, u64), range: (u64, u64)) -> bool {
         let (start, end) = gap;
         if !cx.map((start, end - start), key.stream, key.pool(), ()) {
             return false;
@@ -443,12 +436,12 @@ impl Lanes {
             self.reclaim(cx, after - line, span);
         }
         for gap in gaps {
-            if !self.map_gap(cx, key, gap, range) {
+            if !Self::map_gap(cx, key, gap, range) {
                 if gap.0 >= span.1 {
                     break; // mapping ahead is optional
                 }
                 cx.retried();
-                if self.reclaim(cx, u64::MAX, span) == 0 || !self.map_gap(cx, key, gap, range) {
+                if self.reclaim(cx, u64::MAX, span) == 0 || !Self::map_gap(cx, key, gap, range) {
                     return false;
                 }
             }

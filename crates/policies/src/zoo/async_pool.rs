@@ -43,6 +43,9 @@ pub enum Avail {
     Stream(StreamId),
 }
 
+/// A `cudaMallocAsync`-style stream-ordered pool.
+pub type AsyncPool = Kit<Async>;
+
 #[derive(Debug, Clone)]
 pub struct Async {
     /// Free blocks by availability.
@@ -52,9 +55,6 @@ pub struct Async {
     internal_dependencies: bool,
     trim_on_empty_cache: bool,
 }
-
-/// A `cudaMallocAsync`-style stream-ordered pool.
-pub type AsyncPool = Kit<Async>;
 
 impl Default for Async {
     fn default() -> Self {

@@ -9,6 +9,7 @@
 //!   policy gets the block back only with `FreeCompleted`, so memory is never reused early;
 //! - `Oom` is pushed once, when every path of a policy failed.
 
+use super::tiling::Seg;
 use allocsim_core::text::quoted;
 use allocsim_core::{
     AllocId, ConfigError, Env, Event, Granted, MemoryStats, OomInfo, Pool, StreamId,
@@ -112,14 +113,9 @@ impl Books {
         true
     }
 
-    /// Unmap `[addr, addr+size)` and push `SegmentUnmap`.
-    pub fn device_unmap(
-        &mut self,
-        env: &mut Env<'_>,
-        (addr, size): (u64, u64),
-        stream: StreamId,
-        pool: Pool,
-    ) {
+    /// Unmap `[addr, addr+size)` of the mapped range `seg` and push `SegmentUnmap`.
+    pub fn device_unmap(&mut self, env: &mut Env<'_>, (addr, size): (u64, u64), seg: &Seg) {
+        let Seg { stream, pool, .. } = *seg;
         env.device.unmap(addr, size);
         self.stats.num_device_free += 1;
         self.stats.reserved_bytes.decrease(pool, size);
@@ -156,16 +152,11 @@ impl Books {
             return None;
         }
         b.pending = true;
-        let b = *b;
-        env.events.emit(Event::FreeRequested {
-            id,
-            addr: b.addr,
-            size: b.size,
-            requested: b.requested,
-        });
-        self.stats.allocation.decrease(b.pool, 1);
-        self.stats.allocated_bytes.decrease(b.pool, b.size);
-        if b.other_stream_uses {
+        let Live { addr, size, requested, pool, other_stream_uses, .. } = *b;
+        env.events.emit(Event::FreeRequested { id, addr, size, requested });
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        if other_stream_uses {
             None
         } else {
             self.complete(env, id)
@@ -182,17 +173,13 @@ impl Books {
     }
 
     fn complete(&mut self, env: &mut Env<'_>, id: AllocId) -> Option<Live> {
-        let b = self.live.remove(&id)?;
-        env.events.emit(Event::FreeCompleted {
-            id,
-            addr: b.addr,
-            size: b.size,
-            requested: b.requested,
-        });
-        self.stats.active.decrease(b.pool, 1);
-        self.stats.active_bytes.decrease(b.pool, b.size);
-        self.stats.requested_bytes.decrease(b.pool, b.requested);
-        Some(b)
+        let block = self.live.remove(&id)?;
+        let Live { addr, size, requested, pool, .. } = block;
+        env.events.emit(Event::FreeCompleted { id, addr, size, requested });
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, size);
+        self.stats.requested_bytes.decrease(pool, requested);
+        Some(block)
     }
 
     pub fn record_stream(&mut self, id: AllocId, stream: StreamId) {
