@@ -10,7 +10,8 @@
 //! compare` take any policy registered in [`crate::POLICIES`].
 //!
 //! A policy with its own index over the free chunks (free lists by order: `buddy`) overrides
-//! the hooks that keep it in step. A policy whose search talks to the device on its own terms
+//! the hooks that keep it in step; [`FreeIndex`] and [`FreeLists`] are two such indexes ready
+//! made. A block that gets a segment of its own ([`Rules::dedicated`]) is the kit's alone. A policy whose search talks to the device on its own terms
 //! (RMM's pool expands and halves, binning carves pool blocks into bins, a stream-ordered pool
 //! synchronizes and trims before it gives up) overrides [`Rules::find`], which gets a [`Cx`]:
 //! the tiling and the device calls, counted by the books.
