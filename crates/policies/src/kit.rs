@@ -181,7 +181,7 @@ impl<T: Copy> Cx<'_, '_, T> {
             return;
         };
         if let Some(size) = self.tiling.cut_out(addr) {
-            self.books.device_unmap(self.env, (addr, size), &seg);
+            self.books.device_unmap(self.env, (addr, size), seg.stream, seg.pool);
         }
     }
 

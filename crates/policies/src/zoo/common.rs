@@ -9,7 +9,6 @@
 //!   policy gets the block back only with `FreeCompleted`, so memory is never reused early;
 //! - `Oom` is pushed once, when every path of a policy failed.
 
-use super::tiling::Seg;
 use allocsim_core::text::quoted;
 use allocsim_core::{
     AllocId, ConfigError, Env, Event, Granted, MemoryStats, OomInfo, Pool, StreamId,
@@ -113,9 +112,14 @@ impl Books {
         true
     }
 
-    /// Unmap `[addr, addr+size)` of the mapped range `seg` and push `SegmentUnmap`.
-    pub fn device_unmap(&mut self, env: &mut Env<'_>, (addr, size): (u64, u64), seg: &Seg) {
-        let Seg { stream, pool, .. } = *seg;
+    /// Unmap `[addr, addr+size)` and push `SegmentUnmap`.
+    pub fn device_unmap(
+        &mut self,
+        env: &mut Env<'_>,
+        (addr, size): (u64, u64),
+        stream: StreamId,
+        pool: Pool,
+    ) {
         env.device.unmap(addr, size);
         self.stats.num_device_free += 1;
         self.stats.reserved_bytes.decrease(pool, size);
