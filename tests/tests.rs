@@ -6,6 +6,8 @@ use allocsim_replay::{EventLog, Observer};
 use allocsim_run::{run_trace, DeviceChoice, RunOptions, StartedFrom};
 use allocsim_tests::{bundled_traces, UNDETERMINED_STATS};
 
+mod event_logs;
+
 fn read(path: &std::path::Path) -> Trace {
     allocsim_trace::read_trace(path).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -10,7 +10,8 @@
 //! compare` take any policy registered in [`crate::POLICIES`].
 //!
 //! A policy with its own index over the free chunks (free lists by order: `buddy`) overrides
-//! the hooks that keep it in step. A policy whose search talks to the device on its own terms
+//! the hooks that keep it in step; [`FreeIndex`] and [`FreeLists`] are two such indexes ready
+//! made. A block that gets a segment of its own ([`Rules::dedicated`]) is the kit's alone. A policy whose search talks to the device on its own terms
 //! (RMM's pool expands and halves, binning carves pool blocks into bins, a stream-ordered pool
 //! synchronizes and trims before it gives up) overrides [`Rules::find`], which gets a [`Cx`]:
 //! the tiling and the device calls, counted by the books.
@@ -70,6 +71,35 @@ impl<R> Apply<R> {
         }
         Ok(())
     }
+}
+
+/// A policy's settings, one line each: its help as a doc comment, then its key, how its value
+/// applies ([`Apply`]'s variant) and, unless the value goes to the field of the key's name,
+/// what it does. An array, for `&settings![...]`:
+///
+/// ```ignore
+/// settings![
+///     /// the smallest segment reserved, in bytes
+///     min_segment: Bytes,
+///     /// bytes the allocator may reserve (default: the device's free memory)
+///     memory_limit: Bytes => |rules, v| rules.memory_limit = Some(v),
+/// ]
+/// ```
+#[macro_export]
+macro_rules! settings {
+    ($($(#[doc = $help:literal])+ $key:ident: $kind:ident $(=> $apply:expr)?),* $(,)?) => {
+        [$($crate::kit::Setting {
+            key: stringify!($key),
+            help: concat!($($help),+).trim_ascii_start(),
+            apply: $crate::settings!(@apply $kind $key $($apply)?),
+        }),*]
+    };
+    (@apply $kind:ident $key:ident) => {
+        $crate::kit::Apply::$kind(|rules, v| rules.$key = v)
+    };
+    (@apply $kind:ident $key:ident $apply:expr) => {
+        $crate::kit::Apply::$kind($apply)
+    };
 }
 
 /// A setting's value as a byte count: digits with an optional binary suffix (`k`, `MiB`, `g`,
@@ -238,6 +268,14 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
         false
     }
 
+    /// Whether a block of `block` bytes gets a segment of its own, the block rounded up to
+    /// 2 MiB and handed out whole, that goes back to the device when the block is freed; the
+    /// policy's other hooks never see it. Default: no.
+    fn dedicated(&self, block: u64) -> bool {
+        let _ = block;
+        false
+    }
+
     /// The segment to reserve when no free chunk takes a block of `block` bytes (at least
     /// `block`; the kit makes sure), or `None` to not grow.
     fn segment_size(
@@ -323,14 +361,8 @@ pub trait Rules: Default + Clone + std::fmt::Debug + 'static {
     /// the free chunks beside it.
     fn give_back(&mut self, tiling: &mut Tiling<Self::Tag>, block: &Live, deferred: bool) {
         let _ = deferred;
-        let addr = block.addr;
-        tiling.release(addr, Self::Tag::default());
-        tiling.merge_next(addr);
-        if let Some((prev, chunk)) = tiling.prev(addr) {
-            if chunk.is_free() {
-                tiling.merge_next(prev);
-            }
-        }
+        tiling.release(block.addr, Self::Tag::default());
+        tiling.coalesce(block.addr, |_| true, |_, _, _| {});
     }
 
     /// The wholly free segment at `base` is about to go back to the device. Default: nothing
@@ -393,8 +425,13 @@ impl<R: Rules> Kit<R> {
     /// The block of a completed free is free memory again.
     fn take_back(&mut self, env: &mut Env<'_>, block: Live, deferred: bool) {
         let (rules, mut cx) = self.parts(env);
-        rules.give_back(cx.tiling, &block, deferred);
         let base = cx.tiling.seg_of(block.addr);
+        if let Some(base) = base.filter(|&b| cx.tiling.seg(b).is_some_and(|s| s.dedicated)) {
+            cx.tiling.release(block.addr, R::Tag::default());
+            cx.unreserve(base);
+        } else {
+            rules.give_back(cx.tiling, &block, deferred);
+        }
         if let Some(base) = base.filter(|&b| cx.tiling.seg(b).is_some_and(Seg::is_wholly_free)) {
             match rules.on_segment_free(cx.tiling, base) {
                 Release::Nothing => {}
@@ -459,17 +496,70 @@ impl FreeIndex {
     /// The block at `addr` is free again: released and merged with its free neighbours.
     pub fn give_back<T: Copy + Default>(&mut self, tiling: &mut Tiling<T>, addr: u64) {
         tiling.release(addr, T::default());
-        if let Some((next, _)) = tiling.next(addr).filter(|(_, c)| c.is_free()) {
-            self.unindex(tiling, next);
-            tiling.merge_next(addr);
-        }
-        let mut at = addr;
-        if let Some((prev, _)) = tiling.prev(addr).filter(|(_, c)| c.is_free()) {
-            self.unindex(tiling, prev);
-            tiling.merge_next(prev);
-            at = prev;
-        }
+        let at = tiling.coalesce(addr, |_| true, |tiling, a, _| self.unindex(tiling, a));
         self.index(tiling, at);
+    }
+}
+
+/// Coalescing free lists, one per key (a stream, or who may reuse a block): each its free
+/// chunks by (size, address), a chunk on the list its tag names. For a policy whose search is
+/// its own (RMM's stream-ordered pool, a `cudaMallocAsync` pool); a list stays, empty, once
+/// made, as RMM's do.
+#[derive(Debug, Clone)]
+pub struct FreeLists<K> {
+    lists: std::collections::BTreeMap<K, std::collections::BTreeSet<(u64, u64)>>,
+}
+
+impl<K> Default for FreeLists<K> {
+    fn default() -> Self {
+        FreeLists { lists: std::collections::BTreeMap::new() }
+    }
+}
+
+impl<K: Ord + Copy> FreeLists<K> {
+    /// The smallest chunk of at least `size` bytes on a list that `usable` accepts (the
+    /// lowest address, then the lowest key, among equals): (size, address, key).
+    pub fn best_fit(&self, size: u64, usable: impl Fn(K) -> bool) -> Option<(u64, u64, K)> {
+        let firsts = self.lists.iter().filter(|(&key, _)| usable(key));
+        firsts
+            .filter_map(|(&key, set)| set.range((size, 0)..).next().map(|&(s, a)| (s, a, key)))
+            .min()
+    }
+
+    /// [`FreeLists::best_fit`] on `key`'s list alone, taken off it: its address.
+    pub fn take(&mut self, key: K, size: u64) -> Option<u64> {
+        let list = self.lists.get_mut(&key)?;
+        let &(s, addr) = list.range((size, 0)..).next()?;
+        list.remove(&(s, addr));
+        Some(addr)
+    }
+
+    pub fn insert(&mut self, key: K, (size, addr): (u64, u64)) {
+        self.lists.entry(key).or_default().insert((size, addr));
+    }
+
+    pub fn remove(&mut self, key: K, (size, addr): (u64, u64)) {
+        if let Some(list) = self.lists.get_mut(&key) {
+            list.remove(&(size, addr));
+        }
+    }
+
+    /// The free chunk at `addr`, tagged for `key`'s list, joins it, merging with the chunks
+    /// beside it that carry the same tag.
+    pub fn merge_in<T: Copy + PartialEq>(&mut self, tiling: &mut Tiling<T>, addr: u64, key: K) {
+        tiling.merge_alike(addr, self.lists.entry(key).or_default());
+    }
+
+    /// The keys of the lists, in order.
+    pub fn keys(&self) -> impl Iterator<Item = K> + '_ {
+        self.lists.keys().copied()
+    }
+
+    /// `key`'s list goes: the addresses of its chunks, in address order.
+    pub fn remove_list(&mut self, key: K) -> Option<Vec<u64>> {
+        let mut addrs: Vec<u64> = self.lists.remove(&key)?.into_iter().map(|(_, a)| a).collect();
+        addrs.sort_unstable();
+        Some(addrs)
     }
 }
 
@@ -483,7 +573,7 @@ pub fn find_or_grow<R: Rules>(
 ) -> Option<u64> {
     // No free chunk holds the block: skip the policy's search (a request that cannot fit
     // stays O(log n), however many chunks there are).
-    if cx.tiling.largest_free_chunk() >= block {
+    if !rules.dedicated(block) && cx.tiling.largest_free_chunk() >= block {
         if let Some(addr) = rules.take(cx.tiling, block, stream) {
             return Some(addr);
         }
@@ -503,13 +593,18 @@ pub fn find_or_grow<R: Rules>(
 }
 
 /// Reserve a segment for a block of `block` bytes, trying smaller ones as the rules say, and
-/// take the block from it.
+/// take the block from it; or, for a dedicated block, its own segment.
 fn grow<R: Rules>(
     rules: &mut R,
     cx: &mut Cx<'_, '_, R::Tag>,
     block: u64,
     stream: StreamId,
 ) -> Option<u64> {
+    if rules.dedicated(block) {
+        let base = cx.reserve(round_up(block, PAGE_2MIB), stream, R::Tag::default())?;
+        cx.tiling.dedicate(base);
+        return Some(base);
+    }
     let mut size = rules.segment_size(cx.tiling, block, &cx.room())?.max(block);
     loop {
         if let Some(base) = cx.reserve(size, stream, R::Tag::default()) {
@@ -625,57 +720,5 @@ impl<R: Rules> Allocator for Kit<R> {
 
     fn free_space(&self) -> FreeSpace {
         self.tiling.free_space(&self.books)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::zoo::testing::Rig;
-    use allocsim_core::MIB;
-
-    /// Places every block at the first chunk, free or not: the kit must not trust it.
-    #[derive(Debug, Default, Clone)]
-    struct Careless {
-        limit: u64,
-    }
-
-    impl Rules for Careless {
-        const NAME: &'static str = "careless";
-        const SETTINGS: &'static [Setting<Self>] = &[Setting {
-            key: "limit",
-            help: "a byte count at most 1 GiB",
-            apply: Apply::Bytes(|rules, v| rules.limit = v),
-        }];
-        type Tag = ();
-
-        fn place(&self, tiling: &Tiling<()>, _: u64, _: StreamId) -> Option<u64> {
-            tiling.segments().next().map(|(base, _)| base)
-        }
-
-        fn check(&mut self, _: &Self, _: bool) -> Result<(), String> {
-            (self.limit <= 1 << 30).then_some(()).ok_or_else(|| "limit over 1 GiB".to_string())
-        }
-    }
-
-    #[test]
-    fn a_wrong_placement_is_not_trusted() {
-        let mut kit = Kit::<Careless>::default();
-        let mut rig = Rig::with_policy("careless", Box::new(Kit::<Careless>::default()), 1 << 30);
-        let a = rig.malloc(1, MIB, 0).unwrap();
-        let b = rig.malloc(2, MIB, 0).unwrap();
-        assert_ne!(a.addr, b.addr, "the first chunk was taken: b gets other memory");
-        // Settings: an unknown key, a bad value and a failed check all name the policy and
-        // leave the rules as they were.
-        assert!(kit.set_settings("limit:1MiB").is_ok());
-        for (conf, says) in [
-            ("size:1", "unknown setting"),
-            ("limit:lots", "limit:\"lots\": not a byte count"),
-            ("limit:2GiB", "limit over 1 GiB"),
-        ] {
-            let e = kit.set_settings(conf).unwrap_err().0;
-            assert!(e.starts_with("policy careless:") && e.contains(says), "{conf}: {e}");
-            assert_eq!(kit.rules.limit, MIB, "{conf} changed nothing");
-        }
     }
 }

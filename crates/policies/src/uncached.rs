@@ -3,8 +3,7 @@
 //! bytes rounded to segment granularity, and its device-call count the worst possible: the two
 //! ends every caching policy sits between.
 
-use crate::kit::{rounded_request, Kit, Release, Rules, Setting, PAGE_2MIB};
-use allocsim_core::StreamId;
+use crate::kit::{rounded_request, Kit, Rules, Setting, PAGE_2MIB};
 
 /// No settings: every block is its own segment of whole 2 MiB pages.
 #[derive(Debug, Default, Clone)]
@@ -19,12 +18,8 @@ impl Rules for NoCache {
         rounded_request(size, PAGE_2MIB)
     }
 
-    fn place(&self, _: &crate::kit::Tiling<()>, _: u64, _: StreamId) -> Option<u64> {
-        None
-    }
-
-    fn on_segment_free(&mut self, _: &crate::kit::Tiling<()>, _: u64) -> Release {
-        Release::This
+    fn dedicated(&self, _: u64) -> bool {
+        true
     }
 }
 

@@ -148,13 +148,7 @@ impl PyTorchAllocator {
             let mut rest = Block::new(b.addr + mapped, b.size - mapped, b.stream, b.small);
             rest.mapped = false;
             rest.expandable = b.expandable;
-            rest.prev = to_map;
-            rest.next = b.next;
-            let r = self.arena.insert(rest);
-            if b.next != NIL {
-                self.arena[b.next].prev = r;
-            }
-            self.arena[to_map].next = r;
+            let r = self.link_between(to_map, b.next, rest);
             self.arena[to_map].size = mapped;
             self.default_pool_mut(b.small).unmapped.insert(rest.addr_key(r));
         }
@@ -167,6 +161,20 @@ impl PyTorchAllocator {
         self.stats.num_device_alloc += 1;
         env.events.emit(Event::SegmentMap { addr, size: mapped, stream: b.stream, pool });
         true
+    }
+
+    /// A new block in the arena, linked in between blocks `prev` and `next` (either may be
+    /// `NIL`): its index.
+    fn link_between(&mut self, prev: u32, next: u32, mut block: Block) -> u32 {
+        (block.prev, block.next) = (prev, next);
+        let new = self.arena.insert(block);
+        if prev != NIL {
+            self.arena[prev].next = new;
+        }
+        if next != NIL {
+            self.arena[next].prev = new;
+        }
+        new
     }
 
     /// `unmap_block`: unmap the whole pages inside free block `index`; the partial pages at
@@ -184,26 +192,14 @@ impl PyTorchAllocator {
         if before > 0 {
             let mut head = Block::new(b.addr, before, b.stream, b.small);
             head.expandable = b.expandable;
-            head.prev = b.prev;
-            head.next = index;
-            let h = self.arena.insert(head);
-            if b.prev != NIL {
-                self.arena[b.prev].next = h;
-            }
-            self.arena[index].prev = h;
+            let h = self.link_between(b.prev, index, head);
             self.insert_into_blocks(h);
         }
         let after = b.size - before - unmapped;
         if after > 0 {
             let mut tail = Block::new(addr + unmapped, after, b.stream, b.small);
             tail.expandable = b.expandable;
-            tail.prev = index;
-            tail.next = b.next;
-            let t = self.arena.insert(tail);
-            if b.next != NIL {
-                self.arena[b.next].prev = t;
-            }
-            self.arena[index].next = t;
+            let t = self.link_between(index, b.next, tail);
             self.insert_into_blocks(t);
         }
         let blk = &mut self.arena[index];

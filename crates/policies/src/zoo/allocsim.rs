@@ -68,7 +68,8 @@
 //! - `reserve_size` (bytes, default: the device's total memory): address space per
 //!   reservation, rounded up to 2 MiB.
 
-use crate::kit::{round_up, Apply, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::kit::{round_up, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::settings;
 use allocsim_core::{Pool, StreamId, MIB};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -278,15 +279,8 @@ impl Lanes {
         gaps
     }
 
-    /// Map `[start, end)` of `key`'s reservation `(base, limit)` and join it with the mapped
-    /// ranges beside it.
-    fn map_gap(
-        &mut self,
-        cx: &mut Cx<'_, '_, ()>,
-        key: LaneKey,
-        gap: (u64, u64),
-        range: (u64, u64),
-    ) -> bool {
+    /// Map `gap` of `key`'s reservation `range` and join it with the mapped ranges beside it.
+    fn map_gap(cx: &mut Cx<'_, '_, ()>, key: LaneKey, gap: (u64, u64), range: (u64, u64)) -> bool {
         let (start, end) = gap;
         if !cx.map((start, end - start), key.stream, key.pool(), ()) {
             return false;
@@ -442,12 +436,12 @@ impl Lanes {
             self.reclaim(cx, after - line, span);
         }
         for gap in gaps {
-            if !self.map_gap(cx, key, gap, range) {
+            if !Self::map_gap(cx, key, gap, range) {
                 if gap.0 >= span.1 {
                     break; // mapping ahead is optional
                 }
                 cx.retried();
-                if self.reclaim(cx, u64::MAX, span) == 0 || !self.map_gap(cx, key, gap, range) {
+                if self.reclaim(cx, u64::MAX, span) == 0 || !Self::map_gap(cx, key, gap, range) {
                     return false;
                 }
             }
@@ -488,51 +482,26 @@ impl Lanes {
     /// The block at `addr` is free: coalesce its chunk and its hole; its pages stay cached.
     fn release(&mut self, tiling: &mut Tiling<()>, addr: u64, size: u64, stream: StreamId) {
         tiling.release(addr, ());
-        if tiling.next(addr).is_some_and(|(_, c)| c.is_free()) {
-            tiling.merge_next(addr);
-        }
-        if let Some((prev, _)) = tiling.prev(addr).filter(|(_, c)| c.is_free()) {
-            tiling.merge_next(prev);
-        }
+        tiling.coalesce(addr, |_| true, |_, _, _| {});
         self.free_range(tiling, self.lane_key(size, stream), addr, addr + size);
     }
 }
 
 impl Rules for Lanes {
     const NAME: &'static str = "allocsim";
-    const SETTINGS: &'static [Setting<Self>] = &[
-        Setting {
-            key: "headroom",
-            help: "how far reserved may exceed the peak need, in bytes (max: cache until OOM)",
-            apply: Apply::Bytes(|r, v| r.conf.headroom = v),
-        },
-        Setting {
-            key: "grow_step",
-            help: "map-ahead granularity at a lane's frontier, in bytes",
-            apply: Apply::Bytes(|r, v| {
-                r.conf.grow_step = round_up(v.clamp(1, MAX_REQUEST_BYTES), PAGE)
-            }),
-        },
-        Setting {
-            key: "reclaim_min",
-            help: "the least to unmap once unmapping, in bytes",
-            apply: Apply::Bytes(|r, v| r.conf.reclaim_min = v),
-        },
-        Setting {
-            key: "candidates",
-            help: "best-fit holes weighed by the pages they would need",
-            apply: Apply::Bytes(|r, v| r.conf.candidates = v.clamp(1, 1 << 20)),
-        },
-        Setting {
-            key: "small_max",
-            help: "the largest block of the small lanes, in bytes (0: one lane per stream)",
-            apply: Apply::Bytes(|r, v| r.conf.small_max = v),
-        },
-        Setting {
-            key: "reserve_size",
-            help: "address space per reservation, in bytes (default: the device's memory)",
-            apply: Apply::Bytes(|r, v| r.conf.reserve_size = Some(v)),
-        },
+    const SETTINGS: &'static [Setting<Self>] = &settings![
+        /// how far reserved may exceed the peak need, in bytes (max: cache until OOM)
+        headroom: Bytes => |r, v| r.conf.headroom = v,
+        /// map-ahead granularity at a lane's frontier, in bytes
+        grow_step: Bytes => |r, v| r.conf.grow_step = round_up(v.clamp(1, MAX_REQUEST_BYTES), PAGE),
+        /// the least to unmap once unmapping, in bytes
+        reclaim_min: Bytes => |r, v| r.conf.reclaim_min = v,
+        /// best-fit holes weighed by the pages they would need
+        candidates: Bytes => |r, v| r.conf.candidates = v.clamp(1, 1 << 20),
+        /// the largest block of the small lanes, in bytes (0: one lane per stream)
+        small_max: Bytes => |r, v| r.conf.small_max = v,
+        /// address space per reservation, in bytes (default: the device's memory)
+        reserve_size: Bytes => |r, v| r.conf.reserve_size = Some(v),
     ];
     type Tag = ();
 
@@ -562,93 +531,5 @@ impl Rules for Lanes {
             self.conf.small_max = previous.conf.small_max;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::testing::Rig;
-    use allocsim_core::{GIB, MIB};
-
-    #[test]
-    fn maps_only_touched_pages_and_packs_small_blocks() {
-        let mut rig = Rig::new("allocsim", Some("headroom:0"), GIB);
-        let a = rig.malloc(1, 1000, 0).unwrap();
-        assert_eq!(a.size, 1024);
-        assert_eq!(rig.reserved(), 2 * MIB, "one page for the small lane");
-        let b = rig.malloc(2, 1000, 0).unwrap();
-        assert_eq!(b.addr, a.addr + 1024);
-        let c = rig.malloc(3, 3 * MIB, 0).unwrap();
-        assert_eq!(c.size, 3 * MIB);
-        assert_eq!(rig.reserved(), 6 * MIB, "and two pages for 3 MiB in the large lane");
-        let d = rig.malloc(4, 3 * MIB, 0).unwrap();
-        assert_eq!(d.addr, c.addr + 3 * MIB, "shares c's last page");
-        assert_eq!(rig.reserved(), 8 * MIB);
-    }
-
-    #[test]
-    fn maps_ahead_at_the_frontier_within_the_headroom() {
-        let mut rig = Rig::new("allocsim", None, GIB);
-        rig.malloc(1, 3 * MIB, 0).unwrap();
-        assert_eq!(rig.reserved(), 48 * MIB, "ahead to the 48 MiB grow step");
-        let calls = rig.policy.stats().num_device_alloc;
-        for id in 2..=5 {
-            rig.malloc(id, 3 * MIB, 0).unwrap();
-        }
-        assert_eq!(rig.policy.stats().num_device_alloc, calls, "served from the pages ahead");
-    }
-
-    #[test]
-    fn reuses_cached_pages_without_device_calls() {
-        let mut rig = Rig::new("allocsim", None, GIB);
-        rig.malloc(1, 100 * MIB, 0).unwrap();
-        rig.free(1);
-        let calls = rig.policy.stats().num_device_alloc;
-        rig.malloc(2, 100 * MIB, 0).unwrap();
-        assert_eq!(rig.policy.stats().num_device_alloc, calls, "same hole, pages still mapped");
-    }
-
-    #[test]
-    fn unmaps_cached_pages_rather_than_pass_the_peak_need() {
-        let mut rig = Rig::new("allocsim", Some("headroom:0,reclaim_min:0"), GIB);
-        rig.malloc(1, 100 * MIB, 0).unwrap();
-        rig.malloc(2, 100 * MIB, 0).unwrap();
-        rig.free(1);
-        // 150 MiB fits no hole but the tail; mapping it would make 350 MiB for a need of 250.
-        rig.malloc(3, 150 * MIB, 0).unwrap();
-        let s = rig.policy.stats();
-        assert_eq!(s.reserved_bytes.all.peak as u64, 250 * MIB);
-        assert!(s.num_sync_all_streams == 1 && s.num_device_free >= 1, "{s:?}");
-    }
-
-    #[test]
-    fn headroom_bounds_the_cache() {
-        let mut rig =
-            Rig::new("allocsim", Some("headroom:16MiB,reclaim_min:0,grow_step:2MiB"), GIB);
-        for round in 0..20u64 {
-            let id = round * 2;
-            rig.malloc(id, 50 * MIB, 0).unwrap();
-            rig.malloc(id + 1, 30 * MIB + round * MIB, 0).unwrap();
-            rig.free(id);
-        }
-        // Live: 30..49 MiB blocks; the cache never holds more than 16 MiB past the peak need.
-        let live: u64 = (0..20).map(|r| 30 * MIB + r * MIB).sum();
-        let peak = rig.policy.stats().reserved_bytes.all.peak as u64;
-        assert!(peak <= live + 50 * MIB + 16 * MIB + 20 * 2 * MIB, "{peak}");
-    }
-
-    #[test]
-    fn oom_after_releasing_everything() {
-        let mut rig = Rig::new("allocsim", Some("headroom:max"), 64 * MIB);
-        rig.malloc(1, 40 * MIB, 0).unwrap();
-        rig.free(1);
-        rig.malloc(2, 10 * MIB, 7).unwrap();
-        // Stream 0's 40 MiB stay cached (headroom:max) until the device refuses stream 13.
-        rig.malloc(3, 50 * MIB, 13).unwrap();
-        assert_eq!(rig.policy.stats().num_alloc_retries, 1);
-        assert_eq!(rig.reserved(), 60 * MIB);
-        assert!(rig.malloc(4, 10 * MIB, 0).is_err());
-        rig.empty_cache();
-        assert_eq!(rig.reserved(), 60 * MIB, "nothing cached is left to unmap");
     }
 }

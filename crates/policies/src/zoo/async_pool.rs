@@ -27,9 +27,9 @@
 //! - `internal_dependencies` (bool, default `true`),
 //! - `trim_on_empty_cache` (bool, default `true`).
 
-use crate::kit::{round_up, Apply, Cx, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::kit::{round_up, Cx, FreeLists, Kit, Live, Rules, Setting, Tiling, PAGE_2MIB};
+use crate::settings;
 use allocsim_core::StreamId;
-use std::collections::{BTreeMap, BTreeSet};
 
 const ALIGN_512: u64 = 512;
 
@@ -43,23 +43,23 @@ pub enum Avail {
     Stream(StreamId),
 }
 
+/// A `cudaMallocAsync`-style stream-ordered pool.
+pub type AsyncPool = Kit<Async>;
+
 #[derive(Debug, Clone)]
 pub struct Async {
-    /// Free blocks by availability, each by (size, address).
-    free: BTreeMap<Avail, BTreeSet<(u64, u64)>>,
+    /// Free blocks by availability.
+    free: FreeLists<Avail>,
     release_threshold: u64,
     granularity: u64,
     internal_dependencies: bool,
     trim_on_empty_cache: bool,
 }
 
-/// A `cudaMallocAsync`-style stream-ordered pool.
-pub type AsyncPool = Kit<Async>;
-
 impl Default for Async {
     fn default() -> Self {
         Async {
-            free: BTreeMap::new(),
+            free: FreeLists::default(),
             release_threshold: u64::MAX,
             granularity: PAGE_2MIB,
             internal_dependencies: true,
@@ -77,18 +77,11 @@ impl Async {
         stream: StreamId,
         any_stream: bool,
     ) -> Option<u64> {
-        let (chunk, addr, avail) = self
-            .free
-            .iter()
-            .filter(|(&avail, _)| {
-                any_stream || avail == Avail::Any || avail == Avail::Stream(stream)
-            })
-            .filter_map(|(&avail, set)| set.range((block, 0)..).next().map(|&(s, a)| (s, a, avail)))
-            .min()?;
-        let set = self.free.entry(avail).or_default();
-        set.remove(&(chunk, addr));
+        let usable = |avail| any_stream || avail == Avail::Any || avail == Avail::Stream(stream);
+        let (chunk, addr, avail) = self.free.best_fit(block, usable)?;
+        self.free.remove(avail, (chunk, addr));
         if let Some(rest) = tiling.split(addr, block, avail) {
-            set.insert((chunk - block, rest));
+            self.free.insert(avail, (chunk - block, rest));
         }
         Some(addr)
     }
@@ -97,31 +90,21 @@ impl Async {
     fn grow(&mut self, cx: &mut Cx<'_, '_, Avail>, block: u64, stream: StreamId) -> Option<u64> {
         let size = round_up(block, self.granularity);
         let addr = cx.reserve(size, stream, Avail::Any)?;
-        self.free.entry(Avail::Any).or_default().insert((size, addr));
+        self.free.insert(Avail::Any, (size, addr));
         self.take_best_fit(cx.tiling, block, stream, false)
-    }
-
-    /// The free chunk at `addr`, tagged `avail`, joins its list, coalescing with contiguous
-    /// free chunks of the same list.
-    fn insert(&mut self, tiling: &mut Tiling<Avail>, addr: u64, avail: Avail) {
-        tiling.merge_alike(addr, self.free.entry(avail).or_default());
     }
 
     /// Synchronize: every free has completed, so every free block is usable by any stream;
     /// then release down to the threshold.
     fn synchronize(&mut self, cx: &mut Cx<'_, '_, Avail>) {
         cx.synced();
-        let mut pending: Vec<u64> = self
-            .free
-            .iter()
-            .filter(|(&avail, _)| avail != Avail::Any)
-            .flat_map(|(_, set)| set.iter().map(|&(_, a)| a))
-            .collect();
-        self.free.retain(|&avail, _| avail == Avail::Any);
+        let streams: Vec<Avail> = self.free.keys().filter(|&a| a != Avail::Any).collect();
+        let mut pending: Vec<u64> =
+            streams.into_iter().flat_map(|a| self.free.remove_list(a)).flatten().collect();
         pending.sort_unstable();
         for addr in pending {
             cx.tiling.set_tag(addr, Avail::Any);
-            self.insert(cx.tiling, addr, Avail::Any);
+            self.free.merge_in(cx.tiling, addr, Avail::Any);
         }
         self.trim_to(cx, self.release_threshold);
     }
@@ -134,9 +117,7 @@ impl Async {
                 break;
             }
             let Some(c) = cx.tiling.get(base).copied() else { continue };
-            if let Some(set) = self.free.get_mut(&c.tag) {
-                set.remove(&(c.size, base));
-            }
+            self.free.remove(c.tag, (c.size, base));
             cx.unreserve(base);
         }
     }
@@ -144,27 +125,15 @@ impl Async {
 
 impl Rules for Async {
     const NAME: &'static str = "async_pool";
-    const SETTINGS: &'static [Setting<Self>] = &[
-        Setting {
-            key: "release_threshold",
-            help: "bytes the pool keeps at a synchronization (max: everything)",
-            apply: Apply::Bytes(|r, v| r.release_threshold = v),
-        },
-        Setting {
-            key: "granularity",
-            help: "segments are whole units of this many bytes, a power of two >= 512",
-            apply: Apply::Bytes(|r, v| r.granularity = v),
-        },
-        Setting {
-            key: "internal_dependencies",
-            help: "a stream takes another stream's uncompleted free before growing",
-            apply: Apply::Bool(|r, v| r.internal_dependencies = v),
-        },
-        Setting {
-            key: "trim_on_empty_cache",
-            help: "empty_cache gives every wholly free segment back",
-            apply: Apply::Bool(|r, v| r.trim_on_empty_cache = v),
-        },
+    const SETTINGS: &'static [Setting<Self>] = &settings![
+        /// bytes the pool keeps at a synchronization (max: everything)
+        release_threshold: Bytes,
+        /// segments are whole units of this many bytes, a power of two >= 512
+        granularity: Bytes,
+        /// a stream takes another stream's uncompleted free before growing
+        internal_dependencies: Bool,
+        /// empty_cache gives every wholly free segment back
+        trim_on_empty_cache: Bool,
     ];
     type Tag = Avail;
 
@@ -192,7 +161,7 @@ impl Rules for Async {
     fn give_back(&mut self, tiling: &mut Tiling<Avail>, block: &Live, deferred: bool) {
         let avail = if deferred { Avail::Any } else { Avail::Stream(block.stream) };
         tiling.release(block.addr, avail);
-        self.insert(tiling, block.addr, avail);
+        self.free.merge_in(tiling, block.addr, avail);
     }
 
     /// Synchronizes and, like PyTorch's `emptyCache` (`cudaMemPoolTrimTo(pool, 0)`), trims
@@ -210,80 +179,5 @@ impl Rules for Async {
             return Err(format!("granularity {g} is not a power of two >= 512"));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::testing::Rig;
-    use allocsim_core::{GIB, MIB};
-
-    #[test]
-    fn same_stream_reuses_at_once_other_stream_after_sync() {
-        let mut rig = Rig::new("async_pool", Some("internal_dependencies:false"), GIB);
-        let a = rig.malloc(1, 3 * MIB, 0).unwrap();
-        assert_eq!(a.size, 3 * MIB, "512 B rounding only");
-        assert_eq!(rig.reserved(), 4 * MIB, "one 2 MiB-granular segment");
-        rig.free(1);
-        let b = rig.malloc(2, MIB, 7).unwrap();
-        assert_ne!(b.addr, a.addr, "stream 7 cannot use stream 0's uncompleted free");
-        let c = rig.malloc(3, MIB, 0).unwrap();
-        assert_eq!(c.addr, a.addr, "stream 0 can");
-        rig.free(2);
-        rig.free(3);
-        rig.empty_cache();
-        assert_eq!(rig.reserved(), 0, "empty_cache trims to 0 like PyTorch's emptyCache");
-    }
-
-    #[test]
-    fn internal_dependencies_let_other_streams_reuse_before_growing() {
-        let mut rig = Rig::new("async_pool", None, GIB);
-        let a = rig.malloc(1, 3 * MIB, 0).unwrap();
-        rig.free(1);
-        let b = rig.malloc(2, 3 * MIB, 7).unwrap();
-        assert_eq!(b.addr, a.addr);
-        assert_eq!(rig.reserved(), 4 * MIB);
-    }
-
-    #[test]
-    fn coalesces_and_keeps_memory_by_default() {
-        let mut rig = Rig::new("async_pool", Some("trim_on_empty_cache:false"), GIB);
-        for i in 0..4 {
-            rig.malloc(i, 512 << 10, 0).unwrap();
-        }
-        for i in 0..4 {
-            rig.free(i);
-        }
-        assert_eq!(rig.policy.snapshot()[0].blocks.len(), 1, "coalesced");
-        rig.empty_cache();
-        assert_eq!(rig.reserved(), 2 * MIB, "threshold u64::MAX keeps memory");
-    }
-
-    #[test]
-    fn release_threshold_applies_at_sync() {
-        let mut rig =
-            Rig::new("async_pool", Some("release_threshold:4MiB,trim_on_empty_cache:false"), GIB);
-        for i in 0..4 {
-            rig.malloc(i, 2 * MIB, 0).unwrap();
-        }
-        for i in 0..4 {
-            rig.free(i);
-        }
-        rig.empty_cache();
-        assert_eq!(rig.reserved(), 4 * MIB);
-    }
-
-    #[test]
-    fn trims_before_oom() {
-        let mut rig = Rig::new("async_pool", Some("internal_dependencies:false"), 8 * MIB);
-        rig.malloc(1, 4 * MIB, 0).unwrap();
-        rig.free(1);
-        // Stream 7 cannot reuse it and the device is too full to grow: synchronize (4 MiB is
-        // not enough), trim the free segment, grow.
-        rig.malloc(2, 6 * MIB, 7).unwrap();
-        let s = rig.policy.stats();
-        assert_eq!((s.num_sync_all_streams, s.num_alloc_retries, s.num_device_free), (1, 1, 1));
-        assert!(rig.malloc(3, 4 * MIB, 7).is_err());
-        assert_eq!(rig.policy.stats().num_ooms, 1);
     }
 }

@@ -156,16 +156,11 @@ impl Books {
             return None;
         }
         b.pending = true;
-        let b = *b;
-        env.events.emit(Event::FreeRequested {
-            id,
-            addr: b.addr,
-            size: b.size,
-            requested: b.requested,
-        });
-        self.stats.allocation.decrease(b.pool, 1);
-        self.stats.allocated_bytes.decrease(b.pool, b.size);
-        if b.other_stream_uses {
+        let Live { addr, size, requested, pool, other_stream_uses, .. } = *b;
+        env.events.emit(Event::FreeRequested { id, addr, size, requested });
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        if other_stream_uses {
             None
         } else {
             self.complete(env, id)
@@ -182,17 +177,13 @@ impl Books {
     }
 
     fn complete(&mut self, env: &mut Env<'_>, id: AllocId) -> Option<Live> {
-        let b = self.live.remove(&id)?;
-        env.events.emit(Event::FreeCompleted {
-            id,
-            addr: b.addr,
-            size: b.size,
-            requested: b.requested,
-        });
-        self.stats.active.decrease(b.pool, 1);
-        self.stats.active_bytes.decrease(b.pool, b.size);
-        self.stats.requested_bytes.decrease(b.pool, b.requested);
-        Some(b)
+        let block = self.live.remove(&id)?;
+        let Live { addr, size, requested, pool, .. } = block;
+        env.events.emit(Event::FreeCompleted { id, addr, size, requested });
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, size);
+        self.stats.requested_bytes.decrease(pool, requested);
+        Some(block)
     }
 
     pub fn record_stream(&mut self, id: AllocId, stream: StreamId) {

@@ -17,6 +17,3 @@ pub mod rmm_arena;
 pub mod rmm_binning;
 pub mod rmm_pool;
 pub mod tlsf;
-
-#[cfg(test)]
-pub(crate) mod testing;

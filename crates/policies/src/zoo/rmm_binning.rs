@@ -20,7 +20,8 @@
 //! - `preallocate` (bool, default `true`): fill every bin at the first request.
 
 use super::rmm_pool::{pool_settings, Piece, PoolCore};
-use crate::kit::{rounded_request, Apply, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256};
+use crate::kit::{rounded_request, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256};
+use crate::settings;
 use allocsim_core::StreamId;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -139,30 +140,17 @@ impl Rules for Binning {
     const NAME: &'static str = "rmm_binning";
     const SETTINGS: &'static [Setting<Self>] = &{
         let [initial, maximum] = pool_settings!(Binning, pool);
-        [
-            initial,
-            maximum,
-            Setting {
-                key: "min_exp",
-                help: "the smallest bin is 2^min_exp bytes",
-                apply: Apply::Bytes(|r, v| r.min_exp = exponent(v)),
-            },
-            Setting {
-                key: "max_exp",
-                help: "the largest bin is 2^max_exp bytes",
-                apply: Apply::Bytes(|r, v| r.max_exp = exponent(v)),
-            },
-            Setting {
-                key: "blocks_to_preallocate",
-                help: "blocks per growth of a bin",
-                apply: Apply::Bytes(|r, v| r.blocks_to_preallocate = v),
-            },
-            Setting {
-                key: "preallocate",
-                help: "fill every bin at the first request",
-                apply: Apply::Bool(|r, v| r.preallocate = v),
-            },
-        ]
+        let [min, max, blocks, preallocate]: [Setting<Self>; 4] = settings![
+            /// the smallest bin is 2^min_exp bytes
+            min_exp: Bytes => |r, v| r.min_exp = exponent(v),
+            /// the largest bin is 2^max_exp bytes
+            max_exp: Bytes => |r, v| r.max_exp = exponent(v),
+            /// blocks per growth of a bin
+            blocks_to_preallocate: Bytes,
+            /// fill every bin at the first request
+            preallocate: Bool,
+        ];
+        [initial, maximum, min, max, blocks, preallocate]
     };
     type Tag = Piece;
 
@@ -208,51 +196,5 @@ impl Rules for Binning {
             self.make_bins();
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::testing::Rig;
-    use allocsim_core::{GIB, MIB};
-
-    #[test]
-    fn bins_preallocate_and_round_to_their_block() {
-        let mut rig = Rig::new("rmm_binning", None, 4 * GIB);
-        let a = rig.malloc(1, 1000, 0).unwrap();
-        assert_eq!(a.size, 256 << 10, "smallest bin");
-        // 128 blocks of each of 256 KiB .. 4 MiB, from a pool that grows by max(size, pool).
-        let bins: u64 = (18..=22).map(|e| 128u64 << e).sum();
-        let s = rig.policy.stats();
-        assert!(s.reserved_bytes.all.current as u64 >= bins, "{s:?}");
-        let b = rig.malloc(2, 3 * MIB, 0).unwrap();
-        assert_eq!(b.size, 4 * MIB);
-        let c = rig.malloc(3, 5 * MIB, 0).unwrap();
-        assert_eq!(c.size, 5 * MIB, "past the bins: the pool, 256 B aligned");
-    }
-
-    #[test]
-    fn fifo_reuse_and_growth() {
-        let mut rig =
-            Rig::new("rmm_binning", Some("blocks_to_preallocate:2,preallocate:false"), GIB);
-        let a = rig.malloc(1, 300 << 10, 0).unwrap();
-        assert_eq!(a.size, 512 << 10);
-        let b = rig.malloc(2, 300 << 10, 0).unwrap();
-        assert_eq!(b.addr, a.addr + (512 << 10));
-        let before = rig.reserved();
-        let c = rig.malloc(3, 300 << 10, 0).unwrap();
-        assert!(rig.reserved() > before, "third block grows the bin");
-        rig.free(1);
-        rig.free(3);
-        let d = rig.malloc(4, 300 << 10, 0).unwrap();
-        assert_eq!(d.addr, c.addr + (512 << 10), "FIFO: c's sibling, then a, then c");
-    }
-
-    #[test]
-    fn oom_when_pool_cannot_grow() {
-        let mut rig = Rig::new("rmm_binning", Some("preallocate:false"), 64 * MIB);
-        rig.malloc(1, 60 * MIB, 0).unwrap();
-        assert!(rig.malloc(2, 8 * MIB, 0).is_err());
-        assert_eq!(rig.policy.stats().num_ooms, 1);
     }
 }

@@ -22,10 +22,10 @@
 //! - `maximum_pool_size` (bytes, default none).
 
 use crate::kit::{
-    round_up, rounded_request, Apply, Cx, Kit, Live, Rules, Setting, Tiling, ALIGN_256,
+    round_up, rounded_request, Cx, FreeLists, Kit, Live, Rules, Setting, Tiling, ALIGN_256,
 };
+use crate::settings;
 use allocsim_core::StreamId;
-use std::collections::{BTreeMap, BTreeSet};
 
 /// What a chunk is to the pool and the layers above it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,8 +54,8 @@ impl PoolConf {
 /// The pool itself, on a tiling shared with the layers above (binning).
 #[derive(Debug, Clone, Default)]
 pub(super) struct PoolCore {
-    /// Per stream: free blocks by (size, address).
-    lists: BTreeMap<StreamId, BTreeSet<(u64, u64)>>,
+    /// Per stream: free blocks.
+    lists: FreeLists<StreamId>,
     pub conf: PoolConf,
     started: bool,
 }
@@ -70,18 +70,18 @@ impl PoolCore {
         stream: StreamId,
     ) -> Option<u64> {
         self.start(cx);
-        if let Some(addr) = self.best_fit(stream, size) {
+        if let Some(addr) = self.lists.take(stream, size) {
             return Some(self.cut(cx.tiling, addr, size, stream));
         }
-        let others: Vec<StreamId> = self.lists.keys().copied().filter(|&s| s != stream).collect();
+        let others: Vec<StreamId> = self.lists.keys().filter(|&s| s != stream).collect();
         for &other in &others {
-            if let Some(addr) = self.best_fit(other, size) {
+            if let Some(addr) = self.lists.take(other, size) {
                 return Some(self.cut(cx.tiling, addr, size, other));
             }
         }
         for &other in &others {
             self.merge_list(cx, other, stream);
-            if let Some(addr) = self.best_fit(stream, size) {
+            if let Some(addr) = self.lists.take(stream, size) {
                 return Some(self.cut(cx.tiling, addr, size, stream));
             }
         }
@@ -92,7 +92,7 @@ impl PoolCore {
     /// The unowned chunk at `addr` goes back on `stream`'s list, coalescing.
     pub fn deallocate(&mut self, tiling: &mut Tiling<Piece>, addr: u64, stream: StreamId) {
         tiling.set_tag(addr, Piece::Free(stream));
-        self.insert(tiling, addr, stream);
+        self.lists.merge_in(tiling, addr, stream);
     }
 
     /// `initialize_pool`: the initial block on the legacy stream's list.
@@ -106,35 +106,21 @@ impl PoolCore {
         }
     }
 
-    fn best_fit(&mut self, stream: StreamId, size: u64) -> Option<u64> {
-        let list = self.lists.get_mut(&stream)?;
-        let &(s, addr) = list.range((size, 0)..).next()?;
-        list.remove(&(s, addr));
-        Some(addr)
-    }
-
     /// `allocate_and_insert_remainder`: cut `size` bytes off the free chunk at `addr`; the
     /// remainder goes on `list`'s free list.
     fn cut(&mut self, tiling: &mut Tiling<Piece>, addr: u64, size: u64, list: StreamId) -> u64 {
         // Tag it first: the remainder must not coalesce back into it.
         tiling.set_tag(addr, Piece::Used);
         if let Some(rest) = tiling.split(addr, size, Piece::Free(list)) {
-            self.insert(tiling, rest, list);
+            self.lists.merge_in(tiling, rest, list);
         }
         addr
     }
 
-    /// `coalescing_free_list::insert`: merge with contiguous free blocks of the same list.
-    fn insert(&mut self, tiling: &mut Tiling<Piece>, addr: u64, stream: StreamId) {
-        tiling.merge_alike(addr, self.lists.entry(stream).or_default());
-    }
-
     /// `merge_lists`: move `other`'s free list into `stream`'s, coalescing.
     fn merge_list(&mut self, cx: &mut Cx<'_, '_, Piece>, other: StreamId, stream: StreamId) {
-        let Some(blocks) = self.lists.remove(&other) else { return };
+        let Some(addrs) = self.lists.remove_list(other) else { return };
         cx.synced();
-        let mut addrs: Vec<u64> = blocks.into_iter().map(|(_, a)| a).collect();
-        addrs.sort_unstable();
         for addr in addrs {
             self.deallocate(cx.tiling, addr, stream);
         }
@@ -188,20 +174,14 @@ pub struct Pool {
 /// RMM's `pool_memory_resource`.
 pub type RmmPool = Kit<Pool>;
 
-/// A pool setting, for the pool and the layers on it.
+/// The pool's settings, for the pool and the layers on it (`$rules`, whose `$core` is the pool).
 macro_rules! pool_settings {
-    ($rules:ty, $($core:ident).+) => {
-        [
-            Setting {
-                key: "initial_pool_size",
-                help: "bytes reserved at the first request (0: grow on demand)",
-                apply: Apply::Bytes(|r: &mut $rules, v| r.$($core).+.conf.set_initial(v)),
-            },
-            Setting {
-                key: "maximum_pool_size",
-                help: "the most the pool reserves, in bytes",
-                apply: Apply::Bytes(|r: &mut $rules, v| r.$($core).+.conf.maximum_pool_size = Some(v)),
-            },
+    ($rules:ty, $core:ident) => {
+        settings![
+            /// bytes reserved at the first request (0: grow on demand)
+            initial_pool_size: Bytes => |r: &mut $rules, v| r.$core.conf.set_initial(v),
+            /// the most the pool reserves, in bytes
+            maximum_pool_size: Bytes => |r: &mut $rules, v| r.$core.conf.maximum_pool_size = Some(v),
         ]
     };
 }
@@ -227,64 +207,4 @@ impl Rules for Pool {
 
     /// RMM gives upstream memory back only when the resource dies.
     fn empty_cache(&mut self, _: &mut Cx<'_, '_, Piece>) {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::testing::Rig;
-    use allocsim_core::{GIB, MIB};
-
-    #[test]
-    fn reuse_and_coalescing_on_one_stream() {
-        let mut rig = Rig::new("rmm_pool", None, GIB);
-        let a = rig.malloc(1, 1000, 0).unwrap();
-        assert_eq!(a.size, 1024);
-        assert_eq!(rig.reserved(), 1024, "first growth is exactly the request");
-        let b = rig.malloc(2, 3000, 0).unwrap();
-        assert_eq!(rig.reserved(), 1024 + 3072, "max(size, pool_size) = 3072");
-        rig.free(1);
-        rig.free(2);
-        let c = rig.malloc(3, 3000, 0).unwrap();
-        assert_eq!(c.addr, b.addr, "best fit: the 3 KiB segment, not the 1 KiB one");
-        rig.free(3);
-        assert_eq!(rig.policy.stats().inactive_split.all.current, 0);
-    }
-
-    #[test]
-    fn doubles_then_halves_on_refusal() {
-        let mut rig = Rig::new("rmm_pool", None, 100 * MIB);
-        rig.malloc(1, 40 * MIB, 0).unwrap();
-        // Wants max(50, 40) = 50 MiB: fits. Next wants max(8, 90) = 90 MiB: refused, halves to
-        // 45 MiB: refused (only 10 MiB left), then 22.5, 11.25, and finally 8 MiB.
-        rig.malloc(2, 50 * MIB, 0).unwrap();
-        rig.malloc(3, 8 * MIB, 0).unwrap();
-        assert_eq!(rig.reserved(), 98 * MIB);
-        assert!(rig.malloc(4, 8 * MIB, 0).is_err());
-    }
-
-    #[test]
-    fn other_streams_steal_then_merge() {
-        let mut rig = Rig::new("rmm_pool", Some("initial_pool_size:16MiB"), GIB);
-        // Stream 7 has no list: it steals from stream 0's, whose list keeps the remainder.
-        let a = rig.malloc(1, 4 * MIB, 7).unwrap();
-        rig.free(1);
-        // Stream 7's list: 4 MiB at the base; stream 0's: the 12 MiB after it. Not merged.
-        assert_eq!(rig.policy.snapshot()[0].blocks.len(), 2);
-        // 14 MiB fits neither list: stream 0 merges 7's list into its own, and they coalesce.
-        let b = rig.malloc(2, 14 * MIB, 0).unwrap();
-        assert_eq!(b.addr, a.addr);
-        assert_eq!(rig.reserved(), 16 * MIB, "no growth");
-        assert_eq!(rig.policy.stats().num_sync_all_streams, 1);
-    }
-
-    #[test]
-    fn maximum_pool_size_limits_growth() {
-        let mut rig = Rig::new("rmm_pool", Some("maximum_pool_size:64MiB"), GIB);
-        rig.malloc(1, MIB, 0).unwrap();
-        assert_eq!(rig.reserved(), 32 * MIB, "max(size, remaining / 2)");
-        rig.malloc(2, 40 * MIB, 0).unwrap_err();
-        // 31 MiB + 1 does not fit the 31 MiB left; 32 MiB remain: grow by the request itself.
-        rig.malloc(3, 31 * MIB + 1, 0).unwrap();
-        assert_eq!(rig.reserved(), 63 * MIB + 256);
-    }
 }

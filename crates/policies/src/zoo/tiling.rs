@@ -41,6 +41,8 @@ pub struct Seg {
     pub stream: StreamId,
     pub pool: Pool,
     pub expandable: bool,
+    /// Reserved for one block, and returned when it is freed ([`crate::kit::Rules::dedicated`]).
+    pub dedicated: bool,
     pieces: u64,
     /// Free chunks and their bytes, by the chunk's size class (small, large).
     free: [(u64, u64); 2],
@@ -110,11 +112,18 @@ impl<T: Copy> Tiling<T> {
     ) {
         let mut free = [(0, 0); 2];
         free[class(size)] = (1, size);
-        let seg = Seg { size, stream, pool, expandable, pieces: 1, free };
+        let seg = Seg { size, stream, pool, expandable, dedicated: false, pieces: 1, free };
         self.segs.insert(base, seg);
         self.chunks.insert(base, Chunk { size, seg: base, owner: None, tag });
         self.index(pool, size, 1);
         self.wholly_free.insert(base);
+    }
+
+    /// The segment at `base` is reserved for the one block it holds.
+    pub fn dedicate(&mut self, base: u64) {
+        if let Some(seg) = self.segs.get_mut(&base) {
+            seg.dedicated = true;
+        }
     }
 
     /// Put `base` in `wholly_free` or take it out, as its segment now is (or is gone).
@@ -325,6 +334,28 @@ impl<T: Copy> Tiling<T> {
         Some(rest)
     }
 
+    /// Merge the free chunk at `addr` with the free chunks beside it in its segment that
+    /// `alike` accepts, the next one first; `unindex` hears of each just before it merges (a
+    /// policy's index drops it). Returns the merged chunk's address.
+    pub fn coalesce(
+        &mut self,
+        addr: u64,
+        alike: impl Fn(&Chunk<T>) -> bool,
+        mut unindex: impl FnMut(&mut Self, u64, Chunk<T>),
+    ) -> u64 {
+        let mut at = addr;
+        if let Some((next, c)) = self.next(at).filter(|(_, c)| c.is_free() && alike(c)) {
+            unindex(self, next, c);
+            self.merge_next(at);
+        }
+        if let Some((prev, c)) = self.prev(at).filter(|(_, c)| c.is_free() && alike(c)) {
+            unindex(self, prev, c);
+            self.merge_next(prev);
+            at = prev;
+        }
+        at
+    }
+
     /// Merge the free chunk after `addr` (same segment) into the free chunk at `addr`.
     pub fn merge_next(&mut self, addr: u64) -> bool {
         let Some((next_addr, next)) = self.next(addr) else { return false };
@@ -461,17 +492,13 @@ impl<T: Copy + PartialEq> Tiling<T> {
     /// (size, address)) in step; the merged chunk joins it.
     pub fn merge_alike(&mut self, addr: u64, index: &mut BTreeSet<(u64, u64)>) {
         let Some(tag) = self.get(addr).map(|c| c.tag) else { return };
-        let alike = |c: &Chunk<T>| c.is_free() && c.tag == tag;
-        let mut at = addr;
-        if let Some((next, c)) = self.next(at).filter(|(_, c)| alike(c)) {
-            index.remove(&(c.size, next));
-            self.merge_next(at);
-        }
-        if let Some((prev, c)) = self.prev(at).filter(|(_, c)| alike(c)) {
-            index.remove(&(c.size, prev));
-            self.merge_next(prev);
-            at = prev;
-        }
+        let at = self.coalesce(
+            addr,
+            |c| c.tag == tag,
+            |_, a, c| {
+                index.remove(&(c.size, a));
+            },
+        );
         if let Some(c) = self.get(at) {
             index.insert((c.size, at));
         }

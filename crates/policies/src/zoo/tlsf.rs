@@ -26,10 +26,10 @@
 //! - `sl_bits` (second-level bits, 1..=6, default 5 as in TLSF and VMA).
 
 use crate::kit::{
-    round_up, Apply, Kit, Live, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
+    round_up, Kit, Live, Release, Room, Rules, Setting, Tiling, ALIGN_256, PAGE_2MIB,
 };
+use crate::settings;
 use allocsim_core::{StreamId, MIB};
-use std::collections::BTreeSet;
 
 const ALIGN_LOG2: u32 = 8;
 const NIL: u64 = u64::MAX;
@@ -60,10 +60,6 @@ pub struct TlsfRules {
     sl_bitmap: [u64; 64],
     /// Head of each class list, `fl * 2^sl_bits + sl` (made at the first segment).
     heads: Vec<u64>,
-    /// Segments dedicated to one allocation.
-    dedicated: BTreeSet<u64>,
-    /// The segment being reserved is dedicated to its block.
-    dedicating: bool,
     /// The size tried for a regular segment, before rounding, and the halvings so far.
     trying: (u64, u32),
 }
@@ -76,8 +72,6 @@ impl Default for TlsfRules {
             fl_bitmap: 0,
             sl_bitmap: [0; 64],
             heads: Vec::new(),
-            dedicated: BTreeSet::new(),
-            dedicating: false,
             trying: (0, 0),
         }
     }
@@ -168,28 +162,17 @@ impl TlsfRules {
             }
         }
     }
-
-    /// Whether a block goes to a segment of its own (VMA: over half the preferred size).
-    fn is_dedicated(&self, block: u64) -> bool {
-        block > self.segment_size / 2
-    }
 }
 
 impl Rules for TlsfRules {
     const NAME: &'static str = "tlsf";
-    const SETTINGS: &'static [Setting<Self>] = &[
-        Setting {
-            key: "segment_size",
-            help: "the preferred segment, 2 MiB to 1 PiB (VMA's preferred block size)",
-            apply: Apply::Bytes(|rules, v| rules.segment_size = v),
-        },
-        Setting {
-            key: "sl_bits",
-            help: "second-level bits, 1 to 6 (only before the first request)",
-            apply: Apply::Text(|rules, value| {
-                rules.sl_bits = value.parse().map_err(|_| "not a whole number".to_string())?;
-                Ok(())
-            }),
+    const SETTINGS: &'static [Setting<Self>] = &settings![
+        /// the preferred segment, 2 MiB to 1 PiB (VMA's preferred block size)
+        segment_size: Bytes,
+        /// second-level bits, 1 to 6 (only before the first request)
+        sl_bits: Text => |rules, value| {
+            rules.sl_bits = value.parse().map_err(|_| "not a whole number".to_string())?;
+            Ok(())
         },
     ];
     type Tag = Links;
@@ -202,15 +185,15 @@ impl Rules for TlsfRules {
         block > MAX_REQUEST_BYTES
     }
 
-    /// A dedicated segment (rounded to 2 MiB), or VMA's regular one: the preferred size,
-    /// halved up to 3 times while the half is larger than every regular segment and at least
-    /// twice the block.
+    /// VMA: a block over half the preferred size gets a segment of its own.
+    fn dedicated(&self, block: u64) -> bool {
+        block > self.segment_size / 2
+    }
+
+    /// VMA's regular segment: the preferred size, halved up to 3 times while the half is
+    /// larger than every regular segment and at least twice the block.
     fn segment_size(&mut self, tiling: &Tiling<Links>, block: u64, _: &Room<'_>) -> Option<u64> {
-        self.dedicating = self.is_dedicated(block);
-        if self.dedicating {
-            return Some(round_up(block, PAGE_2MIB));
-        }
-        let regular = tiling.segments().filter(|(b, _)| !self.dedicated.contains(b));
+        let regular = tiling.segments().filter(|(_, s)| !s.dedicated);
         let largest = regular.map(|(_, s)| s.size).max().unwrap_or(0);
         let (mut size, mut shift) = (self.segment_size, 0);
         while shift < NEW_SEGMENT_SHIFT_MAX && size / 2 > largest && size / 2 >= block * 2 {
@@ -221,10 +204,10 @@ impl Rules for TlsfRules {
         Some(round_up(size, ALIGN_256))
     }
 
-    /// Halve again (3 halvings in all), never below the block; a dedicated one is not cut.
+    /// Halve again (3 halvings in all), never below the block.
     fn smaller_segment(&mut self, block: u64, _: u64) -> Option<u64> {
         let (size, shift) = self.trying;
-        if self.dedicating || shift >= NEW_SEGMENT_SHIFT_MAX || size / 2 < block {
+        if shift >= NEW_SEGMENT_SHIFT_MAX || size / 2 < block {
             return None;
         }
         self.trying = (size / 2, shift + 1);
@@ -233,9 +216,6 @@ impl Rules for TlsfRules {
 
     /// The head of the first class that surely fits; the rest is listed again.
     fn take(&mut self, tiling: &mut Tiling<Links>, block: u64, _: StreamId) -> Option<u64> {
-        if self.is_dedicated(block) {
-            return None;
-        }
         let addr = self.find_suitable(self.search_class(block))?;
         self.unlink(tiling, addr);
         if let Some(rest) = tiling.split(addr, block, Links::default()) {
@@ -244,61 +224,30 @@ impl Rules for TlsfRules {
         Some(addr)
     }
 
-    /// A dedicated segment is the block, whole.
-    fn take_from(
-        &mut self,
-        tiling: &mut Tiling<Links>,
-        base: u64,
-        block: u64,
-        s: StreamId,
-    ) -> Option<u64> {
-        if self.dedicating {
-            return Some(base);
-        }
-        self.take(tiling, block, s)
+    /// From a new segment too, only what the class search finds (a segment smaller than the
+    /// block's search class is left unused).
+    fn take_from(&mut self, t: &mut Tiling<Links>, _: u64, block: u64, s: StreamId) -> Option<u64> {
+        self.take(t, block, s)
     }
 
     fn added(&mut self, tiling: &mut Tiling<Links>, base: u64) {
-        if self.dedicating {
-            self.dedicated.insert(base);
-        } else {
-            self.link(tiling, base);
-        }
+        self.link(tiling, base);
     }
 
     /// Coalesce with free physical neighbours at once, and list the result first (LIFO).
     fn give_back(&mut self, tiling: &mut Tiling<Links>, block: &Live, _: bool) {
-        let addr = block.addr;
-        tiling.release(addr, Links::default());
-        if tiling.seg_of(addr).is_some_and(|base| self.dedicated.contains(&base)) {
-            return;
-        }
-        let mut at = addr;
-        if let Some((next, _)) = tiling.next(at).filter(|(_, c)| c.is_free()) {
-            self.unlink(tiling, next);
-            tiling.merge_next(at);
-        }
-        if let Some((prev, _)) = tiling.prev(at).filter(|(_, c)| c.is_free()) {
-            self.unlink(tiling, prev);
-            tiling.merge_next(prev);
-            at = prev;
-        }
+        tiling.release(block.addr, Links::default());
+        let at = tiling.coalesce(block.addr, |_| true, |tiling, a, _| self.unlink(tiling, a));
         self.link(tiling, at);
     }
 
     fn removing(&mut self, tiling: &mut Tiling<Links>, base: u64) {
-        if !self.dedicated.remove(&base) {
-            self.unlink(tiling, base);
-        }
+        self.unlink(tiling, base);
     }
 
-    /// A dedicated segment goes at once; VMA keeps one empty regular segment.
-    fn on_segment_free(&mut self, _: &Tiling<Links>, base: u64) -> Release {
-        if self.dedicated.contains(&base) {
-            Release::This
-        } else {
-            Release::KeepingFirst(1)
-        }
+    /// VMA keeps one empty segment.
+    fn on_segment_free(&mut self, _: &Tiling<Links>, _: u64) -> Release {
+        Release::KeepingFirst(1)
     }
 
     /// `sl_bits` takes effect only before the first request.
@@ -317,9 +266,6 @@ impl Rules for TlsfRules {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::Rig;
-    use allocsim_core::{GIB, MIB};
-
     #[test]
     fn classes_are_monotone_and_search_rounds_up() {
         let t = super::TlsfRules::default();
@@ -334,49 +280,5 @@ mod tests {
         // Every block in the searched class fits: the smallest size of that class is >= size.
         assert_eq!(t.class(8192), (1, 0));
         assert_eq!(t.search_class(8193), (1, 1));
-    }
-
-    #[test]
-    fn lifo_reuse_and_coalescing() {
-        let mut rig = Rig::new("tlsf", None, GIB);
-        let a = rig.malloc(1, 1000, 0).unwrap();
-        assert_eq!(rig.reserved(), 32 * MIB, "VMA starts at 1/8 of the preferred size");
-        let _b = rig.malloc(2, 1000, 0).unwrap();
-        let c = rig.malloc(3, 1000, 0).unwrap();
-        let _d = rig.malloc(4, 1000, 0).unwrap();
-        rig.free(1);
-        rig.free(3);
-        let e = rig.malloc(5, 1000, 0).unwrap();
-        assert_eq!(e.addr, c.addr, "last freed first");
-        for id in [2, 4, 5] {
-            rig.free(id);
-        }
-        assert_eq!(rig.policy.snapshot()[0].blocks.len(), 1, "coalesced");
-        let _ = a;
-    }
-
-    #[test]
-    fn dedicated_segments_for_large_requests() {
-        let mut rig = Rig::new("tlsf", Some("segment_size:64MiB"), GIB);
-        let a = rig.malloc(1, 40 * MIB, 0).unwrap();
-        assert_eq!(a.size, 40 * MIB);
-        assert_eq!(rig.reserved(), 40 * MIB);
-        rig.free(1);
-        assert_eq!(rig.reserved(), 0, "dedicated memory goes back at free");
-    }
-
-    #[test]
-    fn keeps_one_empty_segment_and_ooms() {
-        let mut rig = Rig::new("tlsf", Some("segment_size:16MiB"), 24 * MIB);
-        rig.malloc(1, 7 * MIB, 0).unwrap();
-        rig.malloc(2, 7 * MIB, 0).unwrap();
-        rig.malloc(3, 7 * MIB, 0).unwrap();
-        let segs = rig.policy.snapshot().len();
-        assert!(segs >= 2, "{segs}");
-        rig.free(1);
-        rig.free(2);
-        rig.free(3);
-        assert_eq!(rig.policy.snapshot().len(), 1, "one empty segment kept");
-        assert!(rig.malloc(4, 30 * MIB, 0).is_err());
     }
 }

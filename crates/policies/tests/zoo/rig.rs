@@ -1,4 +1,4 @@
-//! The unit tests' rig: one policy on the simple test device, with every event it emits
+//! The zoo tests' rig: one policy on the simple test device, with every event it emits
 //! checked by `allocsim-check`'s `Checker` and its statistics by `testgen`'s
 //! `_check_memory_stat_consistency` oracle after every call. The random programs every policy
 //! runs under are `allocsim-testgen`'s property suites, not here.
@@ -8,7 +8,7 @@ use allocsim_sim::SimDevice;
 use allocsim_testgen::oracles::{implied_free_space, stat_consistency, PYTORCH_ACCOUNTING};
 
 /// A policy on [`SimDevice::for_tests`], checked after every call.
-pub(crate) struct Rig {
+pub struct Rig {
     pub device: SimDevice,
     pub events: Vec<Event>,
     pub policy: Box<dyn Allocator>,
@@ -25,7 +25,8 @@ impl std::fmt::Debug for Rig {
 
 impl Rig {
     pub fn new(name: &str, conf: Option<&str>, capacity: u64) -> Rig {
-        let policy = crate::by_name(name, conf).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let policy =
+            allocsim_policies::by_name(name, conf).unwrap_or_else(|e| panic!("{name}: {e}"));
         Rig::with_policy(name, policy, capacity)
     }
 
