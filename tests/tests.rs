@@ -125,10 +125,17 @@ fn replay_is_deterministic() {
 fn readme_claims_match_the_traces_and_the_policies() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README.md");
-    let total = bundled_traces().len();
-    let with_undetermined: std::collections::BTreeSet<&str> =
-        UNDETERMINED_STATS.iter().map(|(trace, _, _)| *trace).collect();
-    let exact = total - with_undetermined.len();
+    let traces = bundled_traces();
+    let total = traces.len();
+    // Held to every key: no statistic the recording cannot determine, and not a history that
+    // starts mid-run without the statistics of that moment (held to the `current` values).
+    let exact = (traces.iter())
+        .filter(|path| UNDETERMINED_STATS.iter().all(|(trace, _, _)| *trace != name(path)))
+        .filter(|path| {
+            let trace = read(path);
+            trace.start.is_none() || trace.meta.stats_at_start.is_some()
+        })
+        .count();
     let claim = format!(
         "every event of all {total} bundled recordings, and all 122 `memory_stats()` keys of {exact}"
     );
@@ -367,4 +374,27 @@ fn the_driver_model_replays_these_recordings_exactly() {
     let exact: std::collections::BTreeSet<&str> = exact.iter().map(String::as_str).collect();
     assert_eq!(exact, listed, "reproduce: allocsim fidelity --model TRACE");
     assert!(row.contains(&format!("| {} of {} |", exact.len(), labs.len())), "{row}");
+}
+
+/// Every script a trace folder's README names (a backticked `*.py` or `*.sh`, relative to the
+/// folder or to the repository's root) is in the repository: a reader can run what made the
+/// recordings.
+#[test]
+fn the_trace_readmes_name_scripts_that_exist() {
+    let traces = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../traces"));
+    let mut missing = Vec::new();
+    for folder in std::fs::read_dir(traces).expect("traces/") {
+        let folder = folder.expect("a traces/ entry").path();
+        let Ok(readme) = std::fs::read_to_string(folder.join("README.md")) else { continue };
+        for (i, quoted) in readme.split('`').enumerate() {
+            let script =
+                quoted.split_whitespace().find(|w| w.ends_with(".py") || w.ends_with(".sh"));
+            if let Some(script) = script.filter(|_| i % 2 == 1) {
+                if !folder.join(script).exists() && !traces.join("..").join(script).exists() {
+                    missing.push(format!("{}: {script}", folder.display()));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "scripts named but not there: {missing:?}");
 }

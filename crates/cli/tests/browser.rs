@@ -19,7 +19,11 @@ fn chromium() -> Option<&'static str> {
     if found.is_none() {
         let required = std::env::var("ALLOCSIM_BROWSER_TESTS").is_ok_and(|v| v == "require");
         assert!(!required, "ALLOCSIM_BROWSER_TESTS=require but no chromium on the PATH");
-        eprintln!(
+        // On the real stderr: libtest keeps what a passing test writes with `eprintln!`, and a
+        // skip must show in the normal test output.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
             "SKIPPED: the browser test needs chromium on the PATH (apt-get install chromium)"
         );
     }
