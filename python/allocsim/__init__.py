@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from . import _allocsim
-from .capture import capture
+# `python -m allocsim.capture` imports this package, which imports the module it then runs as
+# `__main__`: runpy's warning about that says nothing the user can act on.
+warnings.filterwarnings(
+    "ignore", message="'allocsim.capture' found in sys.modules", category=RuntimeWarning
+)
+
+from . import _allocsim  # noqa: E402
+from .capture import capture  # noqa: E402
 from .estimate import DataDependentError, EstimateResult, estimate
 from .sweep import sweep
 

@@ -16,6 +16,7 @@ memory the run took outside the allocator, the GPU and the versions). Then
 `allocsim replay run.pickle.gz`, `allocsim capacity run.pickle.gz`, `allocsim advise ...`.
 """
 
+import argparse
 import contextlib
 import gc
 import gzip
@@ -31,7 +32,13 @@ def capture(path, max_entries=100_000, stacks="python", device=None, **history):
     """Record the allocator's history on `device` while the block runs; dump it at the end,
     also when the block raises (an OOM is what one most wants to see). Other keyword
     arguments go to `torch.cuda.memory._record_memory_history` (`compile_context=True`, ...)."""
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            "allocsim.capture records on a GPU through PyTorch, which is not installed here "
+            "(pip install torch)"
+        ) from None
 
     torch.cuda.init()
     free_at_start, total = torch.cuda.mem_get_info(device)
@@ -74,14 +81,38 @@ def capture(path, max_entries=100_000, stacks="python", device=None, **history):
         print(f"allocsim.capture: wrote {path} and {stem}.json", file=sys.stderr)
 
 
-def main(argv):
-    if len(argv) < 3 or argv[1] != "--":
-        sys.exit("usage: python -m allocsim.capture OUT.pickle.gz -- SCRIPT.py [ARGS...]")
-    out, script = argv[0], argv[2]
-    sys.argv = argv[2:]
-    with capture(out):
-        runpy.run_path(script, run_name="__main__")
+def main(argv: list) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m allocsim.capture",
+        description="Run a script while recording the PyTorch allocator's history; write the "
+        "snapshot to OUT and the sidecar allocsim reads beside it (OUT without .pickle[.gz], "
+        "plus .json).",
+        usage="%(prog)s [--max-entries N] OUT.pickle.gz -- SCRIPT.py [ARGS...]",
+    )
+    parser.add_argument("out", metavar="OUT.pickle.gz")
+    parser.add_argument("--max-entries", type=int, default=100_000,
+                        help="trace entries kept (a ring buffer; default 100000)")
+    if "--" not in argv:
+        if any(a in ("-h", "--help") for a in argv):
+            parser.print_help()
+            return 0
+        parser.error("expected OUT.pickle.gz -- SCRIPT.py [ARGS...]")
+    at = argv.index("--")
+    opts = parser.parse_args(argv[:at])
+    script = argv[at + 1:]
+    if not script:
+        parser.error("no SCRIPT.py after --")
+    sys.argv = script
+    try:
+        with capture(opts.out, max_entries=opts.max_entries):
+            runpy.run_path(script[0], run_name="__main__")
+    except ImportError as e:
+        if "allocsim.capture" not in str(e):
+            raise
+        print(f"python -m allocsim.capture: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -15,11 +15,25 @@ Settings = Union[Sequence[str], Mapping[str, Sequence[str]]]
 
 def columns(policies: Sequence[str], settings: Settings) -> list[str]:
     """The compare columns: each policy under each of its settings (`""`: its defaults).
-    `settings` is one list for every policy, or a list per policy name."""
+    `settings` is one list for every policy, or a list per policy name. From one list shared
+    by every policy, a policy takes only the settings it has (`expandable_segments:True` is
+    PyTorch's, not `bfc`'s): the others are no cell, not an error row, and a policy that has
+    none of them runs under its defaults. Settings named for a policy are its cells whatever
+    they are (one it refuses is a row with its `error`)."""
+    from . import _allocsim
+
     out = []
     for policy in policies:
-        mine = settings.get(policy, [""]) if isinstance(settings, Mapping) else settings
-        for s in mine or [""]:
+        if isinstance(settings, Mapping):
+            mine = list(settings.get(policy, [""]) or [""])
+        else:
+            shared = list(settings) or [""]
+            if policy in _allocsim.policies():
+                refused = _allocsim.settings_refused
+                mine = [s for s in shared if not s or refused(policy, s) is None] or [""]
+            else:
+                mine = shared  # no such policy: its cells are rows with their error
+        for s in mine:
             out.append(f"{policy}[{s}]" if s else policy)
     return out
 

@@ -374,6 +374,40 @@ def test_a_failed_cell_is_reported_not_lost():
     assert "/no/such.pickle" in rows[("/no/such.pickle", "bfc")]["error"]
 
 
+def test_shared_settings_go_only_to_the_policies_that_have_them():
+    """Issue 49: one list of settings for every policy gave error rows for the settings a
+    policy does not have; now those are no cell, and a policy with none runs its defaults."""
+    cols = sweep_columns(["pytorch", "bfc"], ["", "expandable_segments:True"])
+    assert cols == ["pytorch", "pytorch[expandable_segments:True]", "bfc"]
+    assert sweep_columns(["bfc"], ["expandable_segments:True"]) == ["bfc"]
+    assert sweep_columns(["no_such"], ["x:1"]) == ["no_such[x:1]"]
+    rows = allocsim.sweep([GPT2], ["expandable_segments:True"], ["pytorch", "bfc"])
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    assert [r["column"] for r in rows] == ["pytorch[expandable_segments:True]", "bfc"]
+    assert not any(isinstance(r.get("error"), str) for r in rows), rows
+
+
+def test_capture_command_helps_and_says_what_it_needs(tmp_path):
+    """Issue 49: `python -m allocsim.capture --help` warned and exited 1; capture without torch
+    gave a bare traceback."""
+    run = lambda *argv, pre="": subprocess.run(  # noqa: E731
+        [sys.executable, "-c", pre + "import runpy, sys; sys.argv = ['capture', *sys.argv[1:]]; "
+         "runpy.run_module('allocsim.capture', run_name='__main__', alter_sys=True)", *argv],
+        capture_output=True, text=True, cwd=tmp_path)
+    helped = subprocess.run([sys.executable, "-m", "allocsim.capture", "--help"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert helped.returncode == 0 and "OUT.pickle.gz -- SCRIPT.py" in helped.stdout, helped
+    assert helped.stderr == "", helped.stderr
+    (tmp_path / "s.py").write_text("print('ran')\n")
+    no_torch = run("out.pickle.gz", "--", "s.py", pre="import sys; sys.modules['torch'] = None; ")
+    assert no_torch.returncode == 2, no_torch
+    assert "PyTorch, which is not installed here" in no_torch.stderr, no_torch.stderr
+    assert "Traceback" not in no_torch.stderr
+    bad = subprocess.run([sys.executable, "-m", "allocsim.capture", "out.pickle.gz"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "expected OUT.pickle.gz -- SCRIPT.py" in bad.stderr, bad
+
+
 def test_capture_reproduces_exactly_on_a_gpu(tmp_path):
     torch = pytest.importorskip("torch", reason="capture needs torch: run on the GPU machine")
     if not torch.cuda.is_available():

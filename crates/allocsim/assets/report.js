@@ -164,7 +164,7 @@
   const marks = [];
   D.explained.forEach((o, i) => marks.push(`<a href="#oom-${i}">OOM at op ${o.op} (${size(D.ooms[i][1])})</a>`));
   if (D.ooms.length > D.explained.length) {
-    marks.push(`${D.ooms.length - D.explained.length} more OOMs (\`allocsim explain-oom\` explains them all)`);
+    marks.push(`${D.ooms.length - D.explained.length} more OOMs (\`allocsim explain-oom --limit ${D.ooms.length}\` explains them all)`);
   }
   if (D.empty_caches.length) marks.push(`${D.empty_caches.length} empty_cache calls (grey dashed lines)`);
   $("marks").innerHTML = marks.length ? "Marks (OOMs magenta): " + marks.join(" &middot; ") : "No OOM and no empty_cache call.";

@@ -83,6 +83,8 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     j["policy"] = json!(args.policy);
     j["alloc_conf"] = json!(shown_conf);
     j["outside_allocator_source"] = json!(source);
+    let why = c.capacity_bytes.is_none().then(|| why_not(&trace, outside, c.searched_up_to_bytes));
+    j["does_not_fit_because"] = json!(why);
     let mut out = String::new();
     outln!(out, "allocsim capacity {}", args.trace.display());
     outln!(out, "  policy: {} (settings {})", args.policy, quoted(&shown_conf));
@@ -96,7 +98,10 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
                 c.high_bytes.map_or("more than the device".into(), bytes)
             );
         }
-        None => outln!(out, "  does not fit in {} free", bytes(c.searched_up_to_bytes)),
+        None => {
+            outln!(out, "  does not fit in {} free", bytes(c.searched_up_to_bytes));
+            outln!(out, "  why: {}", why.as_deref().unwrap_or_default());
+        }
     }
     outln!(out, "  of which outside the allocator: {} ({source})", bytes(outside));
     outln!(
@@ -110,6 +115,42 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     );
     outln!(out, "   the point, as much as real runs under other chunk orders needed less: docs/capacity.md)");
     Ok(crate::Output::both(j, out))
+}
+
+/// Why a run fits in no free memory the search tried (`searched`, the device's): a request
+/// larger than that alone, more bytes alive at once, or the policy's own layout.
+fn why_not(trace: &Trace, outside: u64, searched: u64) -> String {
+    let largest = (trace.ops.iter())
+        .filter_map(|op| match *op {
+            allocsim_core::Op::Alloc { size, .. } | allocsim_core::Op::AllocAt { size, .. } => {
+                Some(size)
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let room = searched.saturating_sub(outside);
+    let peak = allocsim_bound::bound(trace).peak_live_bytes;
+    if largest > room {
+        format!(
+            "one request alone asks for {}, more than the {} left beside the memory outside \
+             the allocator",
+            bytes(largest),
+            bytes(room)
+        )
+    } else if peak > room {
+        format!(
+            "the bytes alive at once peak at {}, more than the {} left beside the memory \
+             outside the allocator",
+            bytes(peak),
+            bytes(room)
+        )
+    } else {
+        "the policy's own layout (rounding, splits, cached blocks) needs more than the \
+         device has, though the live bytes alone would fit: `allocsim bound` and `allocsim \
+         advise` show how much and which settings need less"
+            .to_string()
+    }
 }
 
 /// The settings people try, in the order the table lists them before ranking.

@@ -208,8 +208,10 @@ fn tables(cells: &[GridCell], bounds: &HashMap<&str, Bound>) -> String {
         out,
         "\ndevice: `recorded` follows the recording's device calls and addresses (the PyTorch \
          policy under the recording's own settings), `sim` is the modelled device; min capacity \
-         is always bisected on the model; headroom is the share of peak reserved above the \
-         offline placement"
+         is always bisected on the model, and is the allocator's own: `allocsim capacity` adds \
+         the memory the run takes outside the allocator (CUDA context growth, kernels, library \
+         workspaces), as free memory at the start must hold it; headroom is the share of peak \
+         reserved above the offline placement"
     );
     out
 }

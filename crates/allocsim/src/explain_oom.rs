@@ -98,6 +98,13 @@ pub(crate) fn explanation_text(out: &mut String, trace: &Trace, e: &OomExplanati
         outln!(out, "    {frame}");
     }
     outln!(out, "  device free: {} of {}", bytes(i.device_free_bytes), bytes(i.device_total_bytes));
+    if i.rounded_bytes > i.device_total_bytes {
+        outln!(
+            out,
+            "  this request alone is larger than the device's total memory: no allocator and no \
+             setting serves it on this device"
+        );
+    }
     if let Some(allowed) = i.allowed_bytes {
         outln!(out, "  allowed by the memory fraction: {}", bytes(allowed));
     }

@@ -658,3 +658,46 @@ fn recorded_settings_the_policy_refuses_are_named_with_their_file() {
         "{stderr}"
     );
 }
+
+/// Issue 49: a run that fits no device says why, and an OOM whose request alone is larger than
+/// the card says so. The log asks for 1 TiB once, after a small allocation.
+#[test]
+fn capacity_and_explain_oom_say_why_a_request_cannot_fit() {
+    let dir = scratch();
+    let log = dir.path().join("huge.csv");
+    std::fs::write(
+        &log,
+        "Thread,Time,Action,Pointer,Size,Stream\n\
+         1,00:00:00.000001,allocate,0x7f0000000000,1048576,0\n\
+         1,00:00:00.000002,allocate,0x7f1000000000,1099511627776,0\n",
+    )
+    .unwrap();
+    let log = log.to_string_lossy();
+    let out = allocsim(&["capacity", &log]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("does not fit in"), "{text}");
+    assert!(text.contains("why: one request alone asks for 1.00 TiB"), "{text}");
+    let out = allocsim(&["capacity", &log, "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(j["does_not_fit_because"].as_str().unwrap().starts_with("one request alone"));
+    let out = allocsim(&["explain-oom", &log]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("this request alone is larger than the device's total memory"), "{text}");
+}
+
+/// The README: `allocsim report TRACE` writes `NAME.html` in the current directory, NAME the
+/// trace's file name without its extension.
+#[test]
+fn report_writes_its_page_in_the_current_directory() {
+    let dir = scratch();
+    let trace = bundled("synthetic_roundup.pickle.gz");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(["report", &trace, "--no-advice"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.path().join("synthetic_roundup.html").is_file());
+    let beside = PathBuf::from(&trace).with_file_name("synthetic_roundup.html");
+    assert!(!beside.exists(), "written beside the trace");
+}

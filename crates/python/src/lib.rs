@@ -463,6 +463,12 @@ fn workloads() -> Vec<Workload> {
         .collect()
 }
 
+/// Why `policy` refuses the settings `conf`, or `None` if it takes them.
+#[pyfunction]
+fn settings_refused(policy: &str, conf: &str) -> Option<String> {
+    allocsim_policies::by_name(policy, Some(conf)).err().map(|e| e.to_string())
+}
+
 /// Every policy name, in the order reports list them.
 #[pyfunction]
 fn policies() -> Vec<&'static str> {
@@ -486,6 +492,7 @@ fn _allocsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(convert, m)?,
         wrap_pyfunction!(workloads, m)?,
         wrap_pyfunction!(policies, m)?,
+        wrap_pyfunction!(settings_refused, m)?,
     ] {
         m.add_function(f)?;
     }
