@@ -95,7 +95,7 @@ pub struct Entries {
     pub frames: Vec<Value>,
     pub annotations: Vec<allocsim_core::Annotation>,
     /// The bytes of the annotations' strings ([`Entries::held_bytes`]).
-    annotation_bytes: u64,
+    pub(super) annotation_bytes: u64,
 }
 
 impl Entries {

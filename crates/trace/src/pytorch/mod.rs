@@ -17,7 +17,9 @@ mod write;
 pub use convert::UNKNOWN_STREAM;
 pub use overlap::{OpFeed, Overlap};
 pub use sidecar::sidecar_path;
-pub use write::{trace_to_snapshot, write_streamed_with, RunParts, SYNTHETIC_BASE};
+pub use write::{
+    trace_to_snapshot, write_run_streamed, write_streamed_with, RunParts, StackUses, SYNTHETIC_BASE,
+};
 
 use crate::error::TraceError;
 use crate::inflate::Inflater;
