@@ -77,8 +77,9 @@ fn many_streams_stay_within_bounds() {
     ok("replay --device sim, 40k streams", &measured(&["replay", "--device", "sim", file]));
     let html = dir.join("report.html");
     let twenty = many_streams(&dir, 20_000);
-    // Without `advise`, whose hundreds of bisection runs of the whole trace take 9-10 s of
-    // CPU here at this size (linear now, but many): the report's own collection is bounded.
+    // Without `advise`, whose 400 bisection runs of the whole trace (eight settings, four
+    // placements each) take 7-8 s of CPU here at this size (linear now, but many): the
+    // report's own collection is bounded.
     let report = ["report", twenty.to_str().unwrap(), "--no-advice", "-o", html.to_str().unwrap()];
     ok("report --no-advice, 20k streams", &measured(&report));
     let many = many_streams(&dir, 200_000);
