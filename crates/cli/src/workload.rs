@@ -1,7 +1,7 @@
 //! `allocsim workload [SPEC] [--out FILE]`: list the live workloads, or build one and write it.
 
 use crate::input::WORKLOAD_PREFIX;
-use crate::output::bytes;
+use crate::output::{bytes, emit, outln};
 use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,13 +22,18 @@ pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
         crate::output::check_trace_output(out, &[])?;
     }
     let Some(spec) = args.spec else {
-        println!("Live workloads; name one as `workload:NAME?key=value&...` wherever a TRACE is expected.");
+        let mut out = String::new();
+        outln!(
+            out,
+            "Live workloads; name one as `workload:NAME?key=value&...` wherever a TRACE is expected."
+        );
         for (name, what) in allocsim_workloads::names() {
-            println!("\n{name}: {what}");
+            outln!(out, "\n{name}: {what}");
             let params = allocsim_workloads::parameters(name).unwrap_or_default();
             let line: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!("  parameters (defaults): {}", line.join(" "));
+            outln!(out, "  parameters (defaults): {}", line.join(" "));
         }
+        emit(&out)?;
         return Ok(ExitCode::SUCCESS);
     };
     let spec = spec.strip_prefix(WORKLOAD_PREFIX).unwrap_or(&spec);
@@ -46,11 +51,12 @@ pub fn workload(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
             _ => {}
         }
     }
-    println!("workload {spec}: {} ops, peak live {}", trace.ops.len(), bytes(peak));
+    // The spec as given, escaped (`emit`), as every command shows its input.
+    emit(&format!("workload {spec}: {} ops, peak live {}\n", trace.ops.len(), bytes(peak)))?;
     if let Some(out) = &args.out {
         allocsim_trace::write_trace(&trace, out)
             .with_context(|| format!("writing {}", out.display()))?;
-        println!("wrote {}", out.display());
+        emit(&format!("wrote {}\n", out.display()))?;
     }
     Ok(ExitCode::SUCCESS)
 }

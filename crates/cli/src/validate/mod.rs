@@ -86,9 +86,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let verdict = verdict(clean, &model, &following);
     if args.json {
         let value = json(&args, &trace, &hw, &model, &following, violations, verdict);
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        crate::output::emit(&(serde_json::to_string_pretty(&value)? + "\n"))?;
     } else {
-        print(&args, &trace, &hw, &model, &following, violations, verdict);
+        crate::output::emit(&print(&args, &trace, &hw, &model, &following, violations, verdict))?;
     }
     Ok(if verdict == "DIFFER" { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

@@ -1,6 +1,8 @@
 //! What `validate` prints: the verdict's text and its JSON.
 
 use super::*;
+use crate::output::outln;
+use allocsim_core::text::quoted;
 
 pub(super) fn calls_line(r: &RunReport) -> String {
     let calls: Vec<String> = CallKind::ALL
@@ -16,6 +18,8 @@ pub(super) fn calls_line(r: &RunReport) -> String {
     format!("{} [{}]", r.device_calls.total_calls(), calls.join(", "))
 }
 
+/// The verdict as text; the caller prints it through `output::emit`, which escapes what came
+/// from the trace (its settings, the device's notes).
 pub(super) fn print(
     args: &Args,
     trace: &Trace,
@@ -24,18 +28,21 @@ pub(super) fn print(
     following: &Following,
     violations: u64,
     verdict: &str,
-) {
+) -> String {
     let r = &hw.report;
-    println!("allocsim validate {} --policy {}", args.input.display(), args.policy);
-    println!("  hardware: {}", hw.description);
-    println!(
-        "    {} total, {} free at start; policy settings {:?}{}",
+    let mut out = String::new();
+    outln!(out, "allocsim validate {} --policy {}", args.input.display(), args.policy);
+    outln!(out, "  hardware: {}", hw.description);
+    outln!(
+        out,
+        "    {} total, {} free at start; policy settings {}{}",
         bytes(r.device_total_bytes),
         bytes(r.device_free_bytes),
-        r.alloc_conf,
+        quoted(&r.alloc_conf),
         r.memory_fraction.map(|f| format!(", memory fraction {f}")).unwrap_or_default()
     );
-    println!(
+    outln!(
+        out,
         "    ops: {} of {}  events: {}  wall time: {:.3} s ({:.2} us/op)",
         r.ops_run,
         trace.ops.len(),
@@ -43,25 +50,28 @@ pub(super) fn print(
         hw.wall.as_secs_f64(),
         per_op_us(hw.wall, r.ops_run)
     );
-    println!("    device calls: {}", calls_line(r));
-    println!(
+    outln!(out, "    device calls: {}", calls_line(r));
+    outln!(
+        out,
         "    peak reserved {}, peak allocated {}",
         bytes(r.metrics.peak_reserved_bytes),
         bytes(r.metrics.peak_allocated_bytes)
     );
     let ooms: Vec<u64> = r.metrics.ooms.iter().map(|o| o.op_index).collect();
-    println!(
+    outln!(
+        out,
         "    OOMs: {} (simulated: {}){}",
         ooms.len(),
         model.ooms_simulated.len(),
         if ooms == model.ooms_simulated { ", at the same ops" } else { ", at DIFFERENT ops" }
     );
     for note in &r.device_notes {
-        println!("    device note: {note}");
+        outln!(out, "    device note: {note}");
     }
-    println!("    checker: {violations} violations");
+    outln!(out, "    checker: {violations} violations");
     match &hw.patterns {
-        Some(p) => println!(
+        Some(p) => outln!(
+            out,
             "    patterns: {} blocks filled ({}), {} verified ({} at release), {} read-modify-write touches; {} corrupted words, {} overlapping allocations{}",
             p.blocks_filled,
             bytes(p.bytes_filled),
@@ -74,16 +84,18 @@ pub(super) fn print(
                 .map(|m| format!("; first: allocation {} word {} expected {:#x} found {:#x}", m.id.0, m.word, m.expected, m.found))
                 .unwrap_or_default()
         ),
-        None => println!("    patterns: not run"),
+        None => outln!(out, "    patterns: not run"),
     }
-    println!("  simulated, modelled device sized from the hardware: {}", model.summary());
-    println!(
+    outln!(out, "  simulated, modelled device sized from the hardware: {}", model.summary());
+    outln!(
+        out,
         "  simulated, answered as the hardware answered each device call: {}",
         following.comparison.summary()
     );
-    println!("    device calls: {}", following.calls_summary());
-    println!("    {}", following.free_memory);
-    println!("  verdict: {verdict}");
+    outln!(out, "    device calls: {}", following.calls_summary());
+    outln!(out, "    {}", following.free_memory);
+    outln!(out, "  verdict: {verdict}");
+    out
 }
 
 pub(super) fn comparison_json(c: &Comparison) -> serde_json::Value {
