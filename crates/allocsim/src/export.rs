@@ -1,7 +1,7 @@
 //! `replay --export-snapshot OUT.pickle[.gz]`: a simulated run as a PyTorch memory snapshot
 //! that `torch.cuda._memory_viz` and pytorch.org/memory_viz open.
 
-use allocsim_core::{RecordedEvent, SnapshotSegment, Trace, TraceMeta};
+use allocsim_core::{RecordedEvent, SnapshotSegment, Trace};
 use allocsim_trace::pickle::Value;
 use anyhow::{anyhow, Context};
 use std::path::Path;
@@ -77,7 +77,8 @@ fn settings_value(policy: &str, alloc_conf: &str) -> Value {
     Value::str_dict(pairs)
 }
 
-/// Write the run: `recorded` holds its events, `segments` the memory map at the end.
+/// Write the run: `recorded` holds its events, `segments` the memory map at the end; `source`
+/// is the trace run, whose stacks, times and annotations the entries carry.
 pub fn write_snapshot(
     path: &Path,
     source: &Trace,
@@ -86,22 +87,34 @@ pub fn write_snapshot(
     policy: &str,
     alloc_conf: &str,
 ) -> anyhow::Result<()> {
-    let run = Trace {
-        meta: TraceMeta { alloc_conf: Some(alloc_conf.to_string()), ..TraceMeta::default() },
-        recorded,
-        stacks: source.stacks.clone(),
-        op_stacks: source.op_stacks.clone(),
-        op_times: source.op_times.clone(),
-        annotations: source.annotations.clone(),
-        op_annotations: source.op_annotations.clone(),
-        ..Trace::default()
+    let mut uses = allocsim_trace::pytorch::StackUses::new(source);
+    recorded.iter().for_each(|e| uses.count(e));
+    let events = |sink: &mut dyn FnMut(&RecordedEvent) -> bool| {
+        recorded.iter().all(sink);
+        Ok(())
     };
+    write_snapshot_streamed(path, source, uses, events, segments, policy, alloc_conf)
+}
+
+/// [`write_snapshot`], with the events handed over by `events` (as
+/// `allocsim_trace::pytorch::write_run_streamed` asks, `uses` having counted them),
+/// `segments` is the memory map at the end; `source` is the trace run, whose stacks, times and
+/// annotations the entries carry.
+pub fn write_snapshot_streamed(
+    path: &Path,
+    source: &Trace,
+    uses: allocsim_trace::pytorch::StackUses,
+    events: impl FnOnce(&mut dyn FnMut(&RecordedEvent) -> bool) -> Result<(), String>,
+    segments: &[SnapshotSegment],
+    policy: &str,
+    alloc_conf: &str,
+) -> anyhow::Result<()> {
     // Written as the entries are made, straight to the file: the whole snapshot as values
     // and bytes took gigabytes for a long run.
     let (segments, settings) = (segments_value(segments), settings_value(policy, alloc_conf));
+    let parts = allocsim_trace::pytorch::RunParts { segments: &segments, settings: &settings };
     let write = |out: &mut dyn std::io::Write| {
-        let parts = allocsim_trace::pytorch::RunParts { segments: &segments, settings: &settings };
-        allocsim_trace::pytorch::write_streamed_with(&run, out, path, Some(parts))
+        allocsim_trace::pytorch::write_run_streamed(source, uses, out, path, parts, events)
     };
     let mut file = allocsim_trace::atomic::AtomicFile::create(path)?;
     let written: anyhow::Result<()> = if path.to_string_lossy().ends_with(".gz") {

@@ -5,14 +5,16 @@ use crate::output::{
     bytes, compares_cumulative, memory_summary, parse_size, read_stats_json, recorded_differences,
 };
 use allocsim_core::text::quoted;
+use allocsim_core::RecordedEvent;
 use allocsim_core::{CallKind, MemPoolId};
-use allocsim_replay::{EventLog, Observer, Recorder};
+use allocsim_replay::{EventLog, Observer, RecordedTo, Recorder};
 use allocsim_run::{
     run_trace, run_trace_streamed, DeviceChoice, RunOptions, RunReport, StartedFrom,
 };
 use allocsim_sim::Fault;
 use allocsim_sim::Placement;
 use allocsim_trace::atomic::AtomicFile;
+use allocsim_trace::pytorch::StackUses;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -145,10 +147,9 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         crate::output::check_output(path, &inputs)?;
     }
     // A native binary trace streams its ops, so memory stays bounded however long it is;
-    // exporting a snapshot and replaying on a GPU want the whole trace.
+    // replaying on a GPU wants the whole trace, and a trace the caller loaded is used as it is.
     let preloaded = cx.preloaded(&args.trace);
     let streams = preloaded.is_none()
-        && args.export_snapshot.is_none()
         && args.device != DeviceArg::Cuda
         && allocsim_trace::Format::from_path(&args.trace) == Some(allocsim_trace::Format::Native);
     let mut stream = if streams {
@@ -193,13 +194,28 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         Some(path) => Some(EventLog::new(AtomicFile::create(path)?)),
         None => None,
     };
-    let mut recorder = args.export_snapshot.as_ref().map(|_| Recorder::default());
+    // The export writes the run's events as a second run makes them (a run is deterministic),
+    // holding none; this one counts the stacks' uses, which the writer needs first. A run on
+    // a GPU is not repeated: its events are kept.
+    let exports = args.export_snapshot.is_some();
+    let on_gpu = args.device == DeviceArg::Cuda;
+    let mut recorder = (exports && on_gpu).then(Recorder::default);
+    let mut uses = (exports && !on_gpu).then(|| StackUses::new(&trace));
+    let mut counter = uses.as_mut().map(|uses| {
+        RecordedTo::new(|e: &RecordedEvent| {
+            uses.count(e);
+            true
+        })
+    });
     let mut extra: Vec<&mut dyn Observer> = Vec::new();
     if let Some(l) = log.as_mut() {
         extra.push(l);
     }
     if let Some(r) = recorder.as_mut() {
         extra.push(r);
+    }
+    if let Some(c) = counter.as_mut() {
+        extra.push(c);
     }
     let setup = || {
         format!(
@@ -232,21 +248,25 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         run_trace(&trace, &opts, &mut extra, progress).with_context(setup)?
     };
     drop(extra);
+    drop(counter);
     if let (Some(l), Some(path)) = (log, &args.event_log) {
         l.finish()
             .and_then(AtomicFile::commit)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     let mut notes = Vec::new();
-    if let (Some(r), Some(path)) = (recorder, &args.export_snapshot) {
-        crate::export::write_snapshot(
-            path,
-            &trace,
-            r.events,
-            &report.snapshot,
-            &report.policy,
-            &report.alloc_conf,
-        )?;
+    if let Some(path) = &args.export_snapshot {
+        let (snapshot, policy, conf) = (&report.snapshot, &report.policy, &report.alloc_conf);
+        if let Some(r) = recorder {
+            crate::export::write_snapshot(path, &trace, r.events, snapshot, policy, conf)?
+        } else if let Some(uses) = uses {
+            let again = |sink: &mut dyn FnMut(&RecordedEvent) -> bool| {
+                let mut to = RecordedTo::new(sink);
+                run_again(args, cx, &trace, streams, &opts, &mut to).map_err(|e| format!("{e:#}"))
+            };
+            let write = crate::export::write_snapshot_streamed;
+            write(path, &trace, uses, again, snapshot, policy, conf)?
+        }
         notes.push(format!("wrote {}", path.display()));
     }
     // A what-if is not the recorded run: it is held against it on what matters, not key by key.
@@ -264,6 +284,28 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         outln!(text, "{line}");
     }
     Ok(crate::Output { json: Some(json), text, notes, failed: violations > 0 })
+}
+
+/// The run of [`run`] again (not on a GPU), for `observer` alone: the same events.
+fn run_again(
+    args: &Args,
+    cx: &crate::Context,
+    trace: &allocsim_core::Trace,
+    streams: bool,
+    opts: &RunOptions,
+    observer: &mut dyn Observer,
+) -> anyhow::Result<()> {
+    if streams {
+        let mut s = allocsim_trace::native::read_native_ops_with(&args.trace, &cx.read)?;
+        let ops = s.ops.plain();
+        run_trace_streamed(trace, s.recorded_len, ops, opts, &mut [observer], |_| {})?;
+        if let Some(e) = s.ops.take_error() {
+            return Err(e.into());
+        }
+    } else {
+        run_trace(trace, opts, &mut [observer], |_| {})?;
+    }
+    Ok(())
 }
 
 type Differences = Option<Vec<(String, Option<i64>, Option<i64>)>>;

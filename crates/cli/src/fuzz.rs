@@ -15,6 +15,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Mutex;
 
+/// A line of the report on stdout through `output::emit`, which escapes what came from a file
+/// or a flag (a trace's name, a policy's settings, a failure quoting either). A failure to
+/// write stdout ends the command.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        crate::emit(&(format!($($arg)*) + "\n"))?
+    };
+}
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The first seed; iteration i runs seed S+i. Default: one from the clock, printed.
@@ -93,10 +102,10 @@ pub fn run(args: &Args, cx: &allocsim::Context) -> anyhow::Result<ExitCode> {
         let mut failed = false;
         for policy in &policies {
             match oracles(policy, &trace) {
-                Ok(()) => println!("{policy}: every oracle holds on {}", path.display()),
+                Ok(()) => say!("{policy}: every oracle holds on {}", path.display()),
                 Err(f) => {
                     failed = true;
-                    println!("{f}");
+                    say!("{f}");
                 }
             }
         }
@@ -108,7 +117,7 @@ pub fn run(args: &Args, cx: &allocsim::Context) -> anyhow::Result<ExitCode> {
         absurd_sizes: !args.no_absurd_sizes,
         ..Limits::default()
     };
-    println!(
+    say!(
         "allocsim fuzz: seeds {base}..{} ({}) x {}",
         base.wrapping_add(args.iters),
         counted(args.iters, "program", "programs"),
@@ -126,21 +135,17 @@ pub fn run(args: &Args, cx: &allocsim::Context) -> anyhow::Result<ExitCode> {
             }
         }
         if (i + 1) % 1000 == 0 {
-            eprintln!("  {} programs, {ops} ops: no failures", i + 1);
+            crate::note(&format!("  {} programs, {ops} ops: no failures", i + 1));
         }
     }
-    println!(
-        "ok: {} programs, {ops} ops, every oracle held for {}",
-        args.iters,
-        policies.join(", ")
-    );
+    say!("ok: {} programs, {ops} ops, every oracle held for {}", args.iters, policies.join(", "));
     Ok(ExitCode::SUCCESS)
 }
 
 fn report(args: &Args, seed: u64, program: &Program, failure: Failure) -> anyhow::Result<ExitCode> {
     let policy = failure.policy.clone();
-    println!("FAIL seed {seed}, policy {policy}: {failure}");
-    println!("shrinking...");
+    say!("FAIL seed {seed}, policy {policy}: {failure}");
+    say!("shrinking...");
     let (small, small_failure) = shrink(program, &failure, |p| oracles(&policy, &p.trace()).err());
     let plain = |c: char| if c.is_ascii_alphanumeric() { c } else { '_' };
     let stem = format!("allocsim-fuzz-{seed}-{}", policy.chars().map(plain).collect::<String>());
@@ -152,11 +157,11 @@ fn report(args: &Args, seed: u64, program: &Program, failure: Failure) -> anyhow
     if args.no_absurd_sizes {
         steps.push_str(" --no-absurd-sizes");
     }
-    println!("minimal failure: {small_failure}");
-    println!("minimal program ({} ops):\n{small}", small.ops().len());
-    println!("written to {}", path.display());
-    println!("reproduce the run:  allocsim fuzz --seed {seed} --iters 1 --policy {policy}{steps}");
-    println!("reproduce the case: {}", reproduce_command(&small_failure, &path));
+    say!("minimal failure: {small_failure}");
+    say!("minimal program ({} ops):\n{small}", small.ops().len());
+    say!("written to {}", path.display());
+    say!("reproduce the run:  allocsim fuzz --seed {seed} --iters 1 --policy {policy}{steps}");
+    say!("reproduce the case: {}", reproduce_command(&small_failure, &path));
     Ok(ExitCode::FAILURE)
 }
 

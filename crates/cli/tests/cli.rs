@@ -691,7 +691,7 @@ fn capacity_and_explain_oom_say_why_a_request_cannot_fit() {
 fn report_writes_its_page_in_the_current_directory() {
     let dir = scratch();
     let trace = bundled("synthetic_roundup.pickle.gz");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allocsim"))
+    let out = Command::new(env!("CARGO_BIN_EXE_allocsim"))
         .args(["report", &trace, "--no-advice"])
         .current_dir(dir.path())
         .output()

@@ -77,8 +77,9 @@ fn many_streams_stay_within_bounds() {
     ok("replay --device sim, 40k streams", &measured(&["replay", "--device", "sim", file]));
     let html = dir.join("report.html");
     let twenty = many_streams(&dir, 20_000);
-    // Without `advise`, whose hundreds of bisection runs of the whole trace take 9-10 s of
-    // CPU here at this size (linear now, but many): the report's own collection is bounded.
+    // Without `advise`, whose 400 bisection runs of the whole trace (eight settings, four
+    // placements each) take 7-8 s of CPU here at this size (linear now, but many): the
+    // report's own collection is bounded.
     let report = ["report", twenty.to_str().unwrap(), "--no-advice", "-o", html.to_str().unwrap()];
     ok("report --no-advice, 20k streams", &measured(&report));
     let many = many_streams(&dir, 200_000);
@@ -117,6 +118,22 @@ fn an_oom_storm_under_every_policy_at_once_stays_within_bounds() {
 /// A snapshot of `entries` entries (alloc, free_requested, free_completed of one block, over
 /// and over), flat as PyTorch writes them: 45 M entries are 5 MB gzipped.
 fn identical_entries(dir: &Path, entries: u64) -> PathBuf {
+    repeated_entries(
+        dir,
+        &format!("identical{entries}"),
+        &[ALLOC, FREE_REQUESTED, FREE_COMPLETED],
+        entries,
+    )
+}
+
+/// The memo keys of the actions' strings in [`repeated_entries`]' snapshots.
+const ALLOC: u8 = 0x08;
+const FREE_REQUESTED: u8 = 0x10;
+const FREE_COMPLETED: u8 = 0x12;
+
+/// A snapshot `NAME.pickle.gz` of `entries` entries of one block: an alloc, a free_requested
+/// and a free_completed, then the actions of `cycle` (their strings' memo keys) over and over.
+fn repeated_entries(dir: &Path, name: &str, cycle: &[u8], entries: u64) -> PathBuf {
     let short = |s: &str| [&[0x8c, s.len() as u8][..], s.as_bytes(), b"\x94"].concat();
     let addr = &0x7f00_0000_0000u64.to_le_bytes()[..6];
     let fields = |action: &[u8]| {
@@ -153,18 +170,17 @@ fn identical_entries(dir: &Path, entries: u64) -> PathBuf {
     head.extend(fields(&short("free_requested")));
     head.extend(b"}\x94(");
     head.extend(fields(&short("free_completed")));
-    let cycle = [
-        [&b"}("[..], &fields(b"h\x08")].concat(),
-        [&b"}("[..], &fields(b"h\x10")].concat(),
-        [&b"}("[..], &fields(b"h\x12")].concat(),
-    ]
-    .concat();
-    let mut batch = cycle.repeat(333);
+    // About a thousand entries between the list's appends.
+    let cycles = 1000 / cycle.len();
+    let per_batch = (cycles * cycle.len()) as u64;
+    let once: Vec<u8> =
+        cycle.iter().flat_map(|&action| [&b"}("[..], &fields(&[b'h', action])].concat()).collect();
+    let mut batch = once.repeat(cycles);
     batch.extend(b"e(");
-    let path = dir.join(format!("identical{entries}.pickle.gz"));
+    let path = dir.join(format!("{name}.pickle.gz"));
     let mut z = GzEncoder::new(std::fs::File::create(&path).unwrap(), Compression::default());
     z.write_all(&head).unwrap();
-    for _ in 0..(entries - 3) / 999 {
+    for _ in 0..(entries - 3) / per_batch {
         z.write_all(&batch).unwrap();
     }
     z.write_all(b"eau.").unwrap();
@@ -196,6 +212,31 @@ fn a_snapshot_of_millions_of_identical_entries_is_refused_within_bounds() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// 40 M entries of allocs and completions with no request (4.7 MB gzipped; 2.5 GB in `info`):
+/// the stream's conversion gives up at the first completion, and the pass that lists every
+/// entry for the conversion from the list counts the list against the trace's bound.
+#[test]
+fn a_snapshot_of_millions_of_alloc_and_completion_pairs_is_refused_within_bounds() {
+    let dir = scratch("pairs");
+    let path = repeated_entries(&dir, "pairs", &[ALLOC, FREE_COMPLETED], 40_000_000);
+    for cmd in ["info", "replay"] {
+        let run = measured(&[cmd, path.to_str().unwrap()]);
+        within_bounds(cmd, &run);
+        assert_eq!(run.code, 1, "{cmd}: {}", run.stderr);
+        let says = run.stderr.contains("pairs.pickle.gz")
+            && run.stderr.contains("the trace built from it")
+            && run.stderr.contains("entries listed");
+        assert!(says, "{cmd}: {}", run.stderr);
+    }
+    // A million of them fit: the conversion from the list says what is wrong.
+    let small = repeated_entries(&dir, "pairs1m", &[ALLOC, FREE_COMPLETED], 1_000_000);
+    let run = measured(&["info", small.to_str().unwrap()]);
+    within_bounds("info, 1 M entries listed", &run);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains("[4]: free_completed of 0x7f0000000000 without free_requested"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A native file of 30 M one-byte ops (`empty_cache`) and a header of 8 M empty warnings:
 /// 40 bytes an op and 24 a warning when read whole (5.8 GB in `info`). `info` refuses it
 /// within the bounds; `replay` streams the ops and holds the warnings.
@@ -223,15 +264,16 @@ fn a_native_file_whose_lists_blow_up_stays_within_bounds() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `convert` to `.pickle.gz` and `replay --export-snapshot` of a trace of 10 M entries (the
-/// issue's 15 M took 6-7 GB when the writer built the whole snapshot first; its CPU time is
-/// mostly gzip's): the writer holds a batch of entries and the live blocks.
+/// `convert` to `.pickle.gz` and `replay --export-snapshot` of a trace of 15 M entries (6-7
+/// GB when the writer built the whole snapshot first, 1.6 GB when the export kept the run's
+/// events; its CPU time is mostly gzip's): the writer holds a batch of entries and the live
+/// blocks, and the export writes the events of a second run as they come.
 #[test]
 fn writers_of_long_traces_stay_within_bounds() {
     let dir = scratch("writers");
     // Allocations and their frees, as a native file (three snapshot entries each).
     let native = dir.join("long.allocsim");
-    let pairs = 3_333_333u64;
+    let pairs = 5_000_000u64;
     let out = std::io::BufWriter::new(std::fs::File::create(&native).unwrap());
     let mut w =
         allocsim_trace::native::NativeWriter::new(out, &Trace::default(), 2 * pairs, &native)

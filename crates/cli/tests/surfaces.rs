@@ -177,6 +177,33 @@ fn a_files_strings_reach_the_terminal_escaped() {
     assert_no_controls("replay of hostile settings", &out);
 }
 
+/// `fuzz --trace`, `validate` (against the simulated stand-in for a GPU) and `workload` print
+/// through the same escaping: a trace's name, which is any name a folder holds, and its
+/// strings reach the terminal escaped, in text and in JSON.
+#[test]
+fn fuzz_validate_and_workload_show_their_inputs_escaped() {
+    let dir = scratch();
+    let name = format!("{HOSTILE}.pickle");
+    let snap = snapshot(dir.path(), &name, frames(HOSTILE, HOSTILE), HOSTILE, None);
+    let snap = snap.to_str().unwrap();
+    let cases: [&[&str]; 4] = [
+        &["fuzz", "--trace", snap, "--policy", "pytorch"],
+        &["validate", snap, "--device", "sim"],
+        &["validate", snap, "--device", "sim", "--json"],
+        &["workload", "transformer-train?layers=1&steps=1"],
+    ];
+    for args in cases {
+        let out = allocsim(args);
+        let what = format!("allocsim {}", args.join(" "));
+        assert!(out.status.success(), "{what}: {}", printed(&out));
+        assert_no_controls(&what, &out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let shows_name = args[0] != "workload" && !args.contains(&"--json");
+        let escaped = text.contains("\\u001b]0;retitled\\u0007\\u001b[2J");
+        assert!(escaped || !shows_name, "{what}: the name is not shown:\n{text}");
+    }
+}
+
 /// The `report_page` fuzz target's oracle on seeded random bytes with text of every kind
 /// before the program (`fuzz_smoke` runs its corpus and mutations).
 #[test]

@@ -18,7 +18,7 @@ pub use engine::{Engine, OpOutcome, Skipped};
 pub use explain::{Fence, FreeRegion, OomExplainer, OomExplanation};
 pub use fidelity::{Divergence, Fidelity};
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
-pub use observers::{format_event, CheckObserver, EventLog, Observer, Recorder};
+pub use observers::{format_event, CheckObserver, EventLog, Observer, RecordedTo, Recorder};
 
 use allocsim_core::{Allocator, Device, DynAllocator, DynDevice, OpSource};
 

@@ -191,12 +191,46 @@ impl Observer for CheckObserver {
 #[derive(Debug, Default)]
 pub struct Recorder {
     pub events: Vec<RecordedEvent>,
-    /// Stream of each live block by address: PyTorch records it on free entries too.
-    streams: std::collections::HashMap<u64, StreamId>,
+    recording: Recording,
 }
 
 impl Observer for Recorder {
     fn on_event(&mut self, _event_index: u64, op: u64, event: &Event) -> bool {
+        self.events.push(self.recording.event(op, event));
+        true
+    }
+}
+
+/// Hands each of the run's events, in the shape of a recording, to its function as the run
+/// goes ([`Recorder`] without the list): a writer of the run holds no event. The function's
+/// false stops the run.
+#[derive(Debug)]
+pub struct RecordedTo<F> {
+    to: F,
+    recording: Recording,
+}
+
+impl<F: FnMut(&RecordedEvent) -> bool> RecordedTo<F> {
+    pub fn new(to: F) -> Self {
+        RecordedTo { to, recording: Recording::default() }
+    }
+}
+
+impl<F: FnMut(&RecordedEvent) -> bool> Observer for RecordedTo<F> {
+    fn on_event(&mut self, _event_index: u64, op: u64, event: &Event) -> bool {
+        (self.to)(&self.recording.event(op, event))
+    }
+}
+
+/// An event as a recording shows it.
+#[derive(Debug, Default)]
+struct Recording {
+    /// Stream of each live block by address: PyTorch records it on free entries too.
+    streams: std::collections::HashMap<u64, StreamId>,
+}
+
+impl Recording {
+    fn event(&mut self, op: u64, event: &Event) -> RecordedEvent {
         use RecordedKind as K;
         let (kind, addr, size, stream) = match *event {
             Event::SegmentAlloc { addr, size, stream, .. } => (K::SegmentAlloc, addr, size, stream),
@@ -217,7 +251,6 @@ impl Observer for Recorder {
             }
             Event::Oom { size, stream, info, .. } => (K::Oom, info.device_free_bytes, size, stream),
         };
-        self.events.push(RecordedEvent { op, kind, addr, size, stream });
-        true
+        RecordedEvent { op, kind, addr, size, stream }
     }
 }

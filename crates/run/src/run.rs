@@ -51,7 +51,8 @@ pub struct RunOptions {
     /// recorded addresses while it does).
     pub placement: Placement,
     /// Stop at the first OOM and keep no other metrics (`RunReport::metrics` holds that OOM
-    /// alone): all that each step of a capacity bisection asks, hundreds of times a question.
+    /// alone, and `snapshot` is empty unless other observers watch the run): all that each
+    /// step of a capacity bisection asks, hundreds of times a question.
     pub until_oom: bool,
 }
 
@@ -461,7 +462,9 @@ impl Run<'_, '_> {
             device_notes: device.notes(),
             check: observers.checker.map(|c| c.checker.finish()),
             fidelity: observers.fidelity.map(Fidelity::finish),
-            snapshot: allocator.snapshot(),
+            // A bisection's step asks nothing of the memory map (tens of thousands of segments,
+            // hundreds of times a question, on a trace of many streams).
+            snapshot: if question_only { Vec::new() } else { allocator.snapshot() },
             start: started,
         })
     }

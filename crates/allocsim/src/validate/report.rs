@@ -1,7 +1,8 @@
-//! What `validate` reports: the verdict's text and its JSON.
+//! What `validate` prints: the verdict's text and its JSON.
 
 use super::*;
 use crate::output::outln;
+use allocsim_core::text::quoted;
 
 pub(super) fn calls_line(r: &RunReport) -> String {
     let calls: Vec<String> = CallKind::ALL
@@ -17,6 +18,8 @@ pub(super) fn calls_line(r: &RunReport) -> String {
     format!("{} [{}]", r.device_calls.total_calls(), calls.join(", "))
 }
 
+/// The verdict as text; the caller prints it through `output::emit`, which escapes what came
+/// from the trace (its settings, the device's notes).
 pub(super) fn print(
     args: &Args,
     trace: &Trace,
@@ -26,16 +29,16 @@ pub(super) fn print(
     violations: u64,
     verdict: &str,
 ) -> String {
-    let mut out = String::new();
     let r = &hw.report;
+    let mut out = String::new();
     outln!(out, "allocsim validate {} --policy {}", args.input.display(), args.policy);
     outln!(out, "  hardware: {}", hw.description);
     outln!(
         out,
-        "    {} total, {} free at start; policy settings {:?}{}",
+        "    {} total, {} free at start; policy settings {}{}",
         bytes(r.device_total_bytes),
         bytes(r.device_free_bytes),
-        r.alloc_conf,
+        quoted(&r.alloc_conf),
         r.memory_fraction.map(|f| format!(", memory fraction {f}")).unwrap_or_default()
     );
     outln!(
@@ -68,7 +71,7 @@ pub(super) fn print(
     outln!(out, "    checker: {violations} violations");
     match &hw.patterns {
         Some(p) => outln!(
-                out,
+            out,
             "    patterns: {} blocks filled ({}), {} verified ({} at release), {} read-modify-write touches; {} corrupted words, {} overlapping allocations{}",
             p.blocks_filled,
             bytes(p.bytes_filled),

@@ -16,24 +16,32 @@ use std::rc::Rc;
 const MAX_WRITE_DEPTH: u32 = 1000;
 /// CPython's batch size for APPENDS/SETITEMS.
 pub const BATCH: usize = 1000;
+/// Bytes a writer gathers before it writes them out.
+const BUF_BYTES: usize = 64 * 1024;
 
 struct Writer<W> {
     out: W,
+    /// Bytes put and not yet written to `out`, a `BufWriter`'s buffer inlined: most puts are
+    /// one or two bytes, which its `write_all` each took a call and a check for (a tenth of
+    /// writing a long trace).
+    buf: Vec<u8>,
     written: u64,
     strs: HashMap<Rc<String>, u32>,
+    /// The memo index of each string of `strs` by its address, looked up first: a shared key
+    /// is found without hashing its bytes (a fifth of writing a long trace). `strs` holds
+    /// each of those `Rc`s, so no other string can take its address while this one is alive.
+    str_addrs: crate::addr_map::AddrMap<usize, u32>,
     shared: crate::addr_map::AddrMap<usize, u32>,
     next_memo: u32,
 }
 
 /// Write `value` as a protocol 4 pickle to `out`.
 pub fn write<W: Write>(value: &Value, out: W) -> Result<(), PickleError> {
-    let out = std::io::BufWriter::with_capacity(64 * 1024, out);
-    let mut w =
-        Writer { out, written: 0, strs: HashMap::new(), shared: Default::default(), next_memo: 0 };
+    let mut w = Writer::new(out);
     w.put(&[op::PROTO, 4])?;
     w.value(value, 0)?;
     w.put(&[op::STOP])?;
-    w.out.flush().map_err(|e| PickleError { offset: w.written, kind: K::Io(e) })
+    w.flush()
 }
 
 /// A pickle written a piece at a time, for a value too big to build whole: the opcodes of
@@ -41,7 +49,7 @@ pub fn write<W: Write>(value: &Value, out: W) -> Result<(), PickleError> {
 /// containers by identity), so a value written in pieces is byte for byte the value written
 /// whole.
 pub struct Stream<W: Write> {
-    w: Writer<std::io::BufWriter<W>>,
+    w: Writer<W>,
 }
 
 impl<W: Write> std::fmt::Debug for Stream<W> {
@@ -53,14 +61,7 @@ impl<W: Write> std::fmt::Debug for Stream<W> {
 impl<W: Write> Stream<W> {
     /// Start the pickle (`PROTO 4`).
     pub fn new(out: W) -> Result<Self, PickleError> {
-        let out = std::io::BufWriter::with_capacity(64 * 1024, out);
-        let mut w = Writer {
-            out,
-            written: 0,
-            strs: HashMap::new(),
-            shared: Default::default(),
-            next_memo: 0,
-        };
+        let mut w = Writer::new(out);
         w.put(&[op::PROTO, 4])?;
         Ok(Stream { w })
     }
@@ -111,11 +112,26 @@ impl<W: Write> Stream<W> {
         self.w.put(&[if items.len() > 1 { op::APPENDS } else { op::APPEND }])
     }
 
+    /// Up to [`BATCH`] dicts appended to the list on top, each held by no other value (so
+    /// not memoized), as [`Stream::batch`] writes the same dicts made as values: a long
+    /// trace's entries are written without a dict allocated for each.
+    pub fn batch_of_dicts<const N: usize>(
+        &mut self,
+        dicts: &[[(Value, Value); N]],
+    ) -> Result<(), PickleError> {
+        if dicts.len() > 1 {
+            self.mark()?;
+        }
+        for pairs in dicts {
+            self.w.unshared_dict(pairs, 2)?;
+        }
+        self.w.put(&[if dicts.len() > 1 { op::APPENDS } else { op::APPEND }])
+    }
+
     /// `STOP`, and everything flushed.
     pub fn finish(mut self) -> Result<(), PickleError> {
         self.w.put(&[op::STOP])?;
-        let written = self.w.written;
-        self.w.out.flush().map_err(|e| PickleError { offset: written, kind: K::Io(e) })
+        self.w.flush()
     }
 }
 
@@ -127,12 +143,51 @@ pub fn to_vec(value: &Value) -> Result<Vec<u8>, PickleError> {
 }
 
 impl<W: Write> Writer<W> {
+    fn new(out: W) -> Self {
+        Writer {
+            out,
+            buf: Vec::with_capacity(BUF_BYTES),
+            written: 0,
+            strs: HashMap::new(),
+            str_addrs: Default::default(),
+            shared: Default::default(),
+            next_memo: 0,
+        }
+    }
+
+    /// `bytes` put, handed on as `BufWriter` hands them on (a full buffer before the piece
+    /// that does not fit, a piece as large as the buffer by itself), so that what compresses
+    /// them sees the same writes and gives the same bytes.
+    #[inline]
     fn put(&mut self, bytes: &[u8]) -> Result<(), PickleError> {
-        self.out
-            .write_all(bytes)
-            .map_err(|e| PickleError { offset: self.written, kind: K::Io(e) })?;
+        if self.buf.len() + bytes.len() > BUF_BYTES {
+            self.write_buf()?;
+        }
         self.written += bytes.len() as u64;
+        if bytes.len() >= BUF_BYTES {
+            let written = self.written;
+            return self
+                .out
+                .write_all(bytes)
+                .map_err(|e| PickleError { offset: written, kind: K::Io(e) });
+        }
+        self.buf.extend_from_slice(bytes);
         Ok(())
+    }
+
+    /// `buf` written to `out`.
+    fn write_buf(&mut self) -> Result<(), PickleError> {
+        let written = self.written;
+        let result = self.out.write_all(&self.buf);
+        self.buf.clear();
+        result.map_err(|e| PickleError { offset: written, kind: K::Io(e) })
+    }
+
+    /// Everything put written to `out`, and `out` flushed.
+    fn flush(&mut self) -> Result<(), PickleError> {
+        self.write_buf()?;
+        let written = self.written;
+        self.out.flush().map_err(|e| PickleError { offset: written, kind: K::Io(e) })
     }
 
     fn memoize(&mut self) -> Result<u32, PickleError> {
@@ -192,12 +247,38 @@ impl<W: Write> Writer<W> {
     }
 
     fn string(&mut self, s: &Rc<String>) -> Result<(), PickleError> {
+        let addr = Rc::as_ptr(s) as usize;
+        if let Some(&idx) = self.str_addrs.get(&addr) {
+            return self.get(idx);
+        }
         if let Some(&idx) = self.strs.get(s) {
             return self.get(idx);
         }
         self.sized(op::SHORT_BINUNICODE, op::BINUNICODE, op::BINUNICODE8, s.as_bytes())?;
         let idx = self.memoize()?;
         self.strs.insert(s.clone(), idx);
+        self.str_addrs.insert(addr, idx);
+        Ok(())
+    }
+
+    /// A dict of `pairs` that no other value holds, as [`Writer::value`] writes one.
+    fn unshared_dict(&mut self, pairs: &[(Value, Value)], depth: u32) -> Result<(), PickleError> {
+        self.put(&[op::EMPTY_DICT])?;
+        self.pairs(pairs, depth)
+    }
+
+    /// A dict's pairs after its `EMPTY_DICT` (and memo put, if any).
+    fn pairs(&mut self, pairs: &[(Value, Value)], depth: u32) -> Result<(), PickleError> {
+        for batch in pairs.chunks(BATCH) {
+            if batch.len() > 1 {
+                self.put(&[op::MARK])?;
+            }
+            for (k, v) in batch {
+                self.value(k, depth + 1)?;
+                self.value(v, depth + 1)?;
+            }
+            self.put(&[if batch.len() > 1 { op::SETITEMS } else { op::SETITEM }])?;
+        }
         Ok(())
     }
 
@@ -273,17 +354,7 @@ impl<W: Write> Writer<W> {
                 }
                 self.put(&[op::EMPTY_DICT])?;
                 self.remember(key)?;
-                for batch in pairs.chunks(BATCH) {
-                    if batch.len() > 1 {
-                        self.put(&[op::MARK])?;
-                    }
-                    for (k, v) in batch {
-                        self.value(k, depth + 1)?;
-                        self.value(v, depth + 1)?;
-                    }
-                    self.put(&[if batch.len() > 1 { op::SETITEMS } else { op::SETITEM }])?;
-                }
-                Ok(())
+                self.pairs(pairs, depth)
             }
         }
     }

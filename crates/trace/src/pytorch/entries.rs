@@ -94,6 +94,8 @@ pub struct Entries {
     pub list: Vec<Entry>,
     pub frames: Vec<Value>,
     pub annotations: Vec<allocsim_core::Annotation>,
+    /// The bytes of the annotations' strings ([`Entries::held_bytes`]).
+    pub(super) annotation_bytes: u64,
 }
 
 impl Entries {
@@ -106,9 +108,21 @@ impl Entries {
         }
         if let Some(a) = extras.annotation() {
             entry.annotation = self.annotations.len() as u32;
+            self.annotation_bytes += crate::built::string_bytes(&a.compile_context)
+                + crate::built::string_bytes(&a.user_metadata);
             self.annotations.push(a);
         }
         self.list.push(entry);
+    }
+
+    /// The memory the list holds (by capacity, as the allocator gave it), counted against the
+    /// trace's bound (`crate::built`): a listing pass builds it as a conversion builds ops.
+    pub fn held_bytes(&self) -> u64 {
+        let annotations = self.annotations.capacity() * size_of::<allocsim_core::Annotation>();
+        let lists = self.list.capacity() * size_of::<Entry>()
+            + self.frames.capacity() * size_of::<Value>()
+            + annotations;
+        lists as u64 + self.annotation_bytes
     }
 }
 

@@ -17,7 +17,9 @@ mod write;
 pub use convert::UNKNOWN_STREAM;
 pub use overlap::{OpFeed, Overlap};
 pub use sidecar::sidecar_path;
-pub use write::{trace_to_snapshot, write_streamed_with, RunParts, SYNTHETIC_BASE};
+pub use write::{
+    trace_to_snapshot, write_run_streamed, write_streamed_with, RunParts, StackUses, SYNTHETIC_BASE,
+};
 
 use crate::error::TraceError;
 use crate::inflate::Inflater;
@@ -449,7 +451,11 @@ fn unusual_entry<'v>(
     entries::entry_from_fields(ctx, i, &fields).ok()
 }
 
-/// One streaming read, converting as the entries come (`as_they_come`) or from their list.
+/// Entries listed between two checks of the list's memory against the trace's bound.
+const LISTED_CHECK_EVERY: usize = 4096;
+
+/// One streaming read, converting as the entries come (`as_they_come`) or from their list,
+/// which counts against the trace's bound (`crate::built`) with what is converted from it.
 fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pass, TraceError> {
     let source = open(path, opts)?;
     let ctx = Ctx { path, device: 0 };
@@ -459,6 +465,9 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
     let mut needs_entries = false;
     let mut too_big = None;
     let mut count = 0;
+    // The list is built as a conversion builds ops, so it counts against the same bound: tens
+    // of millions of entries listed took gigabytes before the conversion's count began.
+    let built = (!as_they_come).then(|| crate::built::Built::for_file(path, opts));
     let records = pickle::read_records(source, &opts.limits, ENTRIES, |fields| {
         let Some((entry, extras)) = streamed_entry(ctx, count, fields) else { return false };
         count += 1;
@@ -471,7 +480,14 @@ fn stream_pass(path: &Path, opts: &ReadOptions, as_they_come: bool) -> Result<Pa
             }
             None => {
                 entries.push(entry, extras);
-                true
+                if count % LISTED_CHECK_EVERY != 0 {
+                    return true;
+                }
+                let listed = || format!("{count} entries listed so far");
+                let checked =
+                    built.as_ref().map_or(Ok(()), |b| b.check(entries.held_bytes(), listed));
+                too_big = checked.err();
+                too_big.is_none()
             }
         }
     });
@@ -639,9 +655,14 @@ fn convert_root(
 ) -> Result<Assembled, TraceError> {
     let ctx = Ctx { path, device: 0 };
     let streamed_len = streamed.as_ref().map_or(0, |e| e.list.len());
+    let mut keep = convert::Keep::of(opts, path);
+    // A streamed list is held beside what is converted from it (a generic reader's entries
+    // are views of the tree, which the reader's budget held).
+    let listed = streamed.as_ref().map_or(0, entries::Entries::held_bytes);
+    keep.max_built_bytes = keep.max_built_bytes.saturating_sub(listed);
     let (head, entries) = read_root(ctx, root, streamed, streamed_len, opts)?;
     let ctx = Ctx { device: head.device, ..ctx };
-    let converted = convert::convert(ctx, &entries, &head.last, convert::Keep::of(opts, path))?;
+    let converted = convert::convert(ctx, &entries, &head.last, keep)?;
     Ok(trace_of(head, converted))
 }
 

@@ -16,8 +16,8 @@
 use crate::addr_map::AddrMap;
 use crate::error::TraceError;
 use crate::pickle::{Stream, Value, BATCH};
-use allocsim_core::{AllocId, Op, StreamId, Trace};
-use std::collections::{HashMap, HashSet};
+use allocsim_core::{AllocId, Op, RecordedEvent, StreamId, Trace};
+use std::collections::HashSet;
 
 /// Interned keys and actions, so each is one shared string (and one memo entry when written).
 struct Keys {
@@ -30,7 +30,8 @@ struct Keys {
     frames: Value,
     compile_context: Value,
     user_metadata: Value,
-    actions: HashMap<&'static str, Value>,
+    /// The few actions' names, found by a scan (hashing each entry's took a tenth of writing).
+    actions: Vec<(&'static str, Value)>,
 }
 
 impl Keys {
@@ -46,12 +47,17 @@ impl Keys {
             frames: s("frames"),
             compile_context: s("compile_context"),
             user_metadata: s("user_metadata"),
-            actions: HashMap::new(),
+            actions: Vec::new(),
         }
     }
 
     fn action(&mut self, name: &'static str) -> Value {
-        self.actions.entry(name).or_insert_with(|| Value::str(name)).clone()
+        if let Some((_, v)) = self.actions.iter().find(|(n, _)| *n == name) {
+            return v.clone();
+        }
+        let v = Value::str(name);
+        self.actions.push((name, v.clone()));
+        v
     }
 }
 
@@ -68,12 +74,66 @@ fn size_value(size: u64) -> Result<Value, String> {
 pub const SYNTHETIC_BASE: u64 = 0x7f00_0000_0000;
 
 /// One trace entry before it is a dict: its action, address, size, stream and op.
+#[derive(Clone, Copy)]
 struct Parts {
     action: &'static str,
     addr: u64,
     size: u64,
     stream: StreamId,
     op: Option<u64>,
+}
+
+impl Parts {
+    /// The entry of a recorded event.
+    fn of(ev: &RecordedEvent) -> Parts {
+        Parts {
+            action: ev.kind.action(),
+            addr: ev.addr,
+            size: ev.size,
+            stream: ev.stream,
+            op: Some(ev.op),
+        }
+    }
+}
+
+/// How many entries use each stack, counted before any is written: a stack's `frames` list
+/// shared by two or more entries is written once and referred to, as PyTorch's pickle does.
+#[derive(Debug)]
+pub struct StackUses {
+    op_stack: AddrMap<u64, usize>,
+    /// Per stack of the trace, then one slot for the entries without one.
+    uses: Vec<u64>,
+}
+
+impl StackUses {
+    /// None counted yet, for the stacks of `trace`.
+    pub fn new(trace: &Trace) -> StackUses {
+        StackUses {
+            op_stack: trace.op_stacks.iter().map(|&(op, s)| (op, s as usize)).collect(),
+            uses: vec![0; trace.stacks.len() + 1],
+        }
+    }
+
+    /// Count the entry of `event`.
+    pub fn count(&mut self, event: &RecordedEvent) {
+        self.count_op(Some(event.op));
+    }
+
+    fn count_op(&mut self, op: Option<u64>) {
+        let stacks = self.uses.len() - 1;
+        let s = op.and_then(|o| self.op_stack.get(&o)).copied().filter(|&s| s < stacks);
+        self.uses[s.unwrap_or(stacks)] += 1;
+    }
+
+    /// Every entry of `trace` counted.
+    fn of(trace: &Trace) -> Result<StackUses, String> {
+        let mut uses = StackUses::new(trace);
+        for_each_entry(trace, |p| {
+            uses.count_op(p.op);
+            Ok(())
+        })?;
+        Ok(uses)
+    }
 }
 
 /// Every entry of `trace`, in order, handed to `f`.
@@ -83,10 +143,7 @@ fn for_each_entry(
 ) -> Result<(), String> {
     let mut entry = |action, addr, size, stream, op| f(Parts { action, addr, size, stream, op });
     if !trace.recorded.is_empty() {
-        for ev in &trace.recorded {
-            entry(ev.kind.action(), ev.addr, ev.size, ev.stream, Some(ev.op))?;
-        }
-        return Ok(());
+        return trace.recorded.iter().try_for_each(|ev| f(Parts::of(ev)));
     }
     // Entries as PyTorch would write them for these ops. A 0-byte tensor gets a null
     // pointer without reaching the allocator, so it has none, and neither has its free.
@@ -160,22 +217,14 @@ struct EntryMaker<'t> {
 }
 
 impl<'t> EntryMaker<'t> {
-    fn new(trace: &'t Trace) -> Result<Self, String> {
-        let op_stack: AddrMap<u64, usize> =
-            trace.op_stacks.iter().map(|&(op, s)| (op, s as usize)).collect();
-        // How many entries use each stack (the last slot: none), so that a shared list is
-        // written once and referred to, and a list of one entry is written in place.
-        let mut uses = vec![0u64; trace.stacks.len() + 1];
-        for_each_entry(trace, |p| {
-            let s =
-                p.op.and_then(|o| op_stack.get(&o)).copied().filter(|&s| s < trace.stacks.len());
-            uses[s.unwrap_or(trace.stacks.len())] += 1;
-            Ok(())
-        })?;
+    /// The maker of `trace`'s entries, which `uses` counted: a list shared is written once
+    /// and referred to, a list of one entry is written in place.
+    fn new(trace: &'t Trace, uses: StackUses) -> Self {
+        let StackUses { op_stack, uses } = uses;
         let frames =
             (0..trace.stacks.len()).map(|s| (uses[s] > 1).then(|| stack_value(trace, s))).collect();
         let empty_frames = (uses[trace.stacks.len()] > 1).then(|| Value::list(Vec::new()));
-        Ok(EntryMaker {
+        EntryMaker {
             trace,
             keys: Keys::new(),
             frames,
@@ -194,10 +243,15 @@ impl<'t> EntryMaker<'t> {
                 Value::str(""),
             ],
             made: 0,
-        })
+        }
     }
 
     fn entry(&mut self, p: Parts) -> Result<Value, String> {
+        Ok(Value::dict(self.pairs(p)?.into()))
+    }
+
+    /// The entry's pairs, for [`Stream::batch_of_dicts`]: no dict allocated.
+    fn pairs(&mut self, p: Parts) -> Result<[(Value, Value); 8], String> {
         let keys = &mut self.keys;
         let addr_key = if p.action == "oom" { keys.device_free.clone() } else { keys.addr.clone() };
         let time = p.op.and_then(|o| self.op_time.get(&o).copied()).unwrap_or(self.made as i64);
@@ -213,7 +267,7 @@ impl<'t> EntryMaker<'t> {
             None => self.empty_frames.clone().unwrap_or_else(|| Value::list(Vec::new())),
         };
         // Addresses and stream handles are pointers that PyTorch writes as int64.
-        Ok(Value::dict(vec![
+        Ok([
             (keys.action.clone(), keys.action(p.action)),
             (addr_key, Value::Int(p.addr as i64)),
             (keys.size.clone(), size_value(p.size)?),
@@ -222,7 +276,7 @@ impl<'t> EntryMaker<'t> {
             (keys.compile_context.clone(), context),
             (keys.user_metadata.clone(), metadata),
             (keys.frames.clone(), frames),
-        ]))
+        ])
     }
 }
 
@@ -234,7 +288,7 @@ fn allocator_settings(trace: &Trace) -> Value {
 
 /// Build the snapshot dict. Fails only on sizes beyond int64.
 pub fn trace_to_snapshot(trace: &Trace) -> Result<Value, String> {
-    let mut maker = EntryMaker::new(trace)?;
+    let mut maker = EntryMaker::new(trace, StackUses::of(trace)?);
     let mut entries = Vec::new();
     for_each_entry(trace, |p| {
         entries.push(maker.entry(p)?);
@@ -277,11 +331,52 @@ pub fn write_streamed_with<W: std::io::Write>(
     path: &std::path::Path,
     run: Option<RunParts<'_>>,
 ) -> Result<(), TraceError> {
+    let unwritable = |message| TraceError::Unwritable { path: path.to_path_buf(), message };
+    let uses = StackUses::of(trace).map_err(unwritable)?;
+    write_entries(trace, uses, out, path, run, |entry| for_each_entry(trace, entry))
+}
+
+/// A simulated run as a snapshot ([`write_streamed_with`] of `trace` with the run's events as
+/// its `recorded`), written as the events come: `events` hands each to the sink it is given,
+/// which returns false once writing failed, and returns an error of its own if it fails.
+/// `uses` must have counted the same events. So a run is written without its events held
+/// (`replay --export-snapshot` replays a second time to hand them over).
+pub fn write_run_streamed<W: std::io::Write>(
+    trace: &Trace,
+    uses: StackUses,
+    out: W,
+    path: &std::path::Path,
+    run: RunParts<'_>,
+    events: impl FnOnce(&mut dyn FnMut(&RecordedEvent) -> bool) -> Result<(), String>,
+) -> Result<(), TraceError> {
+    write_entries(trace, uses, out, path, Some(run), |entry| {
+        let mut failed = None;
+        let given = events(&mut |ev| match entry(Parts::of(ev)) {
+            Ok(()) => true,
+            Err(message) => {
+                failed = Some(message);
+                false
+            }
+        });
+        failed.map_or(given, Err)
+    })
+}
+
+/// The snapshot of [`write_streamed_with`], with the entries `entries` hands over (each
+/// entry to the sink it is given, stopping at the sink's first error).
+fn write_entries<W: std::io::Write>(
+    trace: &Trace,
+    uses: StackUses,
+    out: W,
+    path: &std::path::Path,
+    run: Option<RunParts<'_>>,
+    entries: impl FnOnce(&mut dyn FnMut(Parts) -> Result<(), String>) -> Result<(), String>,
+) -> Result<(), TraceError> {
     let empty = Value::list(Vec::new());
     let segments = run.as_ref().map_or(&empty, |r| r.segments);
     let unwritable = |message| TraceError::Unwritable { path: path.to_path_buf(), message };
     let pickle_err = |error| TraceError::Pickle { path: path.to_path_buf(), error };
-    let mut maker = EntryMaker::new(trace).map_err(unwritable)?;
+    let mut maker = EntryMaker::new(trace, uses);
     let mut w = Stream::new(out).map_err(pickle_err)?;
     // The root dict's four pairs are one batch (MARK, the pairs, SETITEMS); the outer list
     // holds one item (no MARK), the entries' list.
@@ -297,10 +392,10 @@ pub fn write_streamed_with<W: std::io::Write>(
     w.empty_list().map_err(pickle_err)?;
     let mut batch = Vec::with_capacity(BATCH);
     let mut failed = None;
-    for_each_entry(trace, |p| {
-        batch.push(maker.entry(p)?);
+    entries(&mut |p| {
+        batch.push(maker.pairs(p)?);
         if batch.len() == BATCH {
-            w.batch(&batch).map_err(|e| {
+            w.batch_of_dicts(&batch).map_err(|e| {
                 failed = Some(pickle_err(e));
                 String::new()
             })?;
@@ -312,7 +407,7 @@ pub fn write_streamed_with<W: std::io::Write>(
     drop(maker);
     let end = |w: &mut Stream<W>| {
         if !batch.is_empty() {
-            w.batch(&batch)?;
+            w.batch_of_dicts(&batch)?;
         }
         w.append()?;
         w.value(&Value::str("allocator_settings"))?;
