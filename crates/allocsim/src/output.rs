@@ -278,9 +278,8 @@ pub fn read_stats_json(path: &Path) -> anyhow::Result<Vec<(String, i64)>> {
         .collect()
 }
 
-/// `writeln!` into a `String` report. Commands build their whole output first and hand it to
-/// [`emit`], so a closed pipe (`allocsim ... | head`) ends the program quietly instead of
-/// panicking in `println!`.
+/// `writeln!` into a `String` report: commands build their whole text, which the front end
+/// prints (the CLI in one write, so a closed pipe, `allocsim ... | head`, ends it quietly).
 macro_rules! outln {
     ($out:expr) => {
         $out.push('\n')
