@@ -247,6 +247,8 @@ pub fn advise(args: &AdviseArgs, cx: &crate::Context) -> anyhow::Result<crate::O
     let (outside, source) = args.model.outside(&trace);
     let rows = advice(&trace, outside, args.device_free)?;
     let device_free = args.device_free.or(trace.meta.device_free_bytes);
+    // How far each setting's peak is from a placement that knows every lifetime (`bound`).
+    let best = allocsim_bound::bound(&trace);
     let json_rows: Vec<_> = rows
         .iter()
         .enumerate()
@@ -265,6 +267,8 @@ pub fn advise(args: &AdviseArgs, cx: &crate::Context) -> anyhow::Result<crate::O
         "device_free_bytes": device_free,
         "outside_allocator_bytes": outside,
         "outside_allocator_source": source,
+        "bound_bytes": best.bound_bytes,
+        "offline_bytes": best.offline.map(|(bytes, _)| bytes),
         "settings": json_rows,
     });
     let mut out = String::new();
@@ -279,12 +283,13 @@ pub fn advise(args: &AdviseArgs, cx: &crate::Context) -> anyhow::Result<crate::O
     );
     outln!(
         out,
-        "{:>4}  {:>12}  {:>22}  {:>5}  {:>6}  PYTORCH_CUDA_ALLOC_CONF",
+        "{:>4}  {:>12}  {:>22}  {:>5}  {:>6}  {:>8}  PYTORCH_CUDA_ALLOC_CONF",
         "rank",
         "peak reserved",
         "needs GiB [band]",
         "OOMs",
-        "frag"
+        "frag",
+        "headroom"
     );
     for (i, r) in rows.iter().enumerate() {
         let c = &r.capacity;
@@ -293,9 +298,12 @@ pub fn advise(args: &AdviseArgs, cx: &crate::Context) -> anyhow::Result<crate::O
             None => "does not fit".to_string(),
         };
         let conf = crate::output::conf_label(r.conf);
+        let headroom = best.headroom(r.peak_reserved).map_or("-".to_string(), |h| {
+            format!("{:.1}%", 100.0 * h as f64 / r.peak_reserved.max(1) as f64)
+        });
         outln!(
             out,
-            "{:>4}  {:>9} GiB  {:>22}  {:>5}  {:>5.1}%  {conf}",
+            "{:>4}  {:>9} GiB  {:>22}  {:>5}  {:>5.1}%  {headroom:>8}  {conf}",
             i + 1,
             gib(r.peak_reserved),
             need,
@@ -304,7 +312,9 @@ pub fn advise(args: &AdviseArgs, cx: &crate::Context) -> anyhow::Result<crate::O
         );
     }
     outln!(out, "  needs: smallest free memory at start without an OOM (docs/capacity.md);");
-    outln!(out, "  frag: 1 - peak allocated / peak reserved. Replays the recorded ops under each");
+    outln!(out, "  frag: 1 - peak allocated / peak reserved; headroom: the share of peak reserved");
+    outln!(out, "  above a placement that knows every lifetime (`allocsim bound`). Replays the");
+    outln!(out, "  recorded ops under each");
     outln!(
         out,
         "  setting: a program that frees in an order that depends on addresses may differ."
