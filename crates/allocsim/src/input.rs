@@ -9,10 +9,21 @@ use std::path::Path;
 
 /// Read a trace file with the context's options ([`allocsim_trace::read_trace_with`]).
 fn read_trace(path: &Path, cx: &Context) -> anyhow::Result<Trace> {
-    with_read_bar(path, cx.read.clone(), cx.progress, |opts| {
+    let mut trace = with_read_bar(path, cx.read.clone(), cx.progress, |opts| {
         allocsim_trace::read_trace_with(path, opts)
     })
-    .map_err(with_hint)
+    .map_err(with_hint)?;
+    trace.warnings.extend(version_note(&trace.meta));
+    Ok(trace)
+}
+
+/// When the recording was made by another PyTorch release than the clone's, the sentence that
+/// says so and names the allocator changes between them
+/// ([`allocsim_policies::pytorch::versions`]). Every trace read here carries it once among its
+/// warnings.
+pub fn version_note(meta: &allocsim_core::TraceMeta) -> Option<String> {
+    let recorded = meta.recorded_with.as_deref()?;
+    allocsim_policies::pytorch::versions::recorded_version_note(recorded)
 }
 
 /// Files at least this big get a bar of the bytes read (a snapshot of this size takes a
@@ -69,10 +80,12 @@ pub fn read_snapshot_replaying<R>(
         events: false,
         ..cx.read.clone()
     };
-    with_read_bar(path, opts, cx.progress, |opts| {
+    let mut read = with_read_bar(path, opts, cx.progress, |opts| {
         allocsim_trace::pytorch::read_snapshot_replaying(path, opts, replay)
     })
-    .map_err(with_hint)
+    .map_err(with_hint)?;
+    read.trace.warnings.extend(version_note(&read.trace.meta));
+    Ok(read)
 }
 
 /// A reader's error, with what to do about a memory limit reached.

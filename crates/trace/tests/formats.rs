@@ -29,6 +29,7 @@ fn everything() -> Trace {
             expected_stats: Some(vec![("a".into(), -1), ("b".into(), 7)]),
             stats_at_start: None,
             outside_allocator_bytes: None,
+            recorded_with: None,
         },
         ops: vec![
             Op::Alloc { id: id(0), size: 100, stream: StreamId(0) },
