@@ -93,6 +93,17 @@ pub const CHANGES: &[Change] = &[
     },
 ];
 
+/// `torch.cuda.memory_stats()` keys that releases after the clone's added, with the release.
+/// The clone has none of them; where a recording counts 0, the clone did the same by not
+/// having the mechanism.
+pub const LATER_STATS: &[(&str, Version)] = &[("num_oom_rejections", v(2, 12))];
+
+/// Whether `key` is a statistic of a later release whose recorded `value` the clone agrees
+/// with by not having it (it counts nothing).
+pub fn later_stat_agrees(key: &str, value: i64) -> bool {
+    value == 0 && LATER_STATS.iter().any(|(k, _)| *k == key)
+}
+
 /// The changes after `from` up to and including `to` (either order), oldest first.
 pub fn changes_between(from: Version, to: Version) -> Vec<&'static Change> {
     let (lo, hi) = if from <= to { (from, to) } else { (to, from) };
@@ -167,6 +178,13 @@ mod tests {
         assert!(older.contains("not listed"), "{older}");
         let odd = recorded_version_note("main\u{1b}[31m").unwrap();
         assert!(odd.contains("cannot read") && !odd.contains('\u{1b}'), "{odd}");
+    }
+
+    #[test]
+    fn a_later_stat_agrees_only_when_it_counted_nothing() {
+        assert!(later_stat_agrees("num_oom_rejections", 0));
+        assert!(!later_stat_agrees("num_oom_rejections", 3));
+        assert!(!later_stat_agrees("num_ooms", 0));
     }
 
     #[test]
