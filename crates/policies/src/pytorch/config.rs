@@ -11,6 +11,11 @@
 //! Every parse first resets `max_split_size`, `max_non_split_rounding`,
 //! `roundup_power2_divisions` and `garbage_collection_threshold` to their defaults; the other
 //! keys keep their previous values unless the string sets them (docs/pytorch-caching-allocator.md §11.1).
+//!
+//! Keys that later releases added (`throw_on_cudamalloc_oom`, `large_segment_size_mb`,
+//! `expandable_segments_reserve[_by_class]`) are parsed with their grammar so a later release's
+//! string reads, kept in [`Config::later_keys`] when not at their default, and named by
+//! [`Config::notes`] as not modelled (docs/pytorch-versions.md).
 
 use allocsim_core::text::quoted;
 use allocsim_core::ConfigError;
