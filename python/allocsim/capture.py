@@ -27,6 +27,24 @@ import runpy
 import sys
 
 
+# The variables PyTorch takes its allocator settings from, in its order: the first one set
+# wins, even when empty, and the others are not read (c10/cuda/CUDAAllocatorConfig.h and
+# c10/core/AllocatorConfig.cpp; PYTORCH_ALLOC_CONF, the device-generic name of 2.12 and later,
+# counts only when PYTORCH_CUDA_ALLOC_CONF is unset; ROCm builds read PYTORCH_HIP_ALLOC_CONF
+# between the two). docs/pytorch-versions.md has the sources.
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def alloc_conf_from_env(environ=None):
+    """The allocator settings PyTorch reads from `environ` (default: this process's) and the
+    variable they come from: `(settings, name)`, or `("", None)` when none is set."""
+    environ = os.environ if environ is None else environ
+    for name in ALLOC_CONF_VARS:
+        if name in environ:
+            return environ[name], name
+    return "", None
+
+
 @contextlib.contextmanager
 def capture(path, max_entries=100_000, stacks="python", device=None, **history):
     """Record the allocator's history on `device` while the block runs; dump it at the end,
@@ -63,8 +81,10 @@ def capture(path, max_entries=100_000, stacks="python", device=None, **history):
         opener = gzip.open if str(path).endswith(".gz") else open
         with opener(path, "wb") as f:
             pickle.dump(snapshot, f)
+        alloc_conf, alloc_conf_var = alloc_conf_from_env()
         meta = {
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "alloc_conf": alloc_conf,
+            "alloc_conf_var": alloc_conf_var,
             "total_memory": total,
             "free_at_start": free_at_start,
             "free_at_end": free_at_end,

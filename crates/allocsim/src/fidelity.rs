@@ -69,6 +69,10 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     for note in &report.device_notes {
         outln!(out, "  device: {note}");
     }
+    // The one warning of the reading that bears on every figure here.
+    if let Some(note) = crate::input::version_note(&trace.meta) {
+        outln!(out, "  version: {note}");
+    }
     if let Some(note) = report.start.note() {
         outln!(out, "  start: {note}");
     }

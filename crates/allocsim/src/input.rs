@@ -9,10 +9,21 @@ use std::path::Path;
 
 /// Read a trace file with the context's options ([`allocsim_trace::read_trace_with`]).
 fn read_trace(path: &Path, cx: &Context) -> anyhow::Result<Trace> {
-    with_read_bar(path, cx.read.clone(), cx.progress, |opts| {
+    let mut trace = with_read_bar(path, cx.read.clone(), cx.progress, |opts| {
         allocsim_trace::read_trace_with(path, opts)
     })
-    .map_err(with_hint)
+    .map_err(with_hint)?;
+    trace.warnings.extend(version_note(&trace.meta));
+    Ok(trace)
+}
+
+/// When the recording was made by another PyTorch release than the clone's, the sentence that
+/// says so and names the allocator changes between them
+/// ([`allocsim_policies::pytorch::versions`]). Every trace read here carries it once among its
+/// warnings.
+pub fn version_note(meta: &allocsim_core::TraceMeta) -> Option<String> {
+    let recorded = meta.recorded_with.as_deref()?;
+    allocsim_policies::pytorch::versions::recorded_version_note(recorded)
 }
 
 /// Files at least this big get a bar of the bytes read (a snapshot of this size takes a
@@ -69,10 +80,12 @@ pub fn read_snapshot_replaying<R>(
         events: false,
         ..cx.read.clone()
     };
-    with_read_bar(path, opts, cx.progress, |opts| {
+    let mut read = with_read_bar(path, opts, cx.progress, |opts| {
         allocsim_trace::pytorch::read_snapshot_replaying(path, opts, replay)
     })
-    .map_err(with_hint)
+    .map_err(with_hint)?;
+    read.trace.warnings.extend(version_note(&read.trace.meta));
+    Ok(read)
 }
 
 /// A reader's error, with what to do about a memory limit reached.
@@ -201,6 +214,84 @@ impl RunArgs {
             device_total_bytes: self.device_total,
             device_free_bytes: self.device_total,
             ..allocsim_run::RunOptions::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod version_tests {
+    use allocsim_trace::pickle::{self, Value};
+    use clap::Parser;
+    use std::path::{Path, PathBuf};
+
+    /// A snapshot of one allocation with a sidecar that says `torch` recorded it.
+    fn recording(dir: &Path, torch: &str) -> PathBuf {
+        let entry = |action: &str| {
+            Value::str_dict([
+                ("action", Value::str(action)),
+                ("addr", Value::Int(0x7000_0000)),
+                ("size", Value::Int(if action == "alloc" { 512 } else { 2 << 20 })),
+                ("stream", Value::Int(0)),
+            ])
+        };
+        let snapshot = Value::str_dict([
+            ("segments", Value::list(vec![])),
+            (
+                "device_traces",
+                Value::list(vec![Value::list(vec![entry("segment_alloc"), entry("alloc")])]),
+            ),
+            ("allocator_settings", Value::str_dict([("PYTORCH_CUDA_ALLOC_CONF", Value::str(""))])),
+        ]);
+        let path = dir.join("run.pickle");
+        std::fs::write(&path, pickle::to_vec(&snapshot).unwrap()).unwrap();
+        let meta = serde_json::json!({ "meta": { "torch": torch, "total_memory": 80u64 << 30 } });
+        std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
+        path
+    }
+
+    fn times(text: &str) -> usize {
+        text.matches("recorded with PyTorch").count()
+    }
+
+    #[derive(Parser)]
+    struct Replay {
+        #[command(flatten)]
+        args: crate::replay::Args,
+    }
+
+    #[derive(Parser)]
+    struct Fidelity {
+        #[command(flatten)]
+        args: crate::fidelity::Args,
+    }
+
+    /// Issue 49 item 4: `info`, `replay` and `fidelity` of a 2.13 recording say once that the
+    /// clone is 2.11 and name the changes between; of a 2.11 recording, nothing.
+    #[test]
+    fn a_recording_of_another_release_says_so_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cx = crate::Context::default();
+        for (torch, want) in [("2.13.0+cu130", 1), ("2.11.0+cu130", 0)] {
+            let path = recording(dir.path(), torch);
+            let trace = super::load_trace(&path, &cx).unwrap();
+            assert_eq!(times(&trace.warnings.join("\n")), want, "{torch}: {:?}", trace.warnings);
+            let info = crate::info::run(&crate::info::Args { trace: path.clone() }, &cx).unwrap();
+            let replay = Replay::parse_from(["replay", path.to_str().unwrap()]).args;
+            let replay = crate::replay::run(&replay, &cx).unwrap();
+            let fidelity = Fidelity::parse_from(["fidelity", path.to_str().unwrap()]).args;
+            let fidelity = crate::fidelity::run(&fidelity, &cx).unwrap();
+            for (command, text) in
+                [("info", &info.text), ("replay", &replay.text), ("fidelity", &fidelity.text)]
+            {
+                assert_eq!(times(text), want, "{command} of {torch}:\n{text}");
+                if want == 1 {
+                    assert!(
+                        text.contains("throw_on_cudamalloc_oom")
+                            && text.contains("pytorch/pytorch#179444"),
+                        "{command}:\n{text}"
+                    );
+                }
+            }
         }
     }
 }

@@ -202,7 +202,9 @@ pub fn memory_summary(stats: &MemoryStats, device: u32) -> String {
 }
 
 /// Keys whose simulated value differs from the recorded one: `(key, recorded, simulated)`.
-/// A key missing on either side counts as a difference.
+/// A key missing on either side counts as a difference, but for a statistic of a PyTorch
+/// release after the clone's that counted nothing
+/// ([`allocsim_policies::pytorch::versions::LATER_STATS`]).
 pub fn stat_differences(
     simulated: &MemoryStats,
     expected: &[(String, i64)],
@@ -217,7 +219,11 @@ pub fn stat_differences(
     keys.into_iter()
         .filter_map(|k| {
             let (a, b) = (theirs.get(k).copied(), ours.get(k).copied());
-            (a != b).then(|| (k.to_string(), a, b))
+            // A later release's statistic that counted nothing (`num_oom_rejections`: 0) is
+            // what the clone, without it, did.
+            let later = b.is_none()
+                && a.is_some_and(|v| allocsim_policies::pytorch::versions::later_stat_agrees(k, v));
+            (a != b && !later).then(|| (k.to_string(), a, b))
         })
         .collect()
 }
@@ -401,5 +407,29 @@ mod summary_tests {
             .unwrap()
             .contains("PyTorch CUDA memory summary, device ID 3 "));
         assert!(table.lines().all(|l| l.chars().count() == 77), "{table}");
+    }
+}
+
+#[cfg(test)]
+mod difference_tests {
+    use super::stat_differences;
+    use allocsim_core::MemoryStats;
+
+    /// A 2.12+ sidecar has `num_oom_rejections`; counting nothing, it is what the clone (2.11,
+    /// without the mechanism) did; counting rejections, it is a difference.
+    #[test]
+    fn a_later_release_stat_that_counted_nothing_is_no_difference() {
+        let ours = MemoryStats::default();
+        let mut theirs = ours.flat();
+        theirs.push(("num_oom_rejections".into(), 0));
+        assert_eq!(stat_differences(&ours, &theirs), vec![]);
+        theirs.last_mut().unwrap().1 = 2;
+        assert_eq!(
+            stat_differences(&ours, &theirs),
+            vec![("num_oom_rejections".into(), Some(2), None)]
+        );
+        theirs.pop();
+        theirs.push(("num_new_thing".into(), 0));
+        assert_eq!(stat_differences(&ours, &theirs), vec![("num_new_thing".into(), Some(0), None)]);
     }
 }

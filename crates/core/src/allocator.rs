@@ -258,6 +258,12 @@ pub trait Allocator {
         }
     }
 
+    /// What the run should know of the allocator's settings that no result shows (settings it
+    /// reads but does not model). Default: nothing.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Current statistics under PyTorch's names.
     fn stats(&self) -> MemoryStats;
 
@@ -349,6 +355,9 @@ impl Allocator for DynAllocator<'_> {
     }
     fn set_settings(&mut self, conf: &str) -> Result<(), ConfigError> {
         self.0.set_settings(conf)
+    }
+    fn notes(&self) -> Vec<String> {
+        self.0.notes()
     }
     fn stats(&self) -> MemoryStats {
         self.0.stats()

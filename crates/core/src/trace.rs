@@ -78,6 +78,9 @@ pub struct TraceMeta {
     pub expected_stats: Option<Vec<(String, i64)>>,
     /// `torch.cuda.memory_stats()` when a history that starts mid-run began, if known.
     pub stats_at_start: Option<Vec<(String, i64)>>,
+    /// The version of the library that recorded it, as that library writes it (for a PyTorch
+    /// snapshot, `torch.__version__` from the sidecar: `2.13.0+cu130`), if known.
+    pub recorded_with: Option<String>,
 }
 
 /// What kind of thing the recording shows the allocator doing.

@@ -459,7 +459,8 @@ impl Run<'_, '_> {
             stats: allocator.stats(),
             skipped,
             device_calls: device.calls().clone(),
-            device_notes: device.notes(),
+            // The allocator's settings it does not model are the run's to know as well.
+            device_notes: device.notes().into_iter().chain(allocator.notes()).collect(),
             check: observers.checker.map(|c| c.checker.finish()),
             fidelity: observers.fidelity.map(Fidelity::finish),
             // A bisection's step asks nothing of the memory map (tens of thousands of segments,

@@ -91,11 +91,21 @@ def _device(device):
     return device.index if hasattr(device, "index") else int(device)
 
 
+def _pytorch_conf_from_env():
+    """The allocator settings PyTorch reads: the first of PYTORCH_CUDA_ALLOC_CONF and
+    PYTORCH_ALLOC_CONF (the device-generic name of 2.12 and later) that is set, even empty."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        if name in os.environ:
+            return os.environ[name]
+    return ""
+
+
 def configure(policy="pytorch", conf=None, record=False):
     """Choose the policy (and its settings: for `pytorch`, a PYTORCH_CUDA_ALLOC_CONF string,
-    by default the environment's) without installing it; `use` does both."""
+    by default the environment's, PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF) without
+    installing it; `use` does both."""
     if conf is None:
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if policy == "pytorch" else ""
+        conf = _pytorch_conf_from_env() if policy == "pytorch" else ""
     _check(_lib().allocsim_configure(policy.encode(), conf.encode(), int(bool(record))))
 
 

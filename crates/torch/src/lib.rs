@@ -3,9 +3,9 @@
 //! Built as a shared library (`liballocsim_torch.so`). `crates/torch/python/allocsim_torch.py`
 //! installs it and wraps the rest of this ABI. The policy is chosen by [`allocsim_configure`]
 //! before the first allocation, or else by the environment: `ALLOCSIM_POLICY` (default
-//! `pytorch`), `ALLOCSIM_CONF` (default: `PYTORCH_CUDA_ALLOC_CONF` for the `pytorch` policy),
-//! `ALLOCSIM_RECORD=1` to keep the op stream, and `ALLOCSIM_TORCH_DEVICE=sim` for the simulated
-//! H100 instead of the GPU.
+//! `pytorch`), `ALLOCSIM_CONF` (default for the `pytorch` policy: `PYTORCH_CUDA_ALLOC_CONF`,
+//! else `PYTORCH_ALLOC_CONF`), `ALLOCSIM_RECORD=1` to keep the op stream, and
+//! `ALLOCSIM_TORCH_DEVICE=sim` for the simulated H100 instead of the GPU.
 //!
 //! PyTorch 2.11's Python API (`torch.cuda.memory.CUDAPluggableAllocator(path, "allocsim_malloc",
 //! "allocsim_free")`) passes a pluggable allocator `alloc` and `free` only, and takes a null
@@ -104,11 +104,20 @@ fn with_hub<T>(fallback: T, f: impl FnOnce(&mut Hub) -> Result<T, String>) -> T 
     }
 }
 
+/// The allocator settings PyTorch takes from the environment: the first of
+/// `PYTORCH_CUDA_ALLOC_CONF` and `PYTORCH_ALLOC_CONF` (2.12 and later's device-generic name)
+/// that is set, even when empty (`CUDAAllocatorConfig::instance`; docs/pytorch-versions.md).
+fn pytorch_conf_from_env() -> Option<String> {
+    ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
+        .into_iter()
+        .find_map(|n| std::env::var(n).ok())
+}
+
 fn settings_from_env() -> Settings {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let policy = var("ALLOCSIM_POLICY").unwrap_or_else(|| "pytorch".into());
     let conf = var("ALLOCSIM_CONF")
-        .or_else(|| if policy == "pytorch" { var("PYTORCH_CUDA_ALLOC_CONF") } else { None })
+        .or_else(|| if policy == "pytorch" { pytorch_conf_from_env() } else { None })
         .unwrap_or_default();
     let record = var("ALLOCSIM_RECORD").is_some_and(|v| v != "0");
     Settings { policy, conf, record }

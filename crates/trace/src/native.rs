@@ -183,6 +183,8 @@ impl NativeMeta {
             expected_stats: self.expected_stats,
             stats_at_start: None,
             outside_allocator_bytes: None,
+            // The format has no place for it (bincode files are not self-describing).
+            recorded_with: None,
         })
     }
 }

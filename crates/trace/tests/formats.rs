@@ -29,6 +29,7 @@ fn everything() -> Trace {
             expected_stats: Some(vec![("a".into(), -1), ("b".into(), 7)]),
             stats_at_start: None,
             outside_allocator_bytes: None,
+            recorded_with: None,
         },
         ops: vec![
             Op::Alloc { id: id(0), size: 100, stream: StreamId(0) },
@@ -81,7 +82,9 @@ fn format_by_extension_and_content() {
 #[test]
 fn snapshot_to_native_binary_and_back() {
     let dir = common::scratch("native");
-    for t in [real("gpt2_train"), real("synthetic_multistream"), everything()] {
+    for t in
+        [real("gpt2_train"), real("synthetic_multistream"), everything()].map(common::native_keeps)
+    {
         let path = dir.join("t.allocsim");
         write_trace(&t, &path).unwrap();
         assert!(std::fs::read(&path).unwrap().starts_with(b"ALLOCSIM\x02\0\0\0"));
@@ -92,7 +95,7 @@ fn snapshot_to_native_binary_and_back() {
 #[test]
 fn snapshot_to_native_json_and_back() {
     let dir = common::scratch("native-json");
-    for t in [real("resnet50_train"), everything()] {
+    for t in [real("resnet50_train"), everything()].map(common::native_keeps) {
         let path = dir.join("t.allocsim.json");
         write_trace(&t, &path).unwrap();
         let json: serde_json::Value =

@@ -23,7 +23,7 @@ fn streamed_ops(path: &Path) -> Result<Vec<Op>, String> {
 fn streamed_ops_are_the_trace_ops_and_the_head_has_the_device_events() {
     let dir = common::scratch("native-stream");
     for name in ["gpt2_train", "synthetic_oom", "varlen_train_expandable"] {
-        let t = real(name);
+        let t = common::native_keeps(real(name));
         let path = dir.join(format!("{name}.allocsim"));
         write_trace(&t, &path).unwrap();
         let stream = native::read_native_ops(&path).unwrap();
@@ -74,7 +74,7 @@ fn writer_streams_long_traces_in_chunks() {
 
 #[test]
 fn version_1_files_still_read_and_stream() {
-    let t = real("synthetic_multistream");
+    let t = common::native_keeps(real("synthetic_multistream"));
     let mut bytes = b"ALLOCSIM\x01\0\0\0".to_vec();
     let config = bincode::config::standard();
     bincode::serde::encode_into_std_write(NativeFile::from_trace(&t), &mut bytes, config).unwrap();

@@ -537,6 +537,65 @@ fn stacks_are_deduplicated() {
     assert!(t.stacks.is_empty() && t.op_stacks.is_empty());
 }
 
+/// Issue 49 item 4: a recording of a later PyTorch reads. Its sidecar's `meta.torch` is kept,
+/// and keys the reader does not know, at every level a snapshot has, are passed over (the
+/// names here stand for any a later release adds: none of 2.12-2.13's release notes names one).
+#[test]
+fn a_later_releases_snapshot_and_sidecar_read() {
+    let dir = common::scratch("later-release");
+    let with_extra = |v: Value, extra: &str| {
+        let Value::Dict(pairs) = v else { panic!("a dict") };
+        let mut pairs = (*pairs).clone();
+        pairs.push((Value::str(extra), Value::list(vec![Value::Int(1)])));
+        Value::dict(pairs)
+    };
+    let plain = snapshot(
+        vec![entry("segment_alloc", 0x7000_0000, 2 << 20, 0), entry("alloc", 0x7000_0000, 512, 0)],
+        vec![],
+        "",
+    );
+    let extended = {
+        let e1 = with_extra(entry("segment_alloc", 0x7000_0000, 2 << 20, 0), "new_entry_key");
+        let e2 = with_extra(entry("alloc", 0x7000_0000, 512, 0), "new_entry_key");
+        let seg = with_extra(
+            common::segment(
+                0x7000_0000,
+                0,
+                vec![
+                    with_extra(
+                        common::block(0x7000_0000, 512, 512, "active_allocated"),
+                        "new_block_key",
+                    ),
+                    common::block(0x7000_0200, (2 << 20) - 512, 0, "inactive"),
+                ],
+            ),
+            "new_segment_key",
+        );
+        with_extra(snapshot(vec![e1, e2], vec![seg], ""), "new_top_level_key")
+    };
+    let a = read_trace(write_pickle(&dir, "plain.pickle", &plain)).unwrap();
+    let path = write_pickle(&dir, "later.pickle", &extended);
+    std::fs::write(
+        dir.join("later.json"),
+        r#"{"meta": {"torch": "2.13.0+cu130", "total_memory": 1000},
+            "memory_stats": {"num_oom_rejections": 0, "num_ooms": 0}}"#,
+    )
+    .unwrap();
+    let b = read_trace(&path).unwrap();
+    assert_eq!(a.ops, b.ops);
+    assert_eq!(a.recorded, b.recorded);
+    assert_eq!(b.meta.recorded_with.as_deref(), Some("2.13.0+cu130"));
+    assert_eq!(
+        b.meta.expected_stats,
+        Some(vec![("num_oom_rejections".into(), 0), ("num_ooms".into(), 0)])
+    );
+    assert_eq!(a.meta.recorded_with, None);
+
+    std::fs::write(dir.join("later.json"), r#"{"meta": {"torch": 2.13}}"#).unwrap();
+    let e = read_trace(&path).unwrap_err().to_string();
+    assert!(e.contains("meta.torch") && e.contains("a version string"), "{e}");
+}
+
 #[test]
 fn sidecar_fills_meta_and_wins_on_alloc_conf() {
     let dir = common::scratch("sidecar");

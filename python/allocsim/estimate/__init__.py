@@ -40,6 +40,7 @@ import weakref
 from typing import Any, Callable, Optional, Union
 
 from . import kernels
+from ..capture import alloc_conf_from_env
 
 # What cudaMemGetInfo reports as total memory on each card (bytes), and the CUDA context that
 # PyTorch 2.11 creates before the first allocation (so free memory at the start is the total
@@ -104,7 +105,7 @@ def _settings(total_memory: Size, free_memory: Optional[Size], alloc_conf: Optio
     # A card by name, or by its exact total memory.
     name = card(total_memory) if isinstance(total_memory, str) else None
     name = name or next((n for n, b in CARDS.items() if b == total), None)
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if alloc_conf is None else alloc_conf
+    conf = alloc_conf_from_env()[0] if alloc_conf is None else alloc_conf
     return {"total": total, "free": free, "card": name, "alloc_conf": conf, "policy": policy}
 
 
@@ -578,8 +579,8 @@ def estimate(fn: Callable, *args: Any, total_memory: Size = "H100-80GB", free_me
              **kwargs: Any) -> EstimateResult:
     """Runs `fn(*args, **kwargs)` on a simulated card of `total_memory` (bytes, `"80GiB"`, or a
     card of `CARDS`) with `free_memory` free at the start (default: the total less the CUDA
-    context), under `alloc_conf` (default: the environment's `PYTORCH_CUDA_ALLOC_CONF`) and
-    allocsim's `policy`. With `out`, writes a PyTorch snapshot with Python stacks and its
+    context), under `alloc_conf` (default: the environment's settings as PyTorch reads them,
+    `PYTORCH_CUDA_ALLOC_CONF` before `PYTORCH_ALLOC_CONF`) and allocsim's `policy`. With `out`, writes a PyTorch snapshot with Python stacks and its
     sidecar, which `allocsim capacity`, `advise`, `report` and memory_viz read."""
     from .. import replay
 
@@ -608,7 +609,7 @@ def main(argv: list) -> int:
                     "and with --out a snapshot that allocsim and memory_viz read.")
     parser.add_argument("--total-memory", default="H100-80GB", help=f"bytes, '80GiB', or a card: {', '.join(CARDS)}")
     parser.add_argument("--free-memory", default=None, help="free at the start (default: the total less the CUDA context)")
-    parser.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF (default: the environment's)")
+    parser.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF (default: the environment's, as PyTorch reads it)")
     parser.add_argument("--policy", default="pytorch")
     parser.add_argument("--out", default=None, help="write a snapshot (.pickle.gz) and its sidecar (.json)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

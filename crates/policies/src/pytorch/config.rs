@@ -11,6 +11,11 @@
 //! Every parse first resets `max_split_size`, `max_non_split_rounding`,
 //! `roundup_power2_divisions` and `garbage_collection_threshold` to their defaults; the other
 //! keys keep their previous values unless the string sets them (docs/pytorch-caching-allocator.md §11.1).
+//!
+//! Keys that later releases added (`throw_on_cudamalloc_oom`, `large_segment_size_mb`,
+//! `expandable_segments_reserve[_by_class]`) are parsed with their grammar so a later release's
+//! string reads, kept in [`Config::later_keys`] when not at their default, and named by
+//! [`Config::notes`] as not modelled (docs/pytorch-versions.md).
 
 use allocsim_core::text::quoted;
 use allocsim_core::ConfigError;
@@ -55,6 +60,10 @@ pub struct Config {
     pub per_process_memory_fraction: f64,
     /// The last settings string parsed (`allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]`).
     pub last_allocator_settings: String,
+    /// Keys of releases after the clone's ([`super::versions`]) set to other than their
+    /// defaults, as `(key, value as written)`: read so a later release's string parses, not
+    /// modelled, and said so by [`Config::notes`].
+    pub later_keys: Vec<(&'static str, String)>,
 }
 
 impl Default for Config {
@@ -73,6 +82,7 @@ impl Default for Config {
             graph_capture_record_stream_reuse: false,
             per_process_memory_fraction: 1.0,
             last_allocator_settings: String::new(),
+            later_keys: Vec::new(),
         }
     }
 }
@@ -81,7 +91,8 @@ impl Default for Config {
 const PINNED_MAX_REGISTER_THREADS: u64 = 128;
 
 /// Keys the accelerator pass handles; the CUDA pass skips them.
-const ACCELERATOR_KEYS: [&str; 6] = [
+const ACCELERATOR_KEYS: [&str; 7] = [
+    "large_segment_size_mb",
     "max_split_size_mb",
     "max_non_split_rounding_mb",
     "garbage_collection_threshold",
@@ -118,6 +129,40 @@ impl Config {
                 e.0.trim_end()
             ))
         })
+    }
+
+    /// What the settings ask that the clone does not do: one line for each key of a later
+    /// release set to other than its default.
+    pub fn notes(&self) -> Vec<String> {
+        self.later_keys
+            .iter()
+            .map(|(key, value)| {
+                format!(
+                    "the settings set {key} to {}, which PyTorch {} does not have and the \
+                     clone does not model (docs/pytorch-versions.md)",
+                    quoted(value),
+                    super::versions::CLONE_VERSION
+                )
+            })
+            .collect()
+    }
+
+    /// Record (or, when `differs` is false, forget) later-release key `key`, whose value runs
+    /// from token `i + 2` to the key's end; returns that end.
+    fn set_later_key(
+        &mut self,
+        key: &'static str,
+        differs: bool,
+        t: &Tokenizer<'_>,
+        i: usize,
+    ) -> usize {
+        let end = t.skip_key(i).unwrap_or(i + 2);
+        self.later_keys.retain(|(k, _)| *k != key);
+        if differs {
+            let value = t.tokens[i + 2..=end.min(t.len() - 1)].concat();
+            self.later_keys.push((key, value));
+        }
+        end
     }
 
     /// The division count for a request of `size` bytes
@@ -165,6 +210,12 @@ impl Config {
                     i + 2
                 }
                 "roundup_power2_divisions" => self.parse_roundup(t, i)?,
+                "large_segment_size_mb" => {
+                    // Later releases' key; 20 is the clone's fixed `kLargeBuffer`.
+                    t.check(i + 1, ":")?;
+                    let mb = t.to_u64(i + 2)?;
+                    self.set_later_key("large_segment_size_mb", mb != K_LARGE_BUFFER / MB, t, i)
+                }
                 "expandable_segments" => parse_bool(t, i, &mut self.expandable_segments)?,
                 "pinned_use_background_threads" => {
                     parse_bool(t, i, &mut self.pinned_use_background_threads)?
@@ -229,6 +280,27 @@ impl Config {
                     }
                     self.per_process_memory_fraction = value;
                     i + 2
+                }
+                "throw_on_cudamalloc_oom" => {
+                    let mut on = false;
+                    let end = parse_bool(t, i, &mut on)?;
+                    self.set_later_key("throw_on_cudamalloc_oom", on, t, i);
+                    end
+                }
+                // PyTorch warns about a malformed value and keeps its default; the clone
+                // models neither, so any value is taken as written.
+                "expandable_segments_reserve" => {
+                    t.check(i + 1, ":")?;
+                    t.get(i + 2)?;
+                    self.set_later_key("expandable_segments_reserve", true, t, i)
+                }
+                "expandable_segments_reserve_by_class" => {
+                    t.check(i + 1, ":")?;
+                    t.check(i + 2, "[")?;
+                    let end = t.skip_key(i)?;
+                    t.check(end, "]")?;
+                    self.set_later_key("expandable_segments_reserve_by_class", end > i + 3, t, i);
+                    end
                 }
                 _ if ACCELERATOR_KEYS.contains(&key) => t.skip_key(i)?,
                 _ => {
@@ -600,6 +672,61 @@ mod tests {
             "per_process_memory_fraction:0.5,pinned_use_background_threads:True"
         )
         .is_ok());
+    }
+
+    #[test]
+    fn later_releases_keys_parse_and_are_noted_not_modelled() {
+        let c = Config::parse(
+            "expandable_segments:True,throw_on_cudamalloc_oom:True,per_process_memory_fraction:0.5,\
+             large_segment_size_mb:12,expandable_segments_reserve:40G,\
+             expandable_segments_reserve_by_class:[kv:0.5,act:8G]",
+        )
+        .unwrap();
+        // The keys 2.11 has still take effect.
+        assert!(c.expandable_segments);
+        assert_eq!(c.per_process_memory_fraction, 0.5);
+        assert_eq!(
+            c.later_keys,
+            vec![
+                ("large_segment_size_mb", "12".to_string()),
+                ("throw_on_cudamalloc_oom", "True".to_string()),
+                ("expandable_segments_reserve", "40G".to_string()),
+                ("expandable_segments_reserve_by_class", "[kv:0.5,act:8G]".to_string()),
+            ]
+        );
+        let notes = c.notes();
+        assert_eq!(notes.len(), 4);
+        assert_eq!(
+            notes[1],
+            "the settings set throw_on_cudamalloc_oom to \"True\", which PyTorch 2.11 does not \
+             have and the clone does not model (docs/pytorch-versions.md)"
+        );
+    }
+
+    #[test]
+    fn later_keys_at_their_defaults_are_the_clone_and_say_nothing() {
+        let mut c = Config::parse(
+            "large_segment_size_mb:20,throw_on_cudamalloc_oom:False,\
+             expandable_segments_reserve_by_class:[]",
+        )
+        .unwrap();
+        assert_eq!(c.later_keys, vec![]);
+        assert!(c.notes().is_empty());
+        // A later string that sets one again is noted; one that resets it forgets it.
+        c.apply("throw_on_cudamalloc_oom:True").unwrap();
+        assert_eq!(c.notes().len(), 1);
+        c.apply("throw_on_cudamalloc_oom:False").unwrap();
+        assert!(c.notes().is_empty());
+        // Their values are checked as PyTorch checks them.
+        for bad in [
+            "throw_on_cudamalloc_oom:yes",
+            "large_segment_size_mb:x",
+            "expandable_segments_reserve_by_class:kv",
+            "expandable_segments_reserve_by_class:[kv:0.5",
+            "expandable_segments_reserve",
+        ] {
+            assert!(Config::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

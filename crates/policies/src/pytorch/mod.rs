@@ -6,6 +6,8 @@
 //! PyTorch gave. So the code mirrors PyTorch function by function, in PyTorch's order, and
 //! each stat moves exactly where PyTorch moves it; the module split follows PyTorch's concerns:
 //! - [`config`]: `PYTORCH_CUDA_ALLOC_CONF` parsing;
+//! - [`versions`]: the release the clone follows ([`versions::CLONE_VERSION`]) and what later
+//!   releases changed;
 //! - `rounding`: request → block size → segment size;
 //! - `block`: blocks (slab + index links) and pools;
 //! - `freeset`: the (stream, size, address)-ordered free sets, as a size-class index;
@@ -54,6 +56,7 @@ mod rounding;
 mod seed;
 mod snapshot;
 mod stats;
+pub mod versions;
 
 pub use config::Config;
 pub use rounding::{get_allocation_size, round_size};
@@ -259,6 +262,11 @@ impl PyTorchAllocator {
 impl Allocator for PyTorchAllocator {
     fn name(&self) -> &str {
         "pytorch"
+    }
+
+    /// The settings of later releases that the clone reads but does not model.
+    fn notes(&self) -> Vec<String> {
+        self.config.notes()
     }
 
     /// Every block is a multiple of `kMinBlockSize` from a 2 MiB-aligned segment or page.

@@ -64,6 +64,12 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
             })?;
             meta.alloc_conf = Some(s.to_string());
         }
+        if let Some(v) = field("torch") {
+            let s = v.as_str().ok_or_else(|| {
+                err("meta.torch", format!("expected a version string, got {}", got(v)))
+            })?;
+            meta.recorded_with = Some(s.to_string());
+        }
         if let Some(v) = field("memory_fraction") {
             let f = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
                 err("meta.memory_fraction", format!("expected a positive number, got {}", shown(v)))

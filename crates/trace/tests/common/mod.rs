@@ -147,3 +147,10 @@ pub fn assert_same(a: &Trace, b: &Trace) {
     assert_eq!(a.op_stacks, b.op_stacks, "op_stacks");
     assert_eq!(a.warnings, b.warnings, "warnings");
 }
+
+/// What the native format keeps of a trace: all but the version of the library that recorded
+/// it (`TraceMeta::recorded_with`), which its schema has no place for.
+pub fn native_keeps(mut t: Trace) -> Trace {
+    t.meta.recorded_with = None;
+    t
+}
