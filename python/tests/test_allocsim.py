@@ -90,7 +90,7 @@ def test_bound_is_the_cli_and_below_every_policy():
     assert expandable["bound_bytes"] == got["bound_bytes"], "the bound is the trace's, not the policy's"
 
 
-def test_diff_is_the_cli():
+def test_diff_is_the_cli(tmp_path):
     conf = "expandable_segments:True"
     what_if = allocsim.diff(GPT2, b_alloc_conf=conf)
     assert what_if == cli_json("diff", GPT2, "--b-alloc-conf", conf)
@@ -102,6 +102,9 @@ def test_diff_is_the_cli():
     two = allocsim.diff(trace, OOM, capacity=False)
     assert two == cli_json("diff", GPT2, OOM, "--no-capacity")
     assert two["first_parting_op"]["op"] == 0 and two["a"]["capacity"] is None
+    page = tmp_path / "diff.html"
+    assert allocsim.diff(GPT2, OOM, capacity=False, html=page) == two
+    assert "<title>allocsim diff: gpt2_train vs c_train_oom</title>" in page.read_text()
     with pytest.raises(allocsim.FileError, match="nowhere.pickle.gz"):
         allocsim.diff(GPT2, "/nonexistent/nowhere.pickle.gz", capacity=False)
     with pytest.raises(allocsim.SettingsError):

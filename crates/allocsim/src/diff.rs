@@ -13,6 +13,8 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+mod page;
+
 /// Stack groups listed, the largest changes first.
 const TOP_GROUPS: usize = 10;
 /// Frames of a stack shown (the JSON's, as the report's tooltips); the text shows fewer.
@@ -47,6 +49,10 @@ pub struct Args {
     /// Leave out the capacity search (the smallest free memory without an OOM), the slow part.
     #[arg(long)]
     pub no_capacity: bool,
+    /// Also write the diff as one self-contained HTML page here: both timelines on one scale,
+    /// the segment maps at each peak, the stack groups and the parting op.
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<PathBuf>,
 }
 
 impl Args {
@@ -112,6 +118,9 @@ fn side<'t>(
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(path) = &args.html {
+        crate::output::check_output(path, &[&args.a, args.b_path()])?;
+    }
     let a_trace = cx.trace(&args.a)?;
     let b_own;
     let b_trace: &Trace = if args.b_path() == args.a {
@@ -130,7 +139,15 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     let parting = parting_op(a.trace, b.trace);
     let json = diff_json(&a, &b, &groups, parting.as_ref());
     let text = diff_text(&a, &b, &groups, parting.as_ref());
-    Ok(crate::Output::both(json, text))
+    let mut notes = Vec::new();
+    if let Some(path) = &args.html {
+        crate::write_atomically(
+            path,
+            page::page(&a, &b, &groups, parting.as_ref(), &json).as_bytes(),
+        )?;
+        notes.push(format!("wrote {}", path.display()));
+    }
+    Ok(crate::Output { json: Some(json), text, notes, failed: false })
 }
 
 /// A stack as its frames, `name (file:line)`, innermost first; empty for no stack.

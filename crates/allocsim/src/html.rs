@@ -67,7 +67,13 @@ fn gib(n: u64) -> String {
 
 /// The segments at the peak of reserved memory, laid end to end in address order.
 fn segment_map(segments: &[SnapshotSegment]) -> String {
-    let total: u64 = segments.iter().map(|s| s.total_size).sum::<u64>().max(1);
+    segment_map_of(segments, segments.iter().map(|s| s.total_size).sum())
+}
+
+/// [`segment_map`] with the whole width standing for `total` bytes (at least the segments'):
+/// two maps drawn to one scale.
+pub fn segment_map_of(segments: &[SnapshotSegment], total: u64) -> String {
+    let total = total.max(segments.iter().map(|s| s.total_size).sum::<u64>()).max(1);
     let mut svg =
         format!(r#"<svg width="{WIDTH}" height="28" xmlns="http://www.w3.org/2000/svg">"#);
     let mut offset = 0u64;

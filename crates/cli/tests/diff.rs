@@ -182,3 +182,22 @@ fn a_missing_trace_is_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("expandable_segments"), "{stderr}");
 }
+
+/// `--html` writes the page, and never over an input: refused before any work.
+#[test]
+fn the_page_is_written_and_never_over_an_input() {
+    let gpt2 = trace("pytorch-2.11-h100", "gpt2_train.pickle.gz");
+    let dir = tempfile::Builder::new().prefix("allocsim-diff-test-").tempdir().unwrap();
+    let page = dir.path().join("diff.html");
+    let page_arg = page.to_string_lossy().into_owned();
+    let out = allocsim(&["diff", &gpt2, "--no-capacity", "--html", &page_arg]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("wrote {page_arg}")));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<title>allocsim diff: gpt2_train vs gpt2_train</title>"));
+    assert!(html.contains(r#"<script type="application/json" id="data">"#));
+    let out = allocsim(&["diff", &gpt2, "--no-capacity", "--html", &gpt2]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("it is the input"), "{stderr}");
+    assert!(std::fs::metadata(&gpt2).unwrap().len() > 1000, "the input is intact");
+}

@@ -381,7 +381,7 @@ fn bound(
 
 #[pyfunction]
 #[pyo3(signature = (a, b=None, policy="pytorch", alloc_conf=None, b_policy=None,
-                    b_alloc_conf=None, device_total=None, capacity=true))]
+                    b_alloc_conf=None, device_total=None, capacity=true, html=None))]
 #[allow(clippy::too_many_arguments)]
 fn diff(
     py: Python<'_>,
@@ -393,6 +393,7 @@ fn diff(
     b_alloc_conf: Option<String>,
     device_total: Option<&Bound<'_, PyAny>>,
     capacity: bool,
+    html: Option<PathBuf>,
 ) -> PyResult<Returned> {
     let traces: Vec<TraceArg> = std::iter::once(a).chain(b).collect();
     let (paths, cx) = TraceArg::resolve(&traces, py);
@@ -403,6 +404,7 @@ fn diff(
     args.b_alloc_conf = b_alloc_conf;
     args.device_total = size("device_total", device_total)?;
     args.no_capacity = !capacity;
+    args.html = html;
     call(py, || Ok(returned(allocsim::diff::run(&args, &cx)?)))
 }
 
