@@ -535,3 +535,78 @@ fn parting_text(out: &mut String, a: &Side, b: &Side, parting: Option<&Parting>)
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{parting_op, side, stack_groups, Side};
+    use allocsim_core::{AllocId, BlockState, Op, StreamId, Trace};
+    use allocsim_run::RunOptions;
+    use std::path::Path;
+
+    fn ops(ops: Vec<Op>) -> Trace {
+        Trace { ops, ..Trace::default() }
+    }
+
+    fn alloc(id: u64, size: u64) -> Op {
+        Op::Alloc { id: AllocId(id), size, stream: StreamId(0) }
+    }
+
+    fn free(id: u64) -> Op {
+        Op::FreeRequested { id: AllocId(id) }
+    }
+
+    /// Ids are each recording's own; kinds, sizes (a free's is its allocation's) and streams
+    /// are compared, and a stream that ends parts where it ends.
+    #[test]
+    fn streams_part_at_the_first_op_of_another_shape() {
+        let a = ops(vec![alloc(1, 512), alloc(2, 1024), free(1), free(2)]);
+        let renumbered = ops(vec![alloc(7, 512), alloc(9, 1024), free(7), free(9)]);
+        assert!(parting_op(&a, &renumbered).is_none());
+        let other_free = ops(vec![alloc(1, 512), alloc(2, 1024), free(2), free(1)]);
+        let p = parting_op(&a, &other_free).expect("parts");
+        assert_eq!(p.op, 2);
+        assert_eq!((p.a.unwrap().size, p.b.unwrap().size), (Some(512), Some(1024)));
+        let shorter = ops(vec![alloc(1, 512), alloc(2, 1024)]);
+        let p = parting_op(&a, &shorter).expect("parts");
+        assert_eq!((p.op, p.a.unwrap().action, p.b), (2, "free_requested", None));
+        let other_stream = ops(vec![Op::Alloc { id: AllocId(1), size: 512, stream: StreamId(5) }]);
+        assert_eq!(parting_op(&a, &other_stream).unwrap().op, 0);
+    }
+
+    fn bundled(folder: &str, name: &str) -> (std::path::PathBuf, Trace) {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(folder).join(name);
+        let trace = allocsim_trace::read_trace(&path).expect("a bundled trace");
+        (path, trace)
+    }
+
+    /// The live allocations the observer kept at the peak are the allocator's: their bytes are
+    /// the snapshot's allocated blocks', for a complete history, one that starts mid-run
+    /// (seeded) and its what-if (laid out first).
+    #[test]
+    fn the_live_allocations_at_the_peak_are_the_allocators() {
+        let expandable = Some("expandable_segments:True".to_string());
+        for (folder, name) in [
+            ("pytorch-2.11-h100", "gpt2_train.pickle.gz"),
+            ("pytorch-2.11-h100-user", "d_gpt2_blog.pickle.gz"),
+        ] {
+            let (path, trace) = bundled(folder, name);
+            for conf in [None, expandable.clone()] {
+                let opts = RunOptions {
+                    policy: "pytorch".into(),
+                    alloc_conf: conf.clone(),
+                    ..RunOptions::default()
+                };
+                let s: Side = side(&path, &trace, &opts, false).unwrap();
+                let live: u64 = s.at_peak.live.iter().map(|l| l.size).sum();
+                let blocks = s.at_peak.segments.iter().flat_map(|g| &g.blocks);
+                let allocated: u64 =
+                    blocks.filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum();
+                assert_eq!(live, allocated, "{name} {conf:?}");
+                assert!(live > 0);
+                // Against itself, nothing changed.
+                assert!(stack_groups(&s, &s).is_empty());
+            }
+        }
+    }
+}
