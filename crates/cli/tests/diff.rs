@@ -201,3 +201,22 @@ fn the_page_is_written_and_never_over_an_input() {
     assert!(!out.status.success() && stderr.contains("it is the input"), "{stderr}");
     assert!(std::fs::metadata(&gpt2).unwrap().len() > 1000, "the input is intact");
 }
+
+/// The README's example: what `diff` says of gpt2 under `expandable_segments:True`.
+#[test]
+fn the_readme_example_is_what_diff_says() {
+    let gpt2 = trace("pytorch-2.11-h100", "gpt2_train.pickle.gz");
+    let out = allocsim(&["diff", &gpt2, "--b-alloc-conf", "expandable_segments:True"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("peak reserved: 7.53 GiB (8082423808 B) -> 7.70 GiB"), "{text}");
+    assert!(text.contains("needs free at start: 7.76 GiB (8328465046 B) -> 7.57 GiB"), "{text}");
+    assert!(
+        text.contains("segments at A's peak: 137,") && text.contains("segments at B's peak: 2,")
+    );
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let claim =
+        "peak reserved 7.53 GiB -> 7.70 GiB, yet the memory needed\n  7.76 GiB -> 7.57 GiB \
+                 (two segments instead of 137)";
+    assert!(readme.contains(claim), "the README's diff example changed");
+}
