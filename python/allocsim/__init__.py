@@ -47,6 +47,7 @@ __all__ = [
     "advise",
     "bound",
     "explain_oom",
+    "diff",
     "fidelity",
     "report",
     "convert",
@@ -372,6 +373,39 @@ def explain_oom(
             alloc_conf=alloc_conf,
             device_total=device_total,
             limit=limit,
+        )
+    )
+
+
+def diff(
+    a: TraceLike,
+    b: Optional[TraceLike] = None,
+    policy: str = "pytorch",
+    alloc_conf: Optional[str] = None,
+    b_policy: Optional[str] = None,
+    b_alloc_conf: Optional[str] = None,
+    device_total: Optional[Size] = None,
+    capacity: bool = True,
+    html: Optional[PathLike] = None,
+) -> dict[str, Any]:
+    """Two runs side by side: `a` and `b` (default: `a` again, a what-if under `b_alloc_conf`
+    or `b_policy`; `policy` and `alloc_conf` are both runs' unless those say otherwise). Each
+    run's peaks, fragmentation, OOMs, capacity (`capacity=False` skips the search) and
+    segments at its reserved peak, the `change`, the `stack_groups` whose live bytes at the
+    peaks changed most, and the `first_parting_op` of the two op streams. `html` also writes
+    the diff's page there. As `allocsim diff --json`."""
+    return _json(
+        _native(
+            _allocsim.diff,
+            _trace(a),
+            None if b is None else _trace(b),
+            policy=policy,
+            alloc_conf=alloc_conf,
+            b_policy=b_policy,
+            b_alloc_conf=b_alloc_conf,
+            device_total=device_total,
+            capacity=capacity,
+            html=None if html is None else os.fspath(html),
         )
     )
 

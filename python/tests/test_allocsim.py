@@ -90,6 +90,27 @@ def test_bound_is_the_cli_and_below_every_policy():
     assert expandable["bound_bytes"] == got["bound_bytes"], "the bound is the trace's, not the policy's"
 
 
+def test_diff_is_the_cli(tmp_path):
+    conf = "expandable_segments:True"
+    what_if = allocsim.diff(GPT2, b_alloc_conf=conf)
+    assert what_if == cli_json("diff", GPT2, "--b-alloc-conf", conf)
+    assert what_if["b"]["peak_reserved_bytes"] == allocsim.replay(GPT2, alloc_conf=conf).peak_reserved_bytes
+    assert what_if["first_parting_op"] is None and what_if["stack_groups"]
+    # A loaded trace, and two traces: the same as paths.
+    trace = allocsim.load(GPT2)
+    assert allocsim.diff(trace, b_alloc_conf=conf) == what_if
+    two = allocsim.diff(trace, OOM, capacity=False)
+    assert two == cli_json("diff", GPT2, OOM, "--no-capacity")
+    assert two["first_parting_op"]["op"] == 0 and two["a"]["capacity"] is None
+    page = tmp_path / "diff.html"
+    assert allocsim.diff(GPT2, OOM, capacity=False, html=page) == two
+    assert "<title>allocsim diff: gpt2_train vs c_train_oom</title>" in page.read_text()
+    with pytest.raises(allocsim.FileError, match="nowhere.pickle.gz"):
+        allocsim.diff(GPT2, "/nonexistent/nowhere.pickle.gz", capacity=False)
+    with pytest.raises(allocsim.SettingsError):
+        allocsim.diff(GPT2, b_alloc_conf="expandable_segments:Maybe", capacity=False)
+
+
 def test_compare_is_the_cli():
     cols = ["pytorch", "bfc[allow_growth:false]"]
     assert allocsim.compare([GPT2], cols) == cli_json("compare", GPT2, "--policy", ",".join(cols))

@@ -48,7 +48,7 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
-fn options(policy: &str, alloc_conf: Option<String>, outside: u64) -> CapacityOptions {
+pub(crate) fn options(policy: &str, alloc_conf: Option<String>, outside: u64) -> CapacityOptions {
     CapacityOptions {
         run: RunOptions { policy: policy.to_string(), alloc_conf, ..RunOptions::default() },
         outside_bytes: outside,
@@ -56,7 +56,7 @@ fn options(policy: &str, alloc_conf: Option<String>, outside: u64) -> CapacityOp
     }
 }
 
-fn capacity_json(c: &Capacity) -> serde_json::Value {
+pub(crate) fn capacity_json(c: &Capacity) -> serde_json::Value {
     json!({
         "capacity_bytes": c.capacity_bytes,
         "capacity_low_bytes": c.low_bytes,

@@ -3,28 +3,12 @@
 //! uPlot (`assets/compare.js`); the segment map at each column's reserved peak (inline SVG); the
 //! table. Nothing is fetched.
 
-use allocsim_core::{Allocator, BlockState, Device, Op, SnapshotSegment, Trace};
-use allocsim_replay::{Observer, OpOutcome};
+use allocsim_core::{BlockState, SnapshotSegment, Trace};
+use allocsim_replay::StateAt;
 use allocsim_run::{run_trace, DeviceChoice, GridCell, RunOptions};
 use std::fmt::Write;
 
 const WIDTH: f64 = 960.0;
-
-/// Takes the allocator's snapshot after op `at` and stops the run.
-struct SnapshotAt {
-    at: u64,
-    snapshot: Vec<SnapshotSegment>,
-}
-
-impl Observer for SnapshotAt {
-    fn on_op(&mut self, op: u64, _: &Op, _: &OpOutcome, a: &dyn Allocator, _: &dyn Device) -> bool {
-        if op == self.at {
-            self.snapshot = a.snapshot();
-            return false;
-        }
-        true
-    }
-}
 
 /// Text as HTML, safe as an element's text and inside a quoted attribute.
 pub fn escape(s: &str) -> String {
@@ -67,7 +51,13 @@ fn gib(n: u64) -> String {
 
 /// The segments at the peak of reserved memory, laid end to end in address order.
 fn segment_map(segments: &[SnapshotSegment]) -> String {
-    let total: u64 = segments.iter().map(|s| s.total_size).sum::<u64>().max(1);
+    segment_map_of(segments, segments.iter().map(|s| s.total_size).sum())
+}
+
+/// [`segment_map`] with the whole width standing for `total` bytes (at least the segments'):
+/// two maps drawn to one scale.
+pub fn segment_map_of(segments: &[SnapshotSegment], total: u64) -> String {
+    let total = total.max(segments.iter().map(|s| s.total_size).sum::<u64>()).max(1);
     let mut svg =
         format!(r#"<svg width="{WIDTH}" height="28" xmlns="http://www.w3.org/2000/svg">"#);
     let mut offset = 0u64;
@@ -156,9 +146,9 @@ fn segments_at_peak(trace: &Trace, c: &GridCell, base: &RunOptions) -> anyhow::R
     let device =
         if c.report.device == "recorded" { DeviceChoice::Recorded } else { DeviceChoice::Sim };
     let opts = RunOptions { device, check: false, ..allocsim_run::column_options(&c.policy, base) };
-    let mut at = SnapshotAt { at: c.report.metrics.peak_reserved_op, snapshot: Vec::new() };
+    let mut at = StateAt::new(c.report.metrics.peak_reserved_op);
     run_trace(trace, &opts, &mut [&mut at], |_| {})?;
-    Ok(segment_map(&at.snapshot))
+    Ok(segment_map(&at.state.unwrap_or_default().segments))
 }
 
 /// The whole report. Re-runs each cell up to its reserved peak to draw the segment map there.

@@ -16,6 +16,7 @@ pub mod bound;
 pub mod capacity;
 pub mod compare;
 pub mod convert;
+pub mod diff;
 pub mod explain_oom;
 mod export;
 pub mod fidelity;

@@ -57,6 +57,10 @@ enum Command {
     /// The least memory any allocator needs for a trace, what one that knows every lifetime
     /// reaches, and the policy's headroom over both.
     Bound(Json<allocsim::bound::Args>),
+    /// Two runs, or two settings of one run, side by side: peaks, fragmentation, OOMs,
+    /// capacity, the allocations by stack whose bytes at the peak changed most, the segments at
+    /// each peak, and the first op where the op streams part.
+    Diff(Json<allocsim::diff::Args>),
     /// Explain each OOM: free memory, largest free block per pool, reserved but unallocated,
     /// and the live blocks fencing the largest free region, with their allocation stacks.
     ExplainOom(Json<allocsim::explain_oom::Args>),
@@ -126,6 +130,7 @@ fn run(command: &Command, cx: &Context) -> anyhow::Result<(Output, bool)> {
         Command::Capacity(j) => json(j, |a| capacity::run(a, cx)),
         Command::Advise(j) => json(j, |a| capacity::advise(a, cx)),
         Command::Bound(j) => json(j, |a| allocsim::bound::run(a, cx)),
+        Command::Diff(j) => json(j, |a| allocsim::diff::run(a, cx)),
         Command::ExplainOom(j) => json(j, |a| allocsim::explain_oom::run(a, cx)),
         Command::Report(a) => text(allocsim::report::run(a, cx)),
         Command::Convert(a) => text(allocsim::convert::run(a, cx)),

@@ -282,3 +282,70 @@ fn a_report_of_hostile_strings_loads_and_shows_them_as_text() {
     assert!(dom.contains("<title>allocsim report: &lt;!--&lt;script&gt;"), "{dom:.3000}");
     assert!(!dom.contains("<img"), "an element was made of a string:\n{dom:.3000}");
 }
+
+/// `allocsim diff --html` (a page of A, B and the change).
+fn diff_page(a: &Path, b: &Path, page: &Path, extra: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .arg("diff")
+        .arg(a)
+        .arg(b)
+        .args(extra)
+        .arg("--html")
+        .arg(page)
+        .output()
+        .expect("running allocsim");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The diff page of a recording against its what-if loads without errors, draws A's reserved
+/// line (red) and B's (green), counted in pixels, and lists the stack groups.
+#[test]
+fn the_diff_page_draws_both_timelines() {
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let dir = scratch.path();
+    let page = dir.join("diff.html");
+    let gpt2 = root().join("traces/pytorch-2.11-h100/gpt2_train.pickle.gz");
+    diff_page(&gpt2, &gpt2, &page, &["--b-alloc-conf", "expandable_segments:True"]);
+    let url = format!("file://{}", page.display());
+    let dom = headless(browser, &["--dump-dom".into(), url.clone()]);
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let start = dom.find("<body").expect("a body");
+    let body = &dom[start..start + dom[start..].find('>').unwrap()];
+    assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-errors"), "{body}");
+    assert!(dom.contains(r#"<table id="groups">"#) && dom.contains("adam.py"), "{dom:.3000}");
+    assert!(dom.contains("The two op streams are the same throughout."), "{dom:.3000}");
+    let shot = dir.join("diff.png");
+    headless(
+        browser,
+        &["--window-size=1200,1000".into(), format!("--screenshot={}", shot.display()), url],
+    );
+    let counts = colours(&shot);
+    let n = |c: &str| counts.get(&hex(c)).copied().unwrap_or(0);
+    assert!(n("#d62728") > 200 && n("#2ca02c") > 200, "{} {}", n("#d62728"), n("#2ca02c"));
+}
+
+/// A diff page of the hostile snapshot against a recording: its strings (stack groups, the
+/// parting op's stack, the file name in the title) are text, and none of them runs.
+#[test]
+fn a_diff_page_of_hostile_strings_shows_them_as_text() {
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let trace = hostile_snapshot(scratch.path());
+    let gpt2 = root().join("traces/pytorch-2.11-h100/gpt2_train.pickle.gz");
+    let page = scratch.path().join("hostile-diff.html");
+    diff_page(&trace, &gpt2, &page, &["--no-capacity"]);
+    let dom = headless(browser, &["--dump-dom".into(), format!("file://{}", page.display())]);
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let start = dom.find("<body").expect("a body");
+    let body = &dom[start..start + dom[start..].find('>').unwrap()];
+    assert!(body.contains(r#"data-status="ready""#), "{body}");
+    assert!(!body.contains("data-errors") && !body.contains("pwned"), "{body}");
+    assert!(!dom.contains("<img"), "an element was made of a string:\n{dom:.3000}");
+    assert!(dom.contains("<title>allocsim diff: &lt;!--&lt;script&gt;"), "{dom:.3000}");
+    // The frames, as text in the stack groups and at the parting op.
+    let groups = dom.split(r#"<table id="groups">"#).nth(1).expect("the stack groups");
+    assert!(groups.contains("document.body.dataset.pwned=1"), "{groups:.3000}");
+    let parting = dom.split(r#"id="parting""#).nth(1).expect("the parting op");
+    assert!(parting.contains("onerror="), "{parting:.3000}");
+}

@@ -125,7 +125,7 @@ fn assert_no_controls(what: &str, out: &Output) {
 
 /// Issue 50, item 8: ESC/OSC sequences in frames, warnings or `source_format` were printed
 /// raw by `explain-oom`, `info` and `replay`. Each now shows them escaped, in text and in
-/// JSON (which still parses, to the same strings).
+/// JSON (which still parses, to the same strings); `diff` too.
 #[test]
 fn a_files_strings_reach_the_terminal_escaped() {
     let dir = scratch();
@@ -141,11 +141,14 @@ fn a_files_strings_reach_the_terminal_escaped() {
     std::fs::write(&native, serde_json::to_vec(&json).unwrap()).unwrap();
     let (snap, native) = (snap.to_str().unwrap(), native.to_str().unwrap());
     let one_gib = ["--device-total", "1GiB"];
+    let gpt2 =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/pytorch-2.11-h100/gpt2_train.pickle.gz");
     for trace in [snap, native] {
         let cases: Vec<Vec<&str>> = vec![
             vec!["info", trace],
             vec!["replay", trace],
             [&["explain-oom", trace][..], &one_gib].concat(),
+            vec!["diff", trace, gpt2, "--no-capacity"],
         ];
         for json in [false, true] {
             for args in &cases {
@@ -158,8 +161,10 @@ fn a_files_strings_reach_the_terminal_escaped() {
                 assert!(out.status.success(), "{what}: {}", printed(&out));
                 assert_no_controls(&what, &out);
                 let text = String::from_utf8_lossy(&out.stdout);
-                // Frames are shown by explain-oom; warnings and the format by info and replay.
-                let shows = args[0] == "explain-oom" || (trace == native && !json);
+                // Frames are shown by explain-oom and diff (where the ops part, and by stack);
+                // warnings and the format by info and replay.
+                let shows =
+                    ["explain-oom", "diff"].contains(&args[0]) || (trace == native && !json);
                 let escaped = text.contains("\\u001b]0;retitled\\u0007\\u001b[2J");
                 assert!(escaped || !shows, "{what}: the strings are not shown:\n{text}");
                 if json {

@@ -379,6 +379,35 @@ fn bound(
     call(py, || Ok(returned(allocsim::bound::run(&args, &cx)?)))
 }
 
+#[pyfunction]
+#[pyo3(signature = (a, b=None, policy="pytorch", alloc_conf=None, b_policy=None,
+                    b_alloc_conf=None, device_total=None, capacity=true, html=None))]
+#[allow(clippy::too_many_arguments)]
+fn diff(
+    py: Python<'_>,
+    a: TraceArg,
+    b: Option<TraceArg>,
+    policy: &str,
+    alloc_conf: Option<String>,
+    b_policy: Option<String>,
+    b_alloc_conf: Option<String>,
+    device_total: Option<&Bound<'_, PyAny>>,
+    capacity: bool,
+    html: Option<PathBuf>,
+) -> PyResult<Returned> {
+    let traces: Vec<TraceArg> = std::iter::once(a).chain(b).collect();
+    let (paths, cx) = TraceArg::resolve(&traces, py);
+    let mut args: allocsim::diff::Args = request(&paths)?;
+    args.policy = policy.into();
+    args.alloc_conf = alloc_conf;
+    args.b_policy = b_policy;
+    args.b_alloc_conf = b_alloc_conf;
+    args.device_total = size("device_total", device_total)?;
+    args.no_capacity = !capacity;
+    args.html = html;
+    call(py, || Ok(returned(allocsim::diff::run(&args, &cx)?)))
+}
+
 /// The replay `explain_oom` and `report` make: policy, settings, device size.
 fn run_args(
     run: &mut allocsim::RunArgs,
@@ -487,6 +516,7 @@ fn _allocsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(advise, m)?,
         wrap_pyfunction!(bound, m)?,
         wrap_pyfunction!(explain_oom, m)?,
+        wrap_pyfunction!(diff, m)?,
         wrap_pyfunction!(fidelity, m)?,
         wrap_pyfunction!(report, m)?,
         wrap_pyfunction!(convert, m)?,

@@ -13,12 +13,14 @@ mod explain;
 mod fidelity;
 mod metrics;
 mod observers;
+mod state_at;
 
 pub use engine::{Engine, OpOutcome, Skipped};
 pub use explain::{Fence, FreeRegion, OomExplainer, OomExplanation};
 pub use fidelity::{Divergence, Fidelity};
 pub use metrics::{Metrics, MetricsReport, OomRecord, TimelinePoint};
 pub use observers::{format_event, CheckObserver, EventLog, Observer, RecordedTo, Recorder};
+pub use state_at::{LiveAllocation, State, StateAt};
 
 use allocsim_core::{Allocator, Device, DynAllocator, DynDevice, OpSource};
 
