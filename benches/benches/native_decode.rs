@@ -2,7 +2,7 @@
 //! reading a whole version 2 file, and reading the same trace as version 1 (one bincode
 //! piece, as before chunks), on 16 copies of the Llama generate recording (2.6M ops).
 //!
-//! `cargo bench -p allocsim-benches --bench native_decode`
+//! `cargo bench -p allocsim-benches --features bench --bench native_decode`
 
 use allocsim_benches::{bundled, write_repeated, LLAMA};
 use allocsim_trace::native::{self, NativeFile};

@@ -5,7 +5,7 @@
 //!   again; a policy that never caches misses in `hit` too);
 //! - `oom`: a request larger than the device, through every retry to the OOM report.
 //!
-//! `cargo bench -p allocsim-benches --bench policy_pairs`
+//! `cargo bench -p allocsim-benches --features bench --bench policy_pairs`
 
 use allocsim_core::{AllocId, Allocator, Env, Event, StreamId, MIB};
 use allocsim_sim::{SimConfig, SimDevice};

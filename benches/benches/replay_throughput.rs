@@ -3,7 +3,7 @@
 //! the recording, and 1.1M ops streamed from a native file (issue 3's benchmark of the
 //! policy's replay speed).
 //!
-//! `cargo bench -p allocsim-benches --bench replay_throughput`
+//! `cargo bench -p allocsim-benches --features bench --bench replay_throughput`
 
 use allocsim_benches::{bundled, write_repeated, LLAMA};
 use allocsim_run::{run_trace, run_trace_streamed, DeviceChoice, RunOptions};

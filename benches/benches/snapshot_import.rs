@@ -2,7 +2,7 @@
 //! streamer), and the generic reader that builds every value first, on the 242,706-entry
 //! Llama generate recording and on GPT-2 training (entries with stacks).
 //!
-//! `cargo bench -p allocsim-benches --bench snapshot_import`
+//! `cargo bench -p allocsim-benches --features bench --bench snapshot_import`
 
 use allocsim_benches::{bundled, LLAMA};
 use allocsim_trace::{read_trace_with, ReadOptions};
