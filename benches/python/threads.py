@@ -16,8 +16,8 @@ import allocsim
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = [
-    ROOT / "traces/pytorch-2.11-h100-extra/llama_generate_varlen.pickle.gz",
-    ROOT / "traces/pytorch-2.11-h100-user/s_gpt2_blog.pickle.gz",
+    ROOT / "traces/pytorch-2.11-h100-user/d_gpt2_blog.pickle.gz",
+    ROOT / "traces/pytorch-2.11-h100-user/h_gpt2_blog.pickle.gz",
 ]
 
 
