@@ -3,7 +3,7 @@
 // body[data-status] to "ready" when done (common.js flags errors).
 (function () {
   "use strict";
-  const { size, OOM_COLOR } = allocsim;
+  const { size } = allocsim;
   // Not the segment maps' blue, orange and grey.
   const colors = ["#d62728", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22"];
   const data = JSON.parse(document.getElementById("data").textContent);
@@ -17,15 +17,6 @@
       host.appendChild(title);
       const div = document.createElement("div");
       host.appendChild(div);
-      const marks = (u) => {
-        const ctx = u.ctx;
-        ctx.fillStyle = OOM_COLOR;
-        const tall = p.ooms.length <= 20 ? u.bbox.height : 8;
-        for (const op of p.ooms) {
-          const x = Math.min(Math.round(u.valToPos(op, "x", true)), u.bbox.left + u.bbox.width - 2);
-          ctx.fillRect(x, u.bbox.top, 2, tall);
-        }
-      };
       new uPlot({
         width: Math.min(1060, Math.max(600, window.innerWidth - 60)),
         height: 170,
@@ -41,7 +32,7 @@
           { stroke: "#333", label: i === trace.panels.length - 1 ? "op" : "" },
           { stroke: "#333", size: 80, values: (u, vals) => vals.map(size) },
         ],
-        hooks: { draw: [marks] },
+        hooks: { draw: [allocsim.oomMarks(p.ooms)] },
       }, [p.op, p.reserved, p.allocated], div);
     });
   });

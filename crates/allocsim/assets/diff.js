@@ -3,7 +3,7 @@
 // (common.js flags errors).
 (function () {
   "use strict";
-  const { size, OOM_COLOR } = allocsim;
+  const { size } = allocsim;
   const data = JSON.parse(document.getElementById("data").textContent);
   const host = document.getElementById("timelines");
   const runs = [
@@ -19,15 +19,6 @@
     host.appendChild(title);
     const div = document.createElement("div");
     host.appendChild(div);
-    const marks = (u) => {
-      const ctx = u.ctx;
-      ctx.fillStyle = OOM_COLOR;
-      const tall = r.t.ooms.length <= 20 ? u.bbox.height : 8;
-      for (const op of r.t.ooms) {
-        const x = Math.min(Math.round(u.valToPos(op, "x", true)), u.bbox.left + u.bbox.width - 2);
-        ctx.fillRect(x, u.bbox.top, 2, tall);
-      }
-    };
     new uPlot({
       width: Math.min(1060, Math.max(600, window.innerWidth - 60)),
       height: 200,
@@ -46,7 +37,7 @@
         { stroke: "#333", label: "op" },
         { stroke: "#333", size: 80, values: (u, vals) => vals.map(size) },
       ],
-      hooks: { draw: [marks] },
+      hooks: { draw: [allocsim.oomMarks(r.t.ooms)] },
     }, [r.t.op, r.t.reserved, r.t.allocated], div);
   }
   document.body.dataset.status = "ready";
