@@ -59,10 +59,10 @@ fn policies(spec: &str) -> anyhow::Result<Vec<String>> {
     for column in &columns {
         let (name, conf) = allocsim_policies::parse_spec(column);
         if name.contains(['[', ']']) || depth != 0 {
-            bail!("--policy {}: {} is not NAME or NAME[SETTINGS]", quoted(spec), quoted(column));
+            bail!("policies {}: {} is not NAME or NAME[SETTINGS]", quoted(spec), quoted(column));
         }
         allocsim_policies::by_name(name, conf)
-            .with_context(|| format!("--policy {}", quoted(column)))?;
+            .with_context(|| format!("policy column {}", quoted(column)))?;
     }
     Ok(columns)
 }
