@@ -283,7 +283,9 @@ pub fn build(
     let advice = match advice {
         Some(device_total) => {
             let (outside, _) = crate::capacity::outside_bytes(None, trace);
-            Some(crate::capacity::advice(trace, outside, device_total)?)
+            // Each setting's headroom over a placement that knows every lifetime (`bound`).
+            let best = allocsim_bound::bound(trace);
+            Some((crate::capacity::advice(trace, outside, device_total)?, best))
         }
         None => None,
     };
@@ -305,7 +307,7 @@ pub fn build(
         "map_every": collect.map_every,
         "snapshots": snapshots(&mut collect),
         "summary": memory_summary(&report.stats, 0),
-        "advice": advice.map(|rows| rows.iter().map(|r| json!({
+        "advice": advice.map(|(rows, best)| rows.iter().map(|r| json!({
             "conf": conf_label(r.conf),
             "needs": r.capacity.capacity_bytes,
             "low": r.capacity.low_bytes,
@@ -313,6 +315,7 @@ pub fn build(
             "peak_reserved": r.peak_reserved,
             "ooms": r.ooms,
             "fragmentation": r.fragmentation,
+            "headroom": best.headroom(r.peak_reserved),
         })).collect::<Vec<_>>()),
     });
     Ok(page(title, &data))

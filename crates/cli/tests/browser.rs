@@ -349,3 +349,26 @@ fn a_diff_page_of_hostile_strings_shows_them_as_text() {
     let parting = dom.split(r#"id="parting""#).nth(1).expect("the parting op");
     assert!(parting.contains("onerror="), "{parting:.3000}");
 }
+
+/// The report's table of settings (`advise`, on by default) loads without errors and shows
+/// each setting's headroom over the offline placement.
+#[test]
+fn the_reports_settings_table_shows_the_headroom() {
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let page = scratch.path().join("gpt2.html");
+    report(&root().join("traces/pytorch-2.11-h100/gpt2_train.pickle.gz"), &page, &[]);
+    let body = body_after_load(browser, &page);
+    assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-errors"), "{body}");
+    let out = headless(browser, &["--dump-dom".into(), format!("file://{}", page.display())]);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let table = dom.split(r#"<div id="advice">"#).nth(1).expect("the settings table");
+    assert!(table.contains(">headroom</th>"), "{table}");
+    // Eight settings, each with a percentage in its headroom cell.
+    let rows: Vec<&str> = table.split("<tr><td>").skip(1).take(8).collect();
+    assert_eq!(rows.len(), 8, "{table}");
+    for row in rows {
+        let cells: Vec<&str> = row.split("</td><td>").collect();
+        assert!(cells[5].ends_with('%'), "headroom cell of {row}");
+    }
+}
