@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 mod measured;
 
-use measured::{measured, scratch, GB};
+use measured::{measured, oom_storm_log, scratch, GB};
 
 /// One gzip member of `head`, then `body` repeated `times`, then `tail`.
 fn gzip_member(head: &[u8], body: &[u8], times: u64, tail: &[u8]) -> Vec<u8> {
@@ -131,17 +131,7 @@ fn hostile_pickles_end_in_a_clear_error_within_bounds() {
 #[test]
 fn rmm_logs_that_pile_up_ooms_or_never_end_a_line_stay_within_bounds() {
     let dir = scratch("rmm");
-    let path = dir.join("ooms.csv");
-    let mut log = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    writeln!(log, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
-    for i in 0..100_000u64 {
-        writeln!(log, "1,0,allocate,0x{:x},524288,0", 0x7f00_0000_0000 + (i << 20)).unwrap();
-    }
-    for i in 0..100_000u64 {
-        writeln!(log, "1,0,allocate,0x{:x},1099511627776,0", 65536 + i).unwrap();
-    }
-    log.flush().unwrap();
-    drop(log);
+    let path = oom_storm_log(&dir);
     let file = path.to_str().unwrap();
     for policy in allocsim_policies::names() {
         let run = measured(&["replay", "--device", "sim", "--policy", policy, file]);

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 mod measured;
 
-use measured::{measured, scratch, Run, GB};
+use measured::{measured, oom_storm_log, scratch, Run, GB};
 
 /// `run` stayed within 1 GB and 10 s of CPU; printed for the record.
 fn within_bounds(what: &str, run: &Run) {
@@ -93,16 +93,7 @@ fn many_streams_stay_within_bounds() {
 #[test]
 fn an_oom_storm_under_every_policy_at_once_stays_within_bounds() {
     let dir = scratch("storm");
-    let path = dir.join("ooms.csv");
-    let mut log = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    writeln!(log, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
-    for i in 0..100_000u64 {
-        writeln!(log, "1,0,allocate,0x{:x},524288,0", 0x7f00_0000_0000 + (i << 20)).unwrap();
-    }
-    for i in 0..100_000u64 {
-        writeln!(log, "1,0,allocate,0x{:x},1099511627776,0", 65536 + i).unwrap();
-    }
-    drop(log);
+    let path = oom_storm_log(&dir);
     let file = path.to_str().unwrap();
     ok(
         "replay --policy best_fit",

@@ -15,6 +15,23 @@ pub fn scratch(test: &str) -> PathBuf {
     dir
 }
 
+/// Issue 50's OOM storm, as `dir/ooms.csv`: an RMM log of 100k live 512 KiB blocks, then
+/// 100k requests of 1 TiB that all fail.
+pub fn oom_storm_log(dir: &std::path::Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("ooms.csv");
+    let mut log = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    writeln!(log, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
+    for i in 0..100_000u64 {
+        writeln!(log, "1,0,allocate,0x{:x},524288,0", 0x7f00_0000_0000 + (i << 20)).unwrap();
+    }
+    for i in 0..100_000u64 {
+        writeln!(log, "1,0,allocate,0x{:x},1099511627776,0", 65536 + i).unwrap();
+    }
+    log.flush().unwrap();
+    path
+}
+
 pub struct Run {
     pub code: i32,
     pub stdout: String,
