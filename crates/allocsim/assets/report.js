@@ -235,12 +235,12 @@
       `<tr><td>${i + 1}</td><td>${size(r.peak_reserved)}</td>` +
       `<td>${r.needs === null ? "does not fit" : `${size(r.needs)} [${size(r.low)}, ${size(r.high)}]`}</td>` +
       `<td>${r.ooms}</td><td>${(100 * r.fragmentation).toFixed(1)}%</td>` +
-      `<td>${r.headroom === null ? "-" : `${(100 * r.headroom / Math.max(1, r.peak_reserved)).toFixed(1)}%`}</td>` +
+      `<td>${(100 * r.headroom / Math.max(1, r.peak_reserved)).toFixed(1)}%</td>` +
       `<td><code>${esc(r.conf)}</code></td></tr>`);
     $("advice").innerHTML = "<h2>Settings, ranked (allocsim advise)</h2>" +
       "<table><tr><th>rank</th><th>peak reserved</th><th>free memory needed [band]</th><th>OOMs</th>" +
-      "<th>fragmentation</th><th title=\"the share of peak reserved above a placement that knows " +
-      "every lifetime (allocsim bound)\">headroom</th><th>PYTORCH_CUDA_ALLOC_CONF</th></tr>" +
+      "<th>fragmentation</th><th title=\"the share of peak reserved above the most bytes live at " +
+      "once, in whole pages (allocsim bound)\">headroom</th><th>PYTORCH_CUDA_ALLOC_CONF</th></tr>" +
       rows.join("") + "</table>";
   }
   $("summary").textContent = D.summary;

@@ -283,9 +283,9 @@ pub fn build(
     let advice = match advice {
         Some(device_total) => {
             let (outside, _) = crate::capacity::outside_bytes(None, trace);
-            // Each setting's headroom over a placement that knows every lifetime (`bound`).
-            let best = allocsim_bound::bound(trace);
-            Some((crate::capacity::advice(trace, outside, device_total)?, best))
+            // Each setting's headroom over the bound, as `advise` shows it.
+            let bound = allocsim_bound::bound_bytes(trace);
+            Some((crate::capacity::advice(trace, outside, device_total)?, bound))
         }
         None => None,
     };
@@ -307,7 +307,7 @@ pub fn build(
         "map_every": collect.map_every,
         "snapshots": snapshots(&mut collect),
         "summary": memory_summary(&report.stats, 0),
-        "advice": advice.map(|(rows, best)| rows.iter().map(|r| json!({
+        "advice": advice.map(|(rows, bound)| rows.iter().map(|r| json!({
             "conf": conf_label(r.conf),
             "needs": r.capacity.capacity_bytes,
             "low": r.capacity.low_bytes,
@@ -315,7 +315,7 @@ pub fn build(
             "peak_reserved": r.peak_reserved,
             "ooms": r.ooms,
             "fragmentation": r.fragmentation,
-            "headroom": best.headroom(r.peak_reserved),
+            "headroom": r.peak_reserved as i64 - bound as i64,
         })).collect::<Vec<_>>()),
     });
     Ok(page(title, &data))

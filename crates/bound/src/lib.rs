@@ -153,6 +153,12 @@ pub fn bound(trace: &Trace) -> Bound {
     }
 }
 
+/// The peak live bytes of `trace` in whole pages, without the offline placement: the cheap
+/// part of [`bound`] (a sweep), for reports that show it beside every setting.
+pub fn bound_bytes(trace: &Trace) -> u64 {
+    reserved(lower_bound(&lifetimes(trace)))
+}
+
 /// Device memory reserved in whole pages to hold `bytes`.
 pub fn reserved(bytes: u64) -> u64 {
     bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES

@@ -528,6 +528,16 @@ fn capacity_and_advise_answer_in_json_and_refuse_bad_input() {
     let needs: Vec<u64> = rows.iter().map(|r| r["capacity_bytes"].as_u64().unwrap()).collect();
     assert!(needs.windows(2).all(|w| w[0] <= w[1]), "ranked by memory needed: {needs:?}");
     assert!(rows.iter().any(|r| r["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"));
+    // Each setting's headroom over the bound, which `bound` computes the same way.
+    let bound = allocsim(&["bound", &trace, "--json"]);
+    let bound: serde_json::Value = serde_json::from_slice(&bound.stdout).unwrap();
+    assert_eq!(j["bound_bytes"], bound["bound_bytes"]);
+    for r in rows {
+        let peak = r["peak_reserved_bytes"].as_i64().unwrap();
+        let over = peak - j["bound_bytes"].as_i64().unwrap();
+        assert_eq!(r["headroom_over_bound_bytes"].as_i64(), Some(over), "{r}");
+        assert!(over >= 0, "no setting reserves less than the bound: {r}");
+    }
 
     for args in [
         vec!["capacity", "/nonexistent/x.pickle.gz"],

@@ -78,7 +78,8 @@ impl Trace {
 
     /// What `allocsim info --json` says of it, as JSON.
     fn info(&self, py: Python<'_>) -> PyResult<String> {
-        let (path, cx) = (self.loaded.path.clone(), context(std::slice::from_ref(self)));
+        let path = self.loaded.path.clone();
+        let cx = Context { loaded: vec![self.loaded.clone()], ..Context::default() };
         let output =
             call(py, || Ok(allocsim::info::run(&allocsim::info::Args { trace: path }, &cx)?))?;
         Ok(output.json.map(|j| j.to_string()).unwrap_or_default())
@@ -154,11 +155,6 @@ fn op_dict<'py>(py: Python<'py>, op: &allocsim_core::Op) -> PyResult<Bound<'py, 
         d.set_item("stream", stream.0)?;
     }
     Ok(d)
-}
-
-/// A call's context: the loaded traces it was given.
-fn context(traces: &[Trace]) -> Context {
-    Context { loaded: traces.iter().map(|t| t.loaded.clone()).collect(), ..Context::default() }
 }
 
 /// A trace argument: a loaded [`Trace`], or a path read for this call alone.
