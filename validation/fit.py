@@ -3,7 +3,10 @@
 Run on a GPU machine with PyTorch, transformers and CuPy:
     python3 validation/fit.py WORKLOAD ALLOC_CONF OUTDIR [LO HI]
 WORKLOAD is `llama_ft` (the d_llama_ft workload of traces/pytorch-2.11-h100-user/
-capture_user_patterns.py, step for step) or `gpt2_train` (GPT-2 small, 8 steps of varied shapes).
+capture_user_patterns.py, step for step), `gpt2_train` (GPT-2 small, 8 steps of varied shapes),
+or one of the programs held out from the model (recorded and bisected on an H200 after it was
+built): `vit_train` (timm ViT-S/16), `bert_mlm` (BERT masked LM) and `llama_generate` (Llama
+greedy decoding with a KV cache).
 
 1. Records the workload once with all the card's free memory: OUTDIR/NAME.pickle.gz (the
    snapshot, `_record_memory_history(context=None)`) and OUTDIR/NAME.json (the sidecar allocsim
@@ -31,7 +34,8 @@ import gzip, json, multiprocessing as mp, os, random, shutil, sys, time
 
 import cupy
 import torch
-import transformers  # noqa: F401  imported before the fork, so each try starts at once
+import timm  # noqa: F401  imported before the fork, so each try starts at once
+import transformers  # noqa: F401
 
 MIB = 1 << 20
 
@@ -82,7 +86,68 @@ def gpt2_train(step_done):
         ids = loss = None
 
 
-WORKLOADS = {"llama_ft": llama_ft, "gpt2_train": gpt2_train}
+def vit_train(step_done):
+    import timm
+    torch.manual_seed(42)
+    rng = random.Random(42)
+    model = timm.create_model("vit_small_patch16_224", num_classes=1000).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for step in range(6):
+        b = rng.choice([64, 96, 128])
+        x = torch.randn(b, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (b,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        step_done()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        step_done()
+        x = y = loss = None
+
+
+def bert_mlm(step_done):
+    from transformers import BertConfig, BertForMaskedLM
+    torch.manual_seed(43)
+    rng = random.Random(43)
+    model = BertForMaskedLM(BertConfig(num_hidden_layers=8)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for step in range(8):
+        b, s = rng.choice([16, 32]), rng.choice([128, 256, 384, 512])
+        ids = torch.randint(0, 30522, (b, s), device="cuda")
+        labels = torch.where(torch.rand(b, s, device="cuda") < 0.15, ids, -100)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        step_done()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        step_done()
+        ids = labels = loss = None
+
+
+def llama_generate(step_done):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(44)
+    rng = random.Random(44)
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    with torch.inference_mode():
+        for step in range(5):
+            b, s = rng.choice([8, 16, 24]), rng.randint(64, 512)
+            ids = torch.randint(0, 32000, (b, s), device="cuda")
+            model.generate(ids, max_new_tokens=rng.randint(32, 96), do_sample=False,
+                           pad_token_id=0, eos_token_id=None)
+            torch.cuda.synchronize()
+            step_done()
+            ids = None
+
+
+WORKLOADS = {"llama_ft": llama_ft, "gpt2_train": gpt2_train, "vit_train": vit_train,
+             "bert_mlm": bert_mlm, "llama_generate": llama_generate}
 
 
 def one_try(workload, target, snapshot_path, out):

@@ -6,6 +6,7 @@
 # Each pair's files are tarred into OUTDIR/NAME.tar; the log of every try is OUTDIR/log.txt.
 set -u
 out=$1; shift
+mkdir -p "$out"
 declare -A queue
 for spec in "$@"; do
   gpu=${spec%%:*}; rest=${spec#*:}

@@ -449,3 +449,41 @@ def test_capture_reproduces_exactly_on_a_gpu(tmp_path):
     result = allocsim.replay(out)
     assert result.recorded_stats_match is True, result.recorded_stats_differences
     assert allocsim.fidelity(out).strip().endswith("exact")
+
+
+def test_capture_names_each_rank_and_records_the_calls_a_snapshot_cannot_show():
+    """Issues 51 and 49: under torchrun each rank writes its own snapshot; `empty_cache()` and
+    `set_per_process_memory_fraction()` are recorded with their place (allocations and frees
+    so far), on a stand-in for torch.cuda (no GPU here)."""
+    from types import SimpleNamespace
+    from allocsim.capture import _Calls, rank_from_env, rank_path
+
+    assert rank_from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (3, 1, 4)
+    assert rank_from_env({}) == (None, None, None)
+    assert rank_path("out/run.pickle.gz", 1) == "out/run_rank1.pickle.gz"
+    assert rank_path("run.pickle", 0) == "run_rank0.pickle"
+    assert rank_path("r{rank}/run.pickle.gz", 2) == "r2/run.pickle.gz"
+    assert rank_path("run.pickle.gz", None) == "run.pickle.gz"
+
+    done, counts = [], {"allocation.all.allocated": 5, "allocation.all.freed": 2}
+    memory = SimpleNamespace(
+        empty_cache=lambda: done.append("empty"),
+        set_per_process_memory_fraction=lambda f, d=None: done.append(("fraction", f, d)))
+    cuda = SimpleNamespace(
+        memory=memory, memory_stats=lambda device: dict(counts),
+        empty_cache=memory.empty_cache,
+        set_per_process_memory_fraction=memory.set_per_process_memory_fraction,
+        _utils=SimpleNamespace(_get_device_index=lambda d, optional=False: 0 if d is None else d))
+    fake = SimpleNamespace(cuda=cuda)
+    with _Calls(fake, 0) as calls:
+        fake.cuda.empty_cache()
+        counts["allocation.all.allocated"] = 9
+        fake.cuda.memory.set_per_process_memory_fraction(0.5)
+        fake.cuda.set_per_process_memory_fraction(0.25, 1)  # another GPU: not this trace's
+    assert done == ["empty", ("fraction", 0.5, None), ("fraction", 0.25, 1)]
+    assert calls.calls == [
+        {"call": "empty_cache", "allocations": 5, "frees": 2},
+        {"call": "set_per_process_memory_fraction", "fraction": 0.5, "allocations": 9, "frees": 2},
+    ]
+    assert fake.cuda.empty_cache is memory.empty_cache is not None and done  # restored
+    assert cuda.memory.empty_cache.__name__ == "<lambda>"
