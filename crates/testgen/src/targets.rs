@@ -73,8 +73,7 @@ pub fn writers(data: &[u8]) -> Result<(), Failure> {
 /// A fuzz target's body.
 pub type Target = fn(&[u8]) -> Result<(), Failure>;
 
-/// Every target by its `fuzz/fuzz_targets/` name (the report page's, `report_page`, is
-/// `allocsim_cli::page_reads_back`'s, which this crate cannot reach).
+/// Every target by its `fuzz/fuzz_targets/` name.
 pub const TARGETS: [(&str, Target); 9] = [
     ("program", program),
     ("snapshot_import", snapshot_import),
