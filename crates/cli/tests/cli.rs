@@ -481,7 +481,7 @@ fn mid_run_histories_say_how_their_statistics_count() {
     let (ok, text) = fidelity(&[]);
     assert!(ok && text.contains("exact (29 current values"), "{text}");
     let (ok, text) = fidelity(&["--stats-at-start", &at_start.to_string_lossy()]);
-    assert!(ok && text.contains("memory_stats: exact (122 keys)"), "{text}");
+    assert!(ok && text.contains("memory_stats: exact (122 of 122 keys)"), "{text}");
 }
 
 /// Private pools: `info` lists what it inferred, `replay` reports each pool, and the exported

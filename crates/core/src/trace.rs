@@ -81,6 +81,10 @@ pub struct TraceMeta {
     /// The version of the library that recorded it, as that library writes it (for a PyTorch
     /// snapshot, `torch.__version__` from the sidecar: `2.13.0+cu130`), if known.
     pub recorded_with: Option<String>,
+    /// Whether the recording lists every `empty_cache()` and memory fraction call (the sidecar
+    /// of `allocsim.capture`): else an `empty_cache()` that freed nothing is not in the trace,
+    /// and `num_sync_all_streams` is not determined by it.
+    pub calls_recorded: bool,
 }
 
 /// What kind of thing the recording shows the allocator doing.

@@ -185,6 +185,7 @@ impl NativeMeta {
             outside_allocator_bytes: None,
             // The format has no place for it (bincode files are not self-describing).
             recorded_with: None,
+            calls_recorded: false,
         })
     }
 }

@@ -30,6 +30,7 @@ fn everything() -> Trace {
             stats_at_start: None,
             outside_allocator_bytes: None,
             recorded_with: None,
+            calls_recorded: false,
         },
         ops: vec![
             Op::Alloc { id: id(0), size: 100, stream: StreamId(0) },

@@ -5,6 +5,7 @@
 //! JSON (`sidecar`). The stages are separate so each has one kind of error: the pickle names a
 //! byte offset, the entries a Python path such as `device_traces[0][17].size`.
 
+mod calls;
 mod convert;
 mod edits;
 mod entries;
@@ -102,10 +103,24 @@ fn read(
         // A private pool shows, and its inference reads the allocations' events.
         return read(path, &ReadOptions { events: true, ..opts.clone() }, None);
     }
-    if opts.sidecar {
-        sidecar::apply(path, &mut trace.meta)?;
+    let calls = match opts.sidecar {
+        true => sidecar::apply(path, &mut trace.meta)?,
+        false => None,
+    };
+    // The calls the capture recorded say which runs of frees were `empty_cache`; without them,
+    // the free memory at the start says which could not have been a retry path.
+    let placed = calls.as_deref().and_then(|c| calls::apply(&mut trace, c));
+    if calls.is_some() && placed.is_none() {
+        trace.warnings.push(
+            "the sidecar's empty_cache and memory fraction calls were left out: the history \
+             starts mid-run and the sidecar has no memory_stats to place them by"
+                .to_string(),
+        );
     }
-    let read_as_empty_cache = convert::split_empty_cache_runs(&mut trace, &device_events);
+    let read_as_empty_cache = match placed {
+        Some(_) => 0,
+        None => convert::split_empty_cache_runs(&mut trace, &device_events),
+    };
     if read_as_empty_cache > 0 {
         trace.warnings.push(format!(
             "{read_as_empty_cache} runs of device frees before an allocation were read as \
@@ -117,6 +132,7 @@ fn read(
         sent.events_sent
             && !sent.pools_inferred
             && read_as_empty_cache == 0
+            && placed.unwrap_or(0) == 0
             && trace.start.is_none()
             && sent.ops == trace.ops.len()
             && trace.meta == meta

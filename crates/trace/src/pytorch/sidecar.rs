@@ -2,6 +2,7 @@
 //! and device facts (`meta`) and `torch.cuda.memory_stats()` at its end (`memory_stats`), which
 //! the snapshot itself does not carry. Optional; when present its fields are checked.
 
+use super::calls::{Call, CallKind};
 use crate::error::{quoted, TraceError};
 use allocsim_core::TraceMeta;
 use serde_json::Value as Json;
@@ -14,15 +15,16 @@ pub fn sidecar_path(snapshot: &Path) -> Option<PathBuf> {
     Some(snapshot.with_file_name(format!("{stem}.json")))
 }
 
-/// Fill `meta` from the sidecar of `snapshot` if there is one. Returns whether one was read.
-pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> {
+/// Fill `meta` from the sidecar of `snapshot` if there is one. Returns the calls it recorded
+/// (`meta.calls`, written by `allocsim.capture`), if it has them.
+pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<Option<Vec<Call>>, TraceError> {
     let Some(path) = sidecar_path(snapshot) else {
-        return Ok(false);
+        return Ok(None);
     };
     let file = match crate::error::open_regular(&path) {
         Ok(f) => f,
         Err(TraceError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(false)
+            return Ok(None)
         }
         Err(e) => return Err(e),
     };
@@ -53,10 +55,61 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
     let Json::Object(top) = &json else {
         return Err(err("top level", format!("expected an object, got {}", got(&json))));
     };
+    let mut calls = None;
     if let Some(m) = top.get("meta") {
         let Json::Object(m) = m else {
             return Err(err("meta", format!("expected an object, got {}", got(m))));
         };
+        if let Some(v) = m.get("calls") {
+            let Json::Array(list) = v else {
+                return Err(err("meta.calls", format!("expected a list, got {}", got(v))));
+            };
+            let mut read = Vec::with_capacity(list.len());
+            for (i, c) in list.iter().enumerate() {
+                let place = format!("meta.calls[{i}]");
+                let count = |key: &str| {
+                    let v = c.get(key).unwrap_or(&Json::Null);
+                    v.as_u64().ok_or_else(|| {
+                        err(
+                            &format!("{place}.{key}"),
+                            format!("expected a count, got {}", shown(v)),
+                        )
+                    })
+                };
+                let kind = match c.get("call").and_then(Json::as_str) {
+                    Some("empty_cache") => CallKind::EmptyCache,
+                    Some("set_per_process_memory_fraction") => {
+                        let v = c.get("fraction").unwrap_or(&Json::Null);
+                        let f =
+                            v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
+                                err(
+                                    &format!("{place}.fraction"),
+                                    format!("expected a positive number, got {}", shown(v)),
+                                )
+                            })?;
+                        CallKind::MemoryFraction(f)
+                    }
+                    _ => {
+                        let v = c.get("call").unwrap_or(&Json::Null);
+                        return Err(err(
+                            &format!("{place}.call"),
+                            format!(
+                                "expected \"empty_cache\" or \"set_per_process_memory_fraction\", \
+                                 got {}",
+                                shown(v)
+                            ),
+                        ));
+                    }
+                };
+                read.push(Call {
+                    kind,
+                    allocations: count("allocations")?,
+                    frees: count("frees")?,
+                });
+            }
+            meta.calls_recorded = true;
+            calls = Some(read);
+        }
         let field = |key: &str| m.get(key).filter(|v| !v.is_null());
         if let Some(v) = field("alloc_conf") {
             let s = v.as_str().ok_or_else(|| {
@@ -113,5 +166,5 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<bool, TraceError> 
     if let Some(s) = at_start.filter(|s| !s.is_null()) {
         meta.stats_at_start = Some(stats(s, "meta.memory_stats_at_history_start")?);
     }
-    Ok(true)
+    Ok(calls)
 }
