@@ -11,6 +11,14 @@
 //! XLA are C++ inside their compilers), so it is written here; the heuristics are theirs:
 //! greedy by size and greedy by breadth.
 //!
+//! The bound counts every stream and private pool together. PyTorch keeps them apart, but
+//! not every allocator must: a block whose free has completed (after the other streams' work,
+//! `FreeCompleted`) may serve any stream, and an allocator that knows the future may share one
+//! arena between pools, as [`place`] does; a bound per stream or pool would be PyTorch's cost,
+//! not every allocator's. (A CUDA graph's pool is stricter: its replays write to the blocks of
+//! its capture until the pool goes. The ops do not say which pools are graphs', so neither the
+//! bound nor the placement assumes it.)
+//!
 //! **Architecture Invariant:** depends on `allocsim-core` only, does no IO.
 
 mod exact;
