@@ -47,6 +47,53 @@ fn every_policy_replays_every_trace_with_zero_checker_violations() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// `--policy offline` on every bundled trace, under the checker: it reserves the offline
+/// placement's arena (what `allocsim bound` reports) once and never gives it back, fails the
+/// requests the recording shows failing and no other, and its statistics are PyTorch's
+/// identities over its events (the checker compares them after every op). Where the trace's
+/// memory fraction refuses the arena, it reserves nothing and every request fails.
+#[test]
+fn the_offline_policy_replays_every_trace_as_its_placement() {
+    let mut failures = Vec::new();
+    for path in bundled_traces() {
+        let trace = read(&path);
+        let opts = RunOptions {
+            policy: allocsim_run::OFFLINE.into(),
+            check: true,
+            ..RunOptions::default()
+        };
+        let r = run_trace(&trace, &opts, &mut [], |_| {}).unwrap();
+        let bound = allocsim_bound::bound(&trace);
+        let requests = allocsim_bound::allocations(&trace).requests;
+        let planned_failures = requests.iter().filter(|(_, lifetime)| lifetime.is_none()).count();
+        let (m, s) = (&r.metrics, &r.stats);
+        let arena = bound.offline.expect("every bundled trace is placed").0;
+        let violations = r.check.as_ref().unwrap().total_violations();
+        // Its blocks are active exactly over their lifetimes: the peak is the bound's.
+        let ran_as_planned = m.peak_reserved_bytes == arena
+            && m.peak_active_bytes == bound.peak_live_bytes
+            && m.ooms.len() == planned_failures
+            && s.num_device_alloc == 1;
+        let refused = m.peak_reserved_bytes == 0 && m.ooms.len() == requests.len();
+        let sane = s.num_device_free == 0
+            && s.reserved_bytes.all.peak as u64 == m.peak_reserved_bytes
+            && s.active_bytes.all.peak as u64 == m.peak_active_bytes;
+        if violations > 0 || !(ran_as_planned || refused) || !sane {
+            failures.push(format!(
+                "{}: {violations} violations, peak reserved {} for an arena of {arena}, peak \
+                 active {} for {} live at most, {} OOMs ({planned_failures} planned), stats {:?}",
+                name(&path),
+                m.peak_reserved_bytes,
+                m.peak_active_bytes,
+                bound.peak_live_bytes,
+                m.ooms.len(),
+                (s.num_device_alloc, s.num_device_free, s.reserved_bytes.all.peak)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The PyTorch clone, replayed on the device that follows each recording, reproduces every
 /// recorded event (action, size, segment offset) and every `memory_stats()` key, and makes
 /// every device call the recording shows, at its address: the device never falls back to
@@ -113,7 +160,7 @@ fn replay_is_deterministic() {
         run_trace(&trace, &opts, &mut observers, |_| {}).unwrap();
         log.finish().unwrap()
     };
-    for policy in allocsim_policies::names() {
+    for policy in allocsim_policies::names().into_iter().chain([allocsim_run::OFFLINE]) {
         let (a, b) = (log(policy), log(policy));
         assert!(!a.is_empty(), "{policy} logged no events");
         assert!(a == b, "{policy}: two runs of {} gave different event logs", path.display());

@@ -3,6 +3,7 @@
 use crate::output::outln;
 use allocsim_bound::Bound;
 use allocsim_core::text::quoted;
+use allocsim_core::Allocator;
 use allocsim_run::{compare, GridCell, RunOptions};
 use anyhow::{bail, Context};
 use std::collections::HashMap;
@@ -61,8 +62,15 @@ fn policies(spec: &str) -> anyhow::Result<Vec<String>> {
         if name.contains(['[', ']']) || depth != 0 {
             bail!("policies {}: {} is not NAME or NAME[SETTINGS]", quoted(spec), quoted(column));
         }
-        allocsim_policies::by_name(name, conf)
-            .with_context(|| format!("policy column {}", quoted(column)))?;
+        // The offline policy is planned from each trace (`allocsim_run::offline_policy`);
+        // here only its settings, none, are checked.
+        let known = match name {
+            allocsim_run::OFFLINE => {
+                allocsim_policies::offline::Offline::new(0, []).set_settings(conf.unwrap_or(""))
+            }
+            _ => allocsim_policies::by_name(name, conf).map(drop),
+        };
+        known.with_context(|| format!("policy column {}", quoted(column)))?;
     }
     Ok(columns)
 }

@@ -147,9 +147,11 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         crate::output::check_output(path, &inputs)?;
     }
     // A native binary trace streams its ops, so memory stays bounded however long it is;
-    // replaying on a GPU wants the whole trace, and a trace the caller loaded is used as it is.
+    // replaying on a GPU wants the whole trace, and so does the offline policy, planned from
+    // it; a trace the caller loaded is used as it is.
     let preloaded = cx.preloaded(&args.trace);
-    let streams = preloaded.is_none()
+    let whole = preloaded.is_some() || args.policy == allocsim_run::OFFLINE;
+    let streams = !whole
         && args.device != DeviceArg::Cuda
         && allocsim_trace::Format::from_path(&args.trace) == Some(allocsim_trace::Format::Native);
     let mut stream = if streams {
@@ -160,7 +162,7 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     // A snapshot replays while it is read when the run wants nothing but its ops as they come
     // (`allocsim_trace::pytorch::read_snapshot_replaying`).
     let overlaps = !streams
-        && preloaded.is_none()
+        && !whole
         && args.export_snapshot.is_none()
         && args.event_log.is_none()
         && args.device != DeviceArg::Cuda

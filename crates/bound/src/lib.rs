@@ -11,6 +11,14 @@
 //! XLA are C++ inside their compilers), so it is written here; the heuristics are theirs:
 //! greedy by size and greedy by breadth.
 //!
+//! The bound counts every stream and private pool together. PyTorch keeps them apart, but
+//! not every allocator must: a block whose free has completed (after the other streams' work,
+//! `FreeCompleted`) may serve any stream, and an allocator that knows the future may share one
+//! arena between pools, as [`place`] does; a bound per stream or pool would be PyTorch's cost,
+//! not every allocator's. (A CUDA graph's pool is stricter: its replays write to the blocks of
+//! its capture until the pool goes. The ops do not say which pools are graphs', so neither the
+//! bound nor the placement assumes it.)
+//!
 //! **Architecture Invariant:** depends on `allocsim-core` only, does no IO.
 
 mod exact;
@@ -19,7 +27,7 @@ mod place;
 pub use exact::exact;
 pub use place::{check, place, Placement};
 
-use allocsim_core::{AllocId, BlockState, Op, RecordedKind, Trace};
+use allocsim_core::{AllocId, BlockState, Op, RecordedKind, StreamId, Trace};
 use std::collections::{HashMap, HashSet};
 
 /// PyTorch's block rounding and the alignment every placement keeps: 512 bytes.
@@ -27,8 +35,10 @@ pub const ALIGN_BYTES: u64 = 512;
 /// The driver's page: device memory is reserved in whole pages of 2 MiB.
 pub const PAGE_BYTES: u64 = 2 << 20;
 
-/// One allocation: live over the ops `start..end` (its free completes at `end`), `size` bytes
-/// rounded up to [`ALIGN_BYTES`].
+/// One allocation: live over the times `start..end` (its free completes at `end`), `size` bytes
+/// rounded up to [`ALIGN_BYTES`]. Op `i` of a trace happens at time `i + 1`; time 0 is the
+/// state a mid-run recording starts from, so that a block alive then and freed by op 0 lives
+/// while the other blocks alive then do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lifetime {
     pub start: u64,
@@ -37,56 +47,106 @@ pub struct Lifetime {
 }
 
 impl Lifetime {
-    /// Whether the two are live at some op at the same time.
+    /// Whether the two are live at the same time.
     pub fn overlaps(&self, other: &Lifetime) -> bool {
         self.start < other.end && other.start < self.end
     }
 }
 
-/// Every allocation of `trace` with its lifetime: the blocks alive when a mid-run recording
-/// starts (from op 0), then those its ops make, in order. A free ends a lifetime when it
-/// completes: at `FreeRequested`, or at `FreeCompleted` for a block with recorded stream uses
-/// or already waiting for one. What is never freed lives to the end. Allocations the recording
-/// shows failing (an OOM the program caught) are left out: the run went on without them.
+/// Every allocation of `trace` with its lifetime ([`allocations`]).
 pub fn lifetimes(trace: &Trace) -> Vec<Lifetime> {
-    let mut out: Vec<Lifetime> = Vec::new();
-    let mut live: HashMap<AllocId, (usize, bool)> = HashMap::new();
-    let end = trace.ops.len() as u64;
-    let rounded = |size: u64| size.div_ceil(ALIGN_BYTES).max(1) * ALIGN_BYTES;
+    allocations(trace).lifetimes
+}
+
+/// A trace's allocations as a replay of it makes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allocations {
+    pub lifetimes: Vec<Lifetime>,
+    /// Every allocation a replay asks the allocator for, in the order it asks: its id and the
+    /// index of its lifetime, `None` for one the recording shows failing. What the offline
+    /// policy follows (`allocsim_policies::offline`).
+    pub requests: Vec<(AllocId, Option<usize>)>,
+}
+
+/// Where an allocation stands, as the replay engine sees it.
+enum State {
+    Live {
+        lifetime: usize,
+        stream: StreamId,
+        other_stream: bool,
+    },
+    /// Freed by the program, waiting for another stream's work.
+    Pending {
+        lifetime: usize,
+    },
+}
+
+/// The allocations of `trace` and their lifetimes: the blocks alive when a mid-run recording
+/// starts (from time 0, in the order `StartState::prologue` lays them out), then those its ops
+/// make, in order. Each op is read as the replay engine passes it on, so that a replay meets
+/// the same allocations: an `Alloc` of an id still live is skipped; a free ends a lifetime
+/// when it completes, at `FreeRequested`, or at `FreeCompleted` for a block used on a stream
+/// other than its own (`RecordStream`, which PyTorch ignores for the block's own stream). What
+/// is never freed lives to the end. Allocations the recording shows failing (an OOM the
+/// program caught) get no lifetime: the run went on without them.
+pub fn allocations(trace: &Trace) -> Allocations {
+    let mut out = Allocations::default();
+    let mut live: HashMap<AllocId, State> = HashMap::new();
+    let end = trace.ops.len() as u64 + 1;
+    // Saturating: a corrupt trace's request of u64::MAX bytes must not wrap to a small one.
+    let rounded = |size: u64| size.div_ceil(ALIGN_BYTES).max(1).saturating_mul(ALIGN_BYTES);
     let failed: HashSet<u64> =
         trace.recorded.iter().filter(|r| r.kind == RecordedKind::Oom).map(|r| r.op).collect();
     if let Some(start) = &trace.start {
-        for block in start.segments.iter().flat_map(|s| &s.blocks) {
-            let Some(id) =
-                start.id_at(block.address).filter(|_| block.state != BlockState::Inactive)
-            else {
-                continue;
-            };
-            live.insert(id, (out.len(), block.state == BlockState::ActivePendingFree));
-            out.push(Lifetime { start: 0, end, size: rounded(block.size) });
+        for seg in &start.segments {
+            for block in seg.blocks.iter().filter(|b| b.state.is_active()) {
+                let Some(id) = start.id_at(block.address) else { continue };
+                let lifetime = out.lifetimes.len();
+                out.lifetimes.push(Lifetime { start: 0, end, size: rounded(block.requested_size) });
+                out.requests.push((id, Some(lifetime)));
+                let state = match block.state {
+                    BlockState::ActivePendingFree => State::Pending { lifetime },
+                    _ => State::Live { lifetime, stream: seg.stream, other_stream: false },
+                };
+                live.insert(id, state);
+            }
         }
     }
     for (i, op) in trace.ops.iter().enumerate() {
-        let i = i as u64;
-        match op {
-            Op::Alloc { id, size, .. } | Op::AllocAt { id, size, .. } if !failed.contains(&i) => {
-                live.insert(*id, (out.len(), false));
-                out.push(Lifetime { start: i, end, size: rounded(*size) });
+        let (i, at) = (i as u64, i as u64 + 1);
+        match *op {
+            Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. } => {
+                if live.contains_key(&id) {
+                    continue;
+                }
+                if failed.contains(&i) {
+                    out.requests.push((id, None));
+                    continue;
+                }
+                let lifetime = out.lifetimes.len();
+                out.lifetimes.push(Lifetime { start: at, end, size: rounded(size) });
+                out.requests.push((id, Some(lifetime)));
+                live.insert(id, State::Live { lifetime, stream, other_stream: false });
             }
-            Op::RecordStream { id, .. } => {
-                if let Some(entry) = live.get_mut(id) {
-                    entry.1 = true;
+            Op::RecordStream { id, stream: used } => {
+                if let Some(State::Live { stream, other_stream, .. }) = live.get_mut(&id) {
+                    *other_stream |= *stream != used;
                 }
             }
-            Op::FreeRequested { id } => {
-                if let Some(&(k, false)) = live.get(id) {
-                    out[k].end = i;
-                    live.remove(id);
+            Op::FreeRequested { id } => match live.get(&id) {
+                Some(&State::Live { lifetime, other_stream: true, .. }) => {
+                    live.insert(id, State::Pending { lifetime });
                 }
-            }
+                Some(&State::Live { lifetime, .. }) => {
+                    out.lifetimes[lifetime].end = at;
+                    live.remove(&id);
+                }
+                _ => {}
+            },
             Op::FreeCompleted { id } => {
-                if let Some((k, _)) = live.remove(id) {
-                    out[k].end = i;
+                if let Some(&State::Pending { lifetime }) = live.get(&id) {
+                    out.lifetimes[lifetime].end = at;
+                    live.remove(&id);
                 }
             }
             _ => {}
@@ -95,7 +155,7 @@ pub fn lifetimes(trace: &Trace) -> Vec<Lifetime> {
     out
 }
 
-/// The most bytes live at any op: no allocator can do with less. [`PAGE_BYTES`] rounding is
+/// The most bytes live at any time: no allocator can do with less. [`PAGE_BYTES`] rounding is
 /// left to the caller (`reserved_bound`).
 pub fn lower_bound(lifetimes: &[Lifetime]) -> u64 {
     live_bytes(lifetimes).into_iter().map(|(_, live)| live).max().unwrap_or(0)
@@ -114,7 +174,7 @@ pub(crate) fn live_bytes(lifetimes: &[Lifetime]) -> Vec<(u64, u64)> {
     for (k, &(at, delta)) in edges.iter().enumerate() {
         live += delta;
         if edges.get(k + 1).is_none_or(|next| next.0 != at) {
-            points.push((at, live as u64));
+            points.push((at, live.min(u64::MAX as i128) as u64));
         }
     }
     points
@@ -161,5 +221,5 @@ pub fn bound_bytes(trace: &Trace) -> u64 {
 
 /// Device memory reserved in whole pages to hold `bytes`.
 pub fn reserved(bytes: u64) -> u64 {
-    bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES
+    bytes.div_ceil(PAGE_BYTES).saturating_mul(PAGE_BYTES)
 }

@@ -101,14 +101,14 @@ fn fit(lifetimes: &[Lifetime], order: &[usize], name: &'static str, tightest: bo
         busy.clear();
         tree.overlapping(me.start, me.end, &mut |j| {
             if placed[j] {
-                busy.push((offsets[j], offsets[j] + lifetimes[j].size));
+                busy.push((offsets[j], offsets[j].saturating_add(lifetimes[j].size)));
             }
         });
         busy.sort_unstable();
         // The gaps [top, lo) between what is placed, lowest first; above them all, `top`.
         let (mut top, mut lowest, mut tight) = (0u64, None::<u64>, None::<(u64, u64)>);
         for &(lo, hi) in &busy {
-            if lo >= top + me.size {
+            if lo >= top.saturating_add(me.size) {
                 lowest.get_or_insert(top);
                 if tight.is_none_or(|(gap, _)| lo - top < gap) {
                     tight = Some((lo - top, top));
@@ -119,7 +119,7 @@ fn fit(lifetimes: &[Lifetime], order: &[usize], name: &'static str, tightest: bo
         let at =
             if tightest { tight.map_or(top, |(_, start)| start) } else { lowest.unwrap_or(top) };
         offsets[i] = at;
-        peak = peak.max(at + me.size);
+        peak = peak.max(at.saturating_add(me.size));
         placed[i] = true;
     }
     Placement { offsets, peak, order: name }
@@ -263,7 +263,7 @@ pub fn check(lifetimes: &[Lifetime], placement: &Placement) -> Result<(), String
     let mut active: Vec<usize> = Vec::new();
     for &i in &order {
         let (me, at) = (lifetimes[i], placement.offsets[i]);
-        if at % crate::ALIGN_BYTES != 0 || at + me.size > placement.peak {
+        if at % crate::ALIGN_BYTES != 0 || at.saturating_add(me.size) > placement.peak {
             return Err(format!(
                 "allocation {i} at {at} (+{}) unaligned or above {}",
                 me.size, placement.peak
@@ -272,7 +272,9 @@ pub fn check(lifetimes: &[Lifetime], placement: &Placement) -> Result<(), String
         active.retain(|&j| lifetimes[j].end > me.start);
         for &j in &active {
             let other = placement.offsets[j];
-            if me.overlaps(&lifetimes[j]) && at < other + lifetimes[j].size && other < at + me.size
+            if me.overlaps(&lifetimes[j])
+                && at < other.saturating_add(lifetimes[j].size)
+                && other < at.saturating_add(me.size)
             {
                 return Err(format!(
                     "allocations {j} and {i} overlap at {other} and {at} while both live"

@@ -1,8 +1,13 @@
 //! The offline placement against the independent oracle (`check`), the bound, and the exact
 //! optimum of small generated cases.
 
-use allocsim_bound::{check, exact, lifetimes, lower_bound, place, Lifetime, ALIGN_BYTES};
-use allocsim_core::{AllocId, Op, StreamId};
+use allocsim_bound::{
+    allocations, check, exact, lifetimes, lower_bound, place, Lifetime, ALIGN_BYTES,
+};
+use allocsim_core::{
+    AllocId, BlockState, MemPoolId, Op, Pool, RecordedEvent, RecordedKind, SnapshotBlock,
+    SnapshotSegment, StartState, StreamId, Trace,
+};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
@@ -85,13 +90,66 @@ fn lifetimes_end_where_frees_complete() {
         Op::FreeCompleted { id: AllocId(1) },
         Op::Alloc { id: AllocId(2), size: 512, stream: s },
     ];
-    let trace = allocsim_core::Trace { ops: ops.to_vec(), ..Default::default() };
+    let trace = Trace { ops: ops.to_vec(), ..Default::default() };
     assert_eq!(
         lifetimes(&trace),
         vec![
-            Lifetime { start: 0, end: 3, size: 512 },
-            Lifetime { start: 1, end: 5, size: 1024 },
-            Lifetime { start: 6, end: 7, size: 512 },
+            Lifetime { start: 1, end: 4, size: 512 },
+            Lifetime { start: 2, end: 6, size: 1024 },
+            Lifetime { start: 7, end: 8, size: 512 },
         ]
     );
+}
+
+#[test]
+fn allocations_are_read_as_the_replay_engine_passes_them_on() {
+    let (s, a) = (StreamId(0), AllocId(0));
+    let ops = [
+        Op::Alloc { id: a, size: 512, stream: s },
+        Op::Alloc { id: a, size: 4096, stream: s },
+        Op::RecordStream { id: a, stream: s },
+        Op::FreeCompleted { id: a },
+        Op::FreeRequested { id: a },
+        Op::Alloc { id: AllocId(1), size: 512, stream: s },
+        Op::Alloc { id: a, size: 512, stream: s },
+    ];
+    let oom = RecordedEvent { op: 5, kind: RecordedKind::Oom, addr: 0, size: 512, stream: s };
+    let trace = Trace { ops: ops.to_vec(), recorded: vec![oom], ..Default::default() };
+    let got = allocations(&trace);
+    // The second alloc of a live id is skipped; a stream use on the block's own stream does
+    // not hold its free back, and a completion without a request frees nothing; the failed
+    // request is asked for but has no lifetime.
+    let first = Lifetime { start: 1, end: 5, size: 512 };
+    let again = Lifetime { start: 7, end: 8, size: 512 };
+    assert_eq!(got.lifetimes, vec![first, again]);
+    assert_eq!(got.requests, vec![(a, Some(0)), (AllocId(1), None), (a, Some(1))]);
+}
+
+#[test]
+fn a_block_alive_at_a_mid_run_start_and_freed_by_the_first_op_lives_with_the_others() {
+    let live = |address| SnapshotBlock {
+        address,
+        size: 1 << 20,
+        requested_size: 1 << 20,
+        state: BlockState::ActiveAllocated,
+    };
+    let segment = SnapshotSegment {
+        address: 0,
+        total_size: 2 << 20,
+        stream: StreamId(0),
+        pool: Pool::Large,
+        pool_id: MemPoolId::DEFAULT,
+        is_expandable: false,
+        blocks: vec![live(0), live(1 << 20)],
+    };
+    let start =
+        StartState { segments: vec![segment], ids: vec![(0, AllocId(0)), (1 << 20, AllocId(1))] };
+    let trace = Trace {
+        ops: vec![Op::FreeRequested { id: AllocId(0) }],
+        start: Some(start),
+        ..Default::default()
+    };
+    let ls = lifetimes(&trace);
+    assert!(ls[0].overlaps(&ls[1]), "{ls:?}");
+    assert_eq!(lower_bound(&ls), 2 << 20);
 }

@@ -295,6 +295,41 @@ fn compare_takes_settings_as_columns() {
     );
 }
 
+/// `--policy offline` replays `bound`'s offline placement as a policy, in `replay` (under the
+/// checker, from a native file too, which otherwise streams) and as a `compare` column; it
+/// takes no settings.
+#[test]
+fn the_offline_placement_replays_as_a_policy() {
+    let trace = user_trace("c_ring.pickle.gz");
+    let trace = trace.to_str().unwrap();
+    let bound = allocsim(&["bound", trace, "--json"]);
+    let bound: serde_json::Value = serde_json::from_slice(&bound.stdout).expect("bound JSON");
+    let dir = scratch();
+    let native = dir.path().join("c_ring.allocsim");
+    let native = native.to_str().unwrap();
+    assert!(allocsim(&["convert", trace, native]).status.success());
+    for input in [trace, native] {
+        let out = allocsim(&["replay", input, "--policy", "offline", "--check", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("replay JSON");
+        assert_eq!(j["checker_violations"], 0);
+        assert_eq!(j["peak_reserved_bytes"], bound["offline_bytes"], "{input}");
+    }
+    let out = allocsim(&["compare", trace, "--policy", "offline,bfc", "--no-capacity", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("compare JSON");
+    assert_eq!((&rows[0]["policy"], &rows[0]["headroom_bytes"]), (&"offline".into(), &0.into()));
+    for args in [
+        vec!["compare", trace, "--policy", "offline[x:1]"],
+        vec!["replay", trace, "--policy", "offline", "--alloc-conf", "x:1"],
+    ] {
+        let out = allocsim(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(stderr.contains("policy offline takes no settings"), "{stderr}");
+    }
+}
+
 /// A what-if replay is held against the recorded run on peaks and OOMs, not key by key.
 #[test]
 fn a_what_if_says_what_changed() {

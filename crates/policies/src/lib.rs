@@ -1,10 +1,13 @@
 //! Allocation policies behind [`allocsim_core::Allocator`]: the faithful PyTorch caching
 //! allocator clone (`pytorch`), and the uncached baseline, the policy zoo and the kit's
 //! example (`best_fit`), all written on the [`kit`]. Every policy is registered once, in [`POLICIES`]: the CLI, the
-//! checker suites, the property tests and the fuzzers take it from there.
+//! checker suites, the property tests and the fuzzers take it from there. The one exception,
+//! [`offline`], follows a plan made from the whole trace, so it is built from that plan, not
+//! from a name and settings (its module doc says why).
 
 pub mod best_fit;
 pub mod kit;
+pub mod offline;
 pub mod pytorch;
 pub mod uncached;
 pub mod zoo;

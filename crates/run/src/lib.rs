@@ -5,6 +5,7 @@
 
 mod capacity;
 mod grid;
+mod offline;
 mod run;
 mod session;
 
@@ -13,6 +14,7 @@ pub use capacity::{
     CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES,
 };
 pub use grid::{column_options, compare, min_feasible_capacity, GridCell};
+pub use offline::{policy as offline_policy, OFFLINE};
 pub use run::{
     changes_the_run, run_trace, run_trace_fed, run_trace_on, run_trace_streamed, DeviceChoice,
     RunOptions, RunReport, StartedFrom, H100_FREE_BYTES, H100_TOTAL_BYTES,

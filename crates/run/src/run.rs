@@ -138,6 +138,8 @@ struct Head<'t> {
     /// Where the device events come from instead, as a snapshot is read.
     feed: Option<&'t RecordedFeed>,
     has_recording: bool,
+    /// The whole trace, when it lies in memory: what the offline policy is planned from.
+    whole: Option<&'t Trace>,
 }
 
 impl<'t> Head<'t> {
@@ -149,6 +151,7 @@ impl<'t> Head<'t> {
             recorded: &trace.recorded,
             feed: None,
             has_recording: !trace.recorded.is_empty(),
+            whole: Some(trace),
         }
     }
 }
@@ -177,7 +180,7 @@ pub fn run_trace_streamed(
     progress: impl FnMut(u64),
 ) -> Result<RunReport, ConfigError> {
     streamable(opts)?;
-    let head = Head { has_recording: recorded_len > 0, ..Head::of(head) };
+    let head = Head { has_recording: recorded_len > 0, whole: None, ..Head::of(head) };
     run_head(head, ops, opts, extra, progress)
 }
 
@@ -207,7 +210,7 @@ pub fn run_trace_fed(
     if reserves && follows_recording(opts, &head.meta, true) {
         return None;
     }
-    let head = Head { feed: Some(&feed), has_recording: true, ..Head::of(head) };
+    let head = Head { feed: Some(&feed), has_recording: true, whole: None, ..Head::of(head) };
     Some(run_head(head, ops, opts, extra, progress))
 }
 
@@ -312,7 +315,11 @@ fn run_on<D: Device>(
     let run = Run { trace, opts, device_name, alloc_conf, total, free };
     // Every policy is called directly, through the loop built for its own type.
     let conf = run.alloc_conf.clone();
+    let whole = run.trace.whole;
     let replay = Replay { run, ops, device, extra, progress };
+    if opts.policy == crate::offline::OFFLINE {
+        return replay.visit(crate::offline::policy(whole, &conf)?);
+    }
     let recorded = opts.alloc_conf.is_none() && !conf.is_empty();
     allocsim_policies::visit_policy(&opts.policy, &conf, replay).map_err(|e| {
         if !recorded {

@@ -66,6 +66,12 @@ fn streamed_runs_report_what_whole_runs_report() {
             |_| {},
         );
         assert!(refused.unwrap_err().0.contains("whole recording"));
+        // The offline policy is planned from every op before the first: not from a stream.
+        let offline = RunOptions { policy: allocsim_run::OFFLINE.into(), ..RunOptions::default() };
+        let stream = allocsim_trace::native::read_native_ops(&path).unwrap();
+        let ops = stream.ops.map(Result::unwrap);
+        let refused = run_trace_streamed(&stream.head, 1, ops, &offline, &mut [], |_| {});
+        assert!(refused.unwrap_err().0.contains("whole trace"));
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
