@@ -25,7 +25,7 @@ const allocsim = {
   },
   OOM_COLOR: "#c800c8",
   // A uPlot draw hook marking each OOM at its x: the plot's height for up to 20 in view;
-  // more, as triangles along the top, those closer than 8 px as one with their count, so a
+  // more, as triangles along the top, those within 24 px as one with their count, so a
   // thousand stay readable and leave the bands visible.
   oomMarks(ooms) {
     return (u) => {
@@ -43,7 +43,7 @@ const allocsim = {
       const groups = [];
       for (const x of xs) {
         const g = groups[groups.length - 1];
-        if (g && x - g.x < 8 * devicePixelRatio) g.n++; else groups.push({ x, n: 1 });
+        if (g && x - g.x < 24 * devicePixelRatio) g.n++; else groups.push({ x, n: 1 });
       }
       const r = 5 * devicePixelRatio;
       ctx.font = `${10 * devicePixelRatio}px sans-serif`;

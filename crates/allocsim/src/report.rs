@@ -150,8 +150,15 @@ impl Observer for Collect {
             }
             Event::Alloc { addr, size, stream, pool, .. } => {
                 self.live.insert(addr, self.lives.len());
-                let life =
-                    Life { start: op, end: u64::MAX, addr, size, stream: stream.0, pool, before: false };
+                let life = Life {
+                    start: op,
+                    end: u64::MAX,
+                    addr,
+                    size,
+                    stream: stream.0,
+                    pool,
+                    before: false,
+                };
                 self.lives.push(life);
             }
             Event::FreeRequested { addr, .. } => {
