@@ -62,7 +62,8 @@ const allocsim = {
   // A table of `allocsim report`'s columns ({names, rows, lengths, data}: report/pack.rs)
   // as {name: Float64Array}: base64, inflated, LEB128 varints.
   async unpack(table) {
-    const raw = Uint8Array.from(atob(table.data), (c) => c.charCodeAt(0));
+    const text = atob(table.data), raw = new Uint8Array(text.length);
+    for (let i = 0; i < text.length; i++) raw[i] = text.charCodeAt(i);
     const stream = new Blob([raw]).stream().pipeThrough(new DecompressionStream("deflate"));
     const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
     const out = {};

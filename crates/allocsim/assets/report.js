@@ -54,6 +54,7 @@
     for (let i = 0; i < N; i++) if (eop[i] !== Infinity) order[counts[eop[i]]++] = i;
     return order;
   })();
+  document.body.dataset.unpackedMs = Math.round(performance.now());
   // Reserved memory after each op that changed it.
   const S = await unpack(T.steps);
   const stepOp = new Float64Array(S.op.length), stepX = new Float64Array(S.op.length),
@@ -242,7 +243,9 @@
   let plot = null;
   function show(xa, xb, yRange) {
     const W = Math.max(50, Math.round(plot ? plot.bbox.width / devicePixelRatio : width - 100));
+    const began = performance.now();
     V = computeView(xa, xb, W, plot ? plot.bbox.height / devicePixelRatio : height - 60, yRange);
+    document.body.dataset.viewMs = Math.round(performance.now() - began);
     hoverCache = [-1, null];
     const drawn = new Set();
     for (let k = 1; k < V.rects.length; k += 3) drawn.add(V.rects[k]);
