@@ -66,9 +66,10 @@
       stepOp[k] = o; stepX[k] = timed ? x : o; stepBytes[k] = b;
     }
   }
-  const lastX = Math.max(1, stepX[stepX.length - 1] || 0,
-    ...[...D.ooms.map((o) => o[2]), ...D.empty_caches.map((e) => e[1])],
-    N ? (timed ? x0[N - 1] : sop[N - 1]) : 0, timed ? 0 : D.ops);
+  // (A reduce, not Math.max(...marks): a storm of 100,000 OOMs is too many arguments.)
+  const lastX = [...D.ooms.map((o) => o[2]), ...D.empty_caches.map((e) => e[1])].reduce(
+    (a, b) => Math.max(a, b), Math.max(1, stepX[stepX.length - 1] || 0,
+      N ? (timed ? x0[N - 1] : sop[N - 1]) : 0, timed ? 0 : D.ops));
   const full = [0, lastX + Math.max(1, lastX / 100)];
   const firstAt = (arr, v, lo = 0, hi = arr.length) => { // first k with arr[k] >= v
     while (lo < hi) { const m = (lo + hi) >> 1; if (arr[m] < v) lo = m + 1; else hi = m; }

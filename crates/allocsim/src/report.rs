@@ -394,7 +394,8 @@ impl Clock {
 /// as a change); the stacks as lists of indices into `frames`.
 fn timeline(c: &Collect, trace: &Trace, clock: &Clock) -> Value {
     let timed = !clock.times.is_empty();
-    let mut cols = Columns::default();
+    let mut cols =
+        Columns::with(&["start", "ops", "x0", "dx", "size", "addr", "stack", "note", "kind"]);
     let mut streams: Vec<u64> = Vec::new();
     let mut stream_index: HashMap<u64, u64> = HashMap::new();
     let mut stacks = Stacks::default();
@@ -436,7 +437,7 @@ fn timeline(c: &Collect, trace: &Trace, clock: &Clock) -> Value {
         let large = u64::from(l.pool == Pool::Large);
         cols.col("kind").push(stream * 4 + large * 2 + u64::from(l.before));
     }
-    let mut steps = Columns::default();
+    let mut steps = Columns::with(&["op", "x", "bytes"]);
     let (mut op0, mut x0, mut bytes0) = (0, 0, 0i64);
     for &(op, bytes) in &c.reserved_steps {
         steps.col("op").push(op - op0);
@@ -498,7 +499,8 @@ fn snapshots(c: &mut Collect) -> Value {
     }
     all.sort_by_key(|(op, _)| *op);
     all.dedup_by_key(|(op, _)| *op);
-    let mut cols = Columns::default();
+    let mut cols =
+        Columns::with(&["segments", "address", "size", "kind", "blocks", "gap", "bytes", "state"]);
     let mut streams: Vec<u64> = Vec::new();
     let mut stream_index: HashMap<u64, u64> = HashMap::new();
     let mut list = Vec::new();

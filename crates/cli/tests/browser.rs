@@ -422,3 +422,21 @@ fn a_report_of_a_million_ops_zooms_to_single_allocations() {
         }
     }
 }
+
+/// A trace with no entry makes a page that loads (empty columns, no view to zoom into).
+#[test]
+fn a_report_of_an_empty_trace_loads() {
+    use allocsim_trace::pickle::Value;
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let trace = scratch.path().join("empty.pickle");
+    let root = Value::str_dict([
+        ("segments", Value::list(vec![])),
+        ("device_traces", Value::list(vec![Value::list(vec![])])),
+    ]);
+    std::fs::write(&trace, allocsim_trace::pickle::to_vec(&root).unwrap()).unwrap();
+    let page = scratch.path().join("empty.html");
+    report(&trace, &page, &["--no-advice"]);
+    let body = body_after_load(browser, &page);
+    assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-errors"), "{body}");
+}

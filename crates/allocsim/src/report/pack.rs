@@ -16,6 +16,15 @@ pub struct Columns {
 }
 
 impl Columns {
+    /// A table with these columns (each present, if empty, for the page to read).
+    pub fn with(names: &[&'static str]) -> Columns {
+        let mut columns = Columns::default();
+        for &name in names {
+            columns.col(name);
+        }
+        columns
+    }
+
     /// The column `name`, made on first use; columns keep the order of their first use.
     pub fn col(&mut self, name: &'static str) -> Col<'_> {
         let i = match self.names.iter().position(|&n| n == name) {
