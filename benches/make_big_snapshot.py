@@ -16,8 +16,7 @@ frames of 64 KiB, every string, dict and list memoized once and referred back to
 lists and dicts filled 1,000 items at a time; an allocation and a `free_requested` have a
 frames list of their own (of frame dicts shared between entries), a `free_completed` shares
 its `free_requested`'s. The writer streams: it holds one step and the stacks, so memory stays
-under 200 MB whatever ENTRIES (10 M entries: about 4.5 min here, 50 M: about 22 min, most of
-it this script's Python; gzip level 1).
+under 200 MB whatever ENTRIES (see benches/README.md for the time; gzip level 1).
 """
 import gzip, pickle, random, struct, subprocess, sys, tempfile
 from pathlib import Path
@@ -196,27 +195,44 @@ def main():
 
 
 def write_entries(w, entries, stacks, gaps, time_us):
-    """Each entry as pickle writes a dict of the snapshot: its keys in PyTorch's order."""
-    freed = {}
+    """Each entry as pickle writes a dict of the snapshot: its keys in PyTorch's order. The
+    bytes of what repeats (an entry's action, address, size and stream; the annotations; a
+    stack's frames) are kept once they refer only to memoized values, and written again."""
+    freed, cached = {}, {}
     batch = 0
-    for i, entry in enumerate(entries):
-        if batch == 0:
-            w.buf += b"("
-        frames = stacks[(entry["size"] // 512 + i) % len(stacks)]
-        time_us += gaps[i % len(gaps)]
-        w.buf += b"}"
-        w.memoize()
-        w.buf += b"("
+
+    def once(key, write):
+        """`write()`'s bytes, kept under `key` when they memoize nothing new."""
+        got = cached.get(key)
+        if got is not None:
+            w.buf += got
+            return
+        mark, count = len(w.buf), w.count
+        write()
+        if w.count == count:
+            cached[key] = bytes(w.buf[mark:])
+
+    def head(entry):
         for k in ("action", "addr", "size", "stream"):
             w.value(k)
             w.value(entry[k])
         w.value("time_us")
+
+    def annotations():
+        for v in ("compile_context", "N/A", "user_metadata", "", "frames"):
+            w.value(v)
+
+    for i, entry in enumerate(entries):
+        if batch == 0:
+            w.buf += b"("
+        s = (entry["size"] // 512 + i) % len(stacks)
+        time_us += gaps[i % len(gaps)]
+        w.buf += b"}"
+        w.memoize()
+        w.buf += b"("
+        once(("head", id(entry)), lambda: head(entry))
         w.buf += int_op(time_us)
-        w.value("compile_context")
-        w.value("N/A")
-        w.value("user_metadata")
-        w.value("")
-        w.value("frames")
+        once("annotations", annotations)
         action = entry["action"]
         if action == "free_completed" and entry["addr"] in freed:
             w.buf += ref(freed.pop(entry["addr"]))
@@ -224,8 +240,7 @@ def write_entries(w, entries, stacks, gaps, time_us):
             w.buf += b"]"
             at = w.memoize()
             w.buf += b"("
-            for frame in frames:
-                w.value(frame)
+            once(("stack", s), lambda: [w.value(frame) for frame in stacks[s]])
             w.buf += b"e"
             if action == "free_requested":
                 freed[entry["addr"]] = at
