@@ -169,7 +169,8 @@ def main():
         yield from epilogue
 
     total = len(prologue) + steps * len(step) + len(epilogue)
-    with gzip.open(out, "wb", compresslevel=1) as f:
+    # No name, mtime=0: the same arguments give the same bytes.
+    with open(out, "wb") as raw, gzip.GzipFile("", "wb", 1, raw, mtime=0) as f:
         w = Writer(f)
         top = {k: v for k, v in snapshot.items() if k != "device_traces"}
         for segment in top.get("segments", []):
