@@ -20,6 +20,7 @@
 //!   [`ADVICE_MAX_OPS`] ops, the `advise` table.
 
 mod pack;
+mod timeline;
 
 use crate::output::{bytes, conf_label, memory_summary};
 use allocsim_core::{
@@ -32,6 +33,7 @@ use pack::Columns;
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use timeline::{Allocations, Clock};
 
 /// Blocks the kept segment maps may hold in all (a byte or two each in the page, compressed).
 const MAP_BLOCKS: usize = 250_000;
@@ -46,8 +48,6 @@ const PEAK_MAP_ITEMS_FREE: u64 = 1 << 20;
 /// The table of settings (`advise`: some 220 replays of the trace) is left out of the page of
 /// a longer trace, which says so: on 10 M entries it would take minutes.
 const ADVICE_MAX_OPS: u64 = 2_000_000;
-/// Frames of a stack shown at most.
-const FRAMES: usize = 100;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -64,29 +64,16 @@ pub struct Args {
     pub no_advice: bool,
 }
 
-/// One allocation's life: from the op of its `Alloc` to the op that freed it.
-#[derive(Debug, Clone)]
-struct Life {
-    start: u64,
-    /// The op of its `FreeRequested` (`u64::MAX`: alive at the end).
-    end: u64,
-    addr: u64,
-    size: u64,
-    stream: u64,
-    pool: Pool,
-    /// It was alive before the recorded history began.
-    before: bool,
-}
-
 /// Everything the page needs, collected in the one replay.
-struct Collect {
+struct Collect<'t> {
     /// The segment map is kept after every `map_every`-th op.
     map_every: u64,
     map_blocks: usize,
     reserved: u64,
     /// `(op, reserved bytes after it)` for each op that changed reserved memory.
     reserved_steps: Vec<(u64, u64)>,
-    lives: Vec<Life>,
+    allocations: Allocations<'t>,
+    /// The live allocations' indices in `allocations`, by address.
     live: HashMap<u64, usize>,
     ooms: Vec<(u64, u64)>,
     empty_caches: Vec<u64>,
@@ -100,14 +87,14 @@ struct Collect {
     oom_now: bool,
 }
 
-impl Collect {
-    fn new() -> Collect {
+impl<'t> Collect<'t> {
+    fn new(trace: &'t Trace, clock: &'t Clock) -> Collect<'t> {
         Collect {
             map_every: 1,
             map_blocks: 0,
             reserved: 0,
             reserved_steps: Vec::new(),
-            lives: Vec::new(),
+            allocations: Allocations::new(trace, clock),
             live: HashMap::new(),
             ooms: Vec::new(),
             empty_caches: Vec::new(),
@@ -121,21 +108,13 @@ impl Collect {
     }
 }
 
-impl Observer for Collect {
+impl Observer for Collect<'_> {
     fn on_start(&mut self, _: &StartState, allocator: &dyn Allocator) {
         self.reserved = allocator.stats().reserved_bytes.all.current.max(0) as u64;
         for seg in allocator.snapshot() {
             for b in seg.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
-                self.live.insert(b.address, self.lives.len());
-                self.lives.push(Life {
-                    start: 0,
-                    end: u64::MAX,
-                    addr: b.address,
-                    size: b.size,
-                    stream: seg.stream.0,
-                    pool: seg.pool,
-                    before: true,
-                });
+                let i = self.allocations.push(0, b.address, b.size, seg.stream.0, seg.pool, true);
+                self.live.insert(b.address, i);
             }
         }
     }
@@ -149,21 +128,12 @@ impl Observer for Collect {
                 self.reserved = self.reserved.saturating_sub(size)
             }
             Event::Alloc { addr, size, stream, pool, .. } => {
-                self.live.insert(addr, self.lives.len());
-                let life = Life {
-                    start: op,
-                    end: u64::MAX,
-                    addr,
-                    size,
-                    stream: stream.0,
-                    pool,
-                    before: false,
-                };
-                self.lives.push(life);
+                let i = self.allocations.push(op, addr, size, stream.0, pool, false);
+                self.live.insert(addr, i);
             }
             Event::FreeRequested { addr, .. } => {
                 if let Some(i) = self.live.remove(&addr) {
-                    self.lives[i].end = op;
+                    self.allocations.end(i, op);
                 }
             }
             Event::FreeCompleted { .. } => {}
@@ -257,7 +227,8 @@ pub fn build(
     cx: &crate::Context,
 ) -> anyhow::Result<String> {
     let ops = trace.ops.len() as u64;
-    let mut collect = Collect::new();
+    let clock = Clock::new(trace);
+    let mut collect = Collect::new(trace, &clock);
     let mut explainer = OomExplainer::default();
     let report = run_trace(
         trace,
@@ -283,7 +254,9 @@ pub fn build(
         }
         None => None,
     };
-    let clock = Clock::new(trace);
+    let allocations = std::mem::replace(&mut collect.allocations, Allocations::new(trace, &clock));
+    let mut timeline = allocations.into_json();
+    timeline["steps"] = timeline::steps(&collect.reserved_steps, &clock);
     let data = json!({
         "title": title,
         "policy": report.policy,
@@ -293,8 +266,8 @@ pub fn build(
         "device_free": report.device_free_bytes,
         "ops": ops,
         "start_note": report.start.note(),
-        "x": if clock.times.is_empty() { "op" } else { "time_us" },
-        "timeline": timeline(&collect, trace, &clock),
+        "x": if clock.timed() { "time_us" } else { "op" },
+        "timeline": timeline,
         "ooms": collect.ooms.iter().map(|&(op, size)| json!([op, size, clock.x(op)])).collect::<Vec<_>>(),
         "explained": explainer.explanations.iter().take(OOMS_EXPLAINED).map(|e| {
             json!({"op": e.op_index, "text": explain(trace, e)})
@@ -357,132 +330,6 @@ pub fn default_out(trace: &std::path::Path) -> PathBuf {
     let stem = crate::input::trace_name(trace);
     let stem = stem.trim_start_matches("workload:").replace(['?', '&', '=', '/'], "_");
     PathBuf::from(format!("{stem}.html"))
-}
-
-/// Where an op falls on the x axis: µs since the first recorded entry (a snapshot's
-/// `time_us`, made monotone: an entry earlier than one before it takes that one's time), or
-/// the op itself for a trace without times.
-struct Clock {
-    /// `(op, time)` where the time so far rises, from the first recorded one.
-    times: Vec<(u64, i64)>,
-}
-
-impl Clock {
-    fn new(trace: &Trace) -> Clock {
-        let mut times: Vec<(u64, i64)> = Vec::new();
-        for &(op, t) in &trace.op_times {
-            if times.last().is_none_or(|&(_, last)| t > last) {
-                times.push((op, t));
-            }
-        }
-        Clock { times }
-    }
-
-    fn x(&self, op: u64) -> u64 {
-        let Some(&(_, first)) = self.times.first() else { return op };
-        let i = self.times.partition_point(|&(o, _)| o <= op);
-        (self.times[i.saturating_sub(1)].1 - first) as u64
-    }
-}
-
-/// Every allocation, in the order of its `Alloc`, as columns (`pack`): `start` (the op, as
-/// the change from the one before), `ops` (its lifetime in ops plus one; 0: alive at the end),
-/// `x0` and `dx` (the same on the x axis, where it is time), `size`, `addr` (as the change
-/// from the one before), `stack` and `note` (indices into `stacks` and `notes`, plus one; 0:
-/// none), `kind` (its stream's index in `streams` times 4, 2 for the large pool, 1 when it
-/// was alive before the history began); reserved memory as `steps` (`op`, `x`, `bytes`, each
-/// as a change); the stacks as lists of indices into `frames`.
-fn timeline(c: &Collect, trace: &Trace, clock: &Clock) -> Value {
-    let timed = !clock.times.is_empty();
-    let mut cols =
-        Columns::with(&["start", "ops", "x0", "dx", "size", "addr", "stack", "note", "kind"]);
-    let mut streams: Vec<u64> = Vec::new();
-    let mut stream_index: HashMap<u64, u64> = HashMap::new();
-    let mut stacks = Stacks::default();
-    let mut notes: Vec<[&str; 2]> = Vec::new();
-    let mut note_index: HashMap<u32, u64> = HashMap::new();
-    let (mut last_start, mut last_x, mut last_addr) = (0u64, 0u64, 0u64);
-    for l in &c.lives {
-        cols.col("start").push(l.start - last_start);
-        last_start = l.start;
-        let ended = l.end != u64::MAX;
-        cols.col("ops").push(if ended { l.end - l.start + 1 } else { 0 });
-        if timed {
-            let x0 = clock.x(l.start);
-            cols.col("x0").push(x0 - last_x);
-            last_x = x0;
-            cols.col("dx").push(if ended { clock.x(l.end) - x0 } else { 0 });
-        }
-        cols.col("size").push(l.size);
-        cols.col("addr").push_signed(l.addr.wrapping_sub(last_addr) as i64);
-        last_addr = l.addr;
-        let at = |pairs: &[(u64, u32)]| {
-            let k = pairs.binary_search_by_key(&l.start, |&(o, _)| o).ok()?;
-            (!l.before).then_some(pairs[k].1)
-        };
-        let stack = at(&trace.op_stacks).map_or(0, |s| 1 + stacks.index(trace, s));
-        cols.col("stack").push(stack);
-        let note = at(&trace.op_annotations).map_or(0, |a| {
-            1 + *note_index.entry(a).or_insert_with(|| {
-                let a = &trace.annotations[a as usize];
-                notes.push([&a.compile_context, &a.user_metadata]);
-                notes.len() as u64 - 1
-            })
-        });
-        cols.col("note").push(note);
-        let stream = *stream_index.entry(l.stream).or_insert_with(|| {
-            streams.push(l.stream);
-            streams.len() as u64 - 1
-        });
-        let large = u64::from(l.pool == Pool::Large);
-        cols.col("kind").push(stream * 4 + large * 2 + u64::from(l.before));
-    }
-    let mut steps = Columns::with(&["op", "x", "bytes"]);
-    let (mut op0, mut x0, mut bytes0) = (0, 0, 0i64);
-    for &(op, bytes) in &c.reserved_steps {
-        steps.col("op").push(op - op0);
-        let x = clock.x(op);
-        steps.col("x").push(x - x0);
-        steps.col("bytes").push_signed(bytes as i64 - bytes0);
-        (op0, x0, bytes0) = (op, x, bytes as i64);
-    }
-    json!({
-        "allocations": cols.to_json(),
-        "count": c.lives.len(),
-        "steps": steps.to_json(),
-        "streams": streams,
-        "notes": notes,
-        "stacks": stacks.stacks,
-        "frames": stacks.frames,
-    })
-}
-
-/// The stacks the page shows, each a list of indices into the frames (each written once).
-#[derive(Default)]
-struct Stacks {
-    index: HashMap<u32, u64>,
-    stacks: Vec<Vec<u64>>,
-    frame_index: HashMap<String, u64>,
-    frames: Vec<String>,
-}
-
-impl Stacks {
-    /// The page's index of the trace's stack `s`.
-    fn index(&mut self, trace: &Trace, s: u32) -> u64 {
-        if let Some(&i) = self.index.get(&s) {
-            return i;
-        }
-        let stack = trace.stacks[s as usize].frames.iter().take(FRAMES).map(|f| {
-            let text = format!("{} ({}:{})", f.name, f.filename, f.line);
-            *self.frame_index.entry(text).or_insert_with_key(|text| {
-                self.frames.push(text.clone());
-                self.frames.len() as u64 - 1
-            })
-        });
-        self.stacks.push(stack.collect());
-        self.index.insert(s, self.stacks.len() as u64 - 1);
-        self.stacks.len() as u64 - 1
-    }
 }
 
 /// The kept segment maps, in op order: `list` holds `[op, label]` of each, `maps` its
