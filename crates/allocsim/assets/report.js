@@ -44,6 +44,8 @@
     }
   }
   const sz = A.size;
+  // The columns read into the arrays above are not kept twice (a 10 M-entry page: 130 MB).
+  A.start = A.ops = A.x0 = A.dx = A.addr = null;
   // The ended allocations by end op (a counting sort: ops are integers).
   const endOrder = (() => {
     const counts = new Uint32Array(D.ops + 2);
@@ -279,7 +281,9 @@
     ],
     axes: [
       { label: timed ? "time since the first entry (s)" : "op", stroke: "#333",
-        values: (u, vals) => vals.map((v) => timed ? +(v / 1e6).toPrecision(6) : v) },
+        // Seconds with as many decimals as the ticks' spacing needs, down to the µs.
+        values: (u, vals, axis, space, incr) => vals.map((v) => timed
+          ? (v / 1e6).toFixed(Math.min(6, Math.max(0, Math.ceil(-Math.log10(incr / 1e6))))) : v) },
       { label: "memory", stroke: "#333", size: 80, values: axisValues,
         splits: (u) => {
           const { min, max } = u.scales.y, s = niceStep(max - min), out = [];
