@@ -440,3 +440,35 @@ fn a_report_of_an_empty_trace_loads() {
     let body = body_after_load(browser, &page);
     assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-errors"), "{body}");
 }
+
+/// A thousand OOMs (`d_gpt2_blog` on a 6 GiB card) are marked along the top, close ones as
+/// one with their count, and leave the bands visible (counted in pixels).
+#[test]
+fn a_thousand_oom_marks_leave_the_bands_visible() {
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let page = scratch.path().join("ooms.html");
+    let trace = root().join("traces/pytorch-2.11-h100-user/d_gpt2_blog.pickle.gz");
+    report(&trace, &page, &["--no-advice", "--device-total", "6GiB"]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = html.split(r#"<script type="application/json" id="data">"#).nth(1).unwrap();
+    let data: serde_json::Value =
+        serde_json::from_str(data.split("</script>").next().unwrap()).unwrap();
+    let ooms = data["ooms"].as_array().unwrap().len();
+    assert!(ooms >= 1000, "{ooms} OOMs");
+    let shot = scratch.path().join("ooms.png");
+    let url = format!("file://{}", page.display());
+    headless(
+        browser,
+        &["--window-size=1400,900".into(), format!("--screenshot={}", shot.display()), url],
+    );
+    let counts = colours(&shot);
+    let n = |c: &str| counts.get(&hex(c)).copied().unwrap_or(0);
+    let bands: u64 =
+        ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"].iter().map(|c| n(c)).sum();
+    // Marks are there, in fewer pixels than one an OOM (a tick each, as before, took 20; a
+    // line each would cover the chart), and the bands show.
+    assert!(n("#c800c8") > 100, "OOM marks: {}", n("#c800c8"));
+    assert!(n("#c800c8") < ooms as u64, "OOM marks: {} pixels for {ooms}", n("#c800c8"));
+    assert!(bands > 4_000, "{bands} pixels of band colours");
+}
