@@ -1,34 +1,41 @@
 //! `allocsim report TRACE [-o report.html]`: one trace replayed and drawn as one self-contained
 //! page (`report.js` draws it with the embedded uPlot; no network).
 //!
-//! What is drawn, and how it is cut down to what a browser draws at once:
+//! What is drawn, and how a page stays small and quick for a trace of tens of millions of
+//! entries:
 //! - the active memory timeline, stacked per allocation as PyTorch's memory_viz stacks it
 //!   (allocation order, a freed block's neighbours above move down), with reserved memory over
-//!   it. The run is cut into at most [`COLUMNS`] columns; each column shows the state at the op
-//!   where allocated memory peaks within it. The [`BANDS`] allocations that matter most (size
-//!   times lifetime, in columns) are drawn one by one, the rest as one band, and the page says
-//!   so;
+//!   it, against the recording's `time_us` where it has one (ops otherwise). The page holds
+//!   every allocation exactly (start, end, size, address, stack, annotation), as compressed
+//!   varint columns ([`pack`]: 3 to 5 bytes an allocation), and computes its level of detail
+//!   for the range shown: each pixel column shows the state at the op where allocated memory
+//!   peaks within it, allocations of a pixel or more one by one and the smaller ones as one
+//!   grey band; zoomed in, each allocation is its own band with its stack;
 //! - OOMs and `empty_cache` calls as marks; each of the first [`OOMS_EXPLAINED`] OOMs links to
 //!   its explanation;
 //! - the segment map after every op, or, when that would hold more than [`MAP_BLOCKS`] blocks,
 //!   after every k-th op (k a power of two, doubled until it fits), at the reserved peak and at
 //!   the first OOMs, chosen with a slider;
-//! - the `memory_summary` table and, for the PyTorch policy, the `advise` table.
+//! - the `memory_summary` table and, for the PyTorch policy on a trace of at most
+//!   [`ADVICE_MAX_OPS`] ops, the `advise` table.
+
+mod pack;
+mod timeline;
 
 use crate::output::{bytes, conf_label, memory_summary};
-use allocsim_core::{Allocator, BlockState, Device, Event, Op, SnapshotSegment, StartState, Trace};
+use allocsim_core::{
+    Allocator, BlockState, Device, Event, Op, Pool, SnapshotSegment, StartState, Trace,
+};
 use allocsim_replay::{Observer, OomExplainer, OomExplanation, OpOutcome};
 use allocsim_run::run_trace;
 use anyhow::Context;
+use pack::Columns;
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use timeline::{Allocations, Clock};
 
-/// Columns of the timeline at most.
-const COLUMNS: u64 = 3000;
-/// Allocations drawn one by one at most.
-const BANDS: usize = 600;
-/// Blocks the kept segment maps may hold in all (about 20 bytes each in the page).
+/// Blocks the kept segment maps may hold in all (a byte or two each in the page, compressed).
 const MAP_BLOCKS: usize = 250_000;
 /// OOMs explained on the page, each with its segment map, at most.
 const OOMS_EXPLAINED: usize = 50;
@@ -38,6 +45,9 @@ const OOMS_EXPLAINED: usize = 50;
 /// the map of the last peak is taken by a second replay that stops there.
 const PEAK_MAP_ITEMS_PER_OP: u64 = 64;
 const PEAK_MAP_ITEMS_FREE: u64 = 1 << 20;
+/// The table of settings (`advise`: some 220 replays of the trace) is left out of the page of
+/// a longer trace, which says so: on 10 M entries it would take minutes.
+const ADVICE_MAX_OPS: u64 = 2_000_000;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -48,44 +58,22 @@ pub struct Args {
     pub out: Option<PathBuf>,
     #[command(flatten)]
     pub run: crate::input::RunArgs,
-    /// Leave out the table of settings (`allocsim advise`, about a second on a big trace).
+    /// Leave out the table of settings (`allocsim advise`, about a second on a big trace;
+    /// always left out past 2,000,000 ops).
     #[arg(long)]
     pub no_advice: bool,
 }
 
-/// One allocation's life: from the op of its `Alloc` to the op that freed it.
-#[derive(Debug, Clone)]
-struct Life {
-    start: u64,
-    /// The op of its `FreeRequested` (`u64::MAX`: alive at the end).
-    end: u64,
-    addr: u64,
-    size: u64,
-    stream: u64,
-    pool: &'static str,
-    /// It was alive before the recorded history began.
-    before: bool,
-}
-
-/// One column of the timeline: the op where allocated memory peaked within it, and the most
-/// reserved within it.
-#[derive(Debug, Clone, Copy, Default)]
-struct Column {
-    op: u64,
-    allocated: u64,
-    reserved: u64,
-}
-
 /// Everything the page needs, collected in the one replay.
-struct Collect {
-    ops_per_column: u64,
+struct Collect<'t> {
     /// The segment map is kept after every `map_every`-th op.
     map_every: u64,
     map_blocks: usize,
-    allocated: u64,
     reserved: u64,
-    columns: Vec<Column>,
-    lives: Vec<Life>,
+    /// `(op, reserved bytes after it)` for each op that changed reserved memory.
+    reserved_steps: Vec<(u64, u64)>,
+    allocations: Allocations<'t>,
+    /// The live allocations' indices in `allocations`, by address.
     live: HashMap<u64, usize>,
     ooms: Vec<(u64, u64)>,
     empty_caches: Vec<u64>,
@@ -99,16 +87,14 @@ struct Collect {
     oom_now: bool,
 }
 
-impl Collect {
-    fn new(ops: u64) -> Collect {
+impl<'t> Collect<'t> {
+    fn new(trace: &'t Trace, clock: &'t Clock) -> Collect<'t> {
         Collect {
-            ops_per_column: ops.div_ceil(COLUMNS).max(1),
             map_every: 1,
             map_blocks: 0,
-            allocated: 0,
             reserved: 0,
-            columns: Vec::new(),
-            lives: Vec::new(),
+            reserved_steps: Vec::new(),
+            allocations: Allocations::new(trace, clock),
             live: HashMap::new(),
             ooms: Vec::new(),
             empty_caches: Vec::new(),
@@ -122,23 +108,13 @@ impl Collect {
     }
 }
 
-impl Observer for Collect {
+impl Observer for Collect<'_> {
     fn on_start(&mut self, _: &StartState, allocator: &dyn Allocator) {
-        let stats = allocator.stats();
-        self.allocated = stats.allocated_bytes.all.current.max(0) as u64;
-        self.reserved = stats.reserved_bytes.all.current.max(0) as u64;
+        self.reserved = allocator.stats().reserved_bytes.all.current.max(0) as u64;
         for seg in allocator.snapshot() {
             for b in seg.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
-                self.live.insert(b.address, self.lives.len());
-                self.lives.push(Life {
-                    start: 0,
-                    end: u64::MAX,
-                    addr: b.address,
-                    size: b.size,
-                    stream: seg.stream.0,
-                    pool: seg.pool.stats_name(),
-                    before: true,
-                });
+                let i = self.allocations.push(0, b.address, b.size, seg.stream.0, seg.pool, true);
+                self.live.insert(b.address, i);
             }
         }
     }
@@ -152,24 +128,12 @@ impl Observer for Collect {
                 self.reserved = self.reserved.saturating_sub(size)
             }
             Event::Alloc { addr, size, stream, pool, .. } => {
-                self.allocated += size;
-                self.live.insert(addr, self.lives.len());
-                let pool = pool.stats_name();
-                let life = Life {
-                    start: op,
-                    end: u64::MAX,
-                    addr,
-                    size,
-                    stream: stream.0,
-                    pool,
-                    before: false,
-                };
-                self.lives.push(life);
+                let i = self.allocations.push(op, addr, size, stream.0, pool, false);
+                self.live.insert(addr, i);
             }
-            Event::FreeRequested { addr, size, .. } => {
-                self.allocated = self.allocated.saturating_sub(size);
+            Event::FreeRequested { addr, .. } => {
                 if let Some(i) = self.live.remove(&addr) {
-                    self.lives[i].end = op;
+                    self.allocations.end(i, op);
                 }
             }
             Event::FreeCompleted { .. } => {}
@@ -182,15 +146,9 @@ impl Observer for Collect {
     }
 
     fn on_op(&mut self, i: u64, op: &Op, _: &OpOutcome, a: &dyn Allocator, _: &dyn Device) -> bool {
-        let c = (i / self.ops_per_column) as usize;
-        if self.columns.len() <= c {
-            self.columns.resize(c + 1, Column { op: i, ..Column::default() });
+        if self.reserved_steps.last().is_none_or(|&(_, r)| r != self.reserved) {
+            self.reserved_steps.push((i, self.reserved));
         }
-        let column = &mut self.columns[c];
-        if self.allocated >= column.allocated {
-            (column.op, column.allocated) = (i, self.allocated);
-        }
-        column.reserved = column.reserved.max(self.reserved);
         if matches!(op, Op::EmptyCache) {
             self.empty_caches.push(i);
         }
@@ -218,7 +176,7 @@ impl Observer for Collect {
                 .retain(|(op, _)| op.is_multiple_of(every) || ooms.iter().any(|o| o.0 == *op));
             self.map_blocks =
                 self.snapshots.iter().flat_map(|(_, m)| m).map(|s| s.blocks.len()).sum();
-            if every > self.ops_per_column * COLUMNS {
+            if every > i.max(1) {
                 break;
             }
         }
@@ -244,7 +202,11 @@ impl Observer for MapAt {
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.trace));
     crate::output::check_output(&out, &[&args.trace])?;
-    let trace = cx.trace(&args.trace)?;
+    // The page reads no recorded event but the device's (which the recorded device follows):
+    // keeping every one would cost 40 bytes an entry.
+    let read = allocsim_trace::ReadOptions { events: false, ..cx.read.clone() };
+    let reading = crate::Context { read, ..cx.clone() };
+    let trace = reading.trace(&args.trace)?;
     let title = args.trace.file_name().map_or("trace".into(), |n| n.to_string_lossy().into_owned());
     let advice = (args.run.policy == "pytorch" && !args.no_advice).then_some(args.run.device_total);
     let page = build(&trace, &title, &args.run.options(), advice, cx)
@@ -255,7 +217,8 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
 }
 
 /// The page of `trace` replayed under `opts`, titled `title`; with the settings ranked when
-/// `advice` is given (the card's total memory, if set).
+/// `advice` is given (the card's total memory, if set) and the trace has at most
+/// [`ADVICE_MAX_OPS`] ops.
 pub fn build(
     trace: &Trace,
     title: &str,
@@ -264,7 +227,8 @@ pub fn build(
     cx: &crate::Context,
 ) -> anyhow::Result<String> {
     let ops = trace.ops.len() as u64;
-    let mut collect = Collect::new(ops);
+    let clock = Clock::new(trace);
+    let mut collect = Collect::new(trace, &clock);
     let mut explainer = OomExplainer::default();
     let report = run_trace(
         trace,
@@ -280,7 +244,8 @@ pub fn build(
         run_trace(trace, opts, &mut [&mut at], |_| {})?;
         collect.peak = at.map.map(|map| (op, map));
     }
-    let advice = match advice {
+    let advice_skipped = advice.is_some() && ops > ADVICE_MAX_OPS;
+    let advice = match advice.filter(|_| !advice_skipped) {
         Some(device_total) => {
             let (outside, _) = crate::capacity::outside_bytes(None, trace);
             // Each setting's headroom over the bound, as `advise` shows it.
@@ -289,6 +254,9 @@ pub fn build(
         }
         None => None,
     };
+    let allocations = std::mem::replace(&mut collect.allocations, Allocations::new(trace, &clock));
+    let mut timeline = allocations.into_json();
+    timeline["steps"] = timeline::steps(&collect.reserved_steps, &clock);
     let data = json!({
         "title": title,
         "policy": report.policy,
@@ -298,15 +266,17 @@ pub fn build(
         "device_free": report.device_free_bytes,
         "ops": ops,
         "start_note": report.start.note(),
-        "timeline": timeline(&collect, trace),
-        "ooms": collect.ooms.iter().map(|&(op, size)| json!([op, size])).collect::<Vec<_>>(),
+        "x": if clock.timed() { "time_us" } else { "op" },
+        "timeline": timeline,
+        "ooms": collect.ooms.iter().map(|&(op, size)| json!([op, size, clock.x(op)])).collect::<Vec<_>>(),
         "explained": explainer.explanations.iter().take(OOMS_EXPLAINED).map(|e| {
             json!({"op": e.op_index, "text": explain(trace, e)})
         }).collect::<Vec<_>>(),
-        "empty_caches": collect.empty_caches,
+        "empty_caches": collect.empty_caches.iter().map(|&op| json!([op, clock.x(op)])).collect::<Vec<_>>(),
         "map_every": collect.map_every,
         "snapshots": snapshots(&mut collect),
         "summary": memory_summary(&report.stats, 0),
+        "advice_skipped": advice_skipped,
         "advice": advice.map(|(rows, bound)| rows.iter().map(|r| json!({
             "conf": conf_label(r.conf),
             "needs": r.capacity.capacity_bytes,
@@ -323,8 +293,8 @@ pub fn build(
 
 /// The `report_page` fuzz target's oracle (`allocsim_testgen::targets::report_page`):
 /// the page of `trace`, read back. Its data element must hold no markup, parse, and carry
-/// the title and every frame of every stack it draws as they were; the visible title must
-/// hold no markup either.
+/// the title and every frame it shows as they were; the visible title must hold no markup
+/// either.
 pub fn page_reads_back(trace: &Trace, title: &str, policy: &str) -> Result<(), String> {
     let opts = allocsim_run::RunOptions { policy: policy.into(), ..Default::default() };
     let Ok(page) = build(trace, title, &opts, None, &crate::Context::default()) else {
@@ -345,13 +315,11 @@ pub fn page_reads_back(trace: &Trace, title: &str, policy: &str) -> Result<(), S
     if shown.is_none_or(|t| t.contains('<') || t.contains('>')) {
         return Err(format!("the <title> element is not plain text: {shown:?}"));
     }
-    for (i, frames) in data["timeline"]["frames"].as_array().into_iter().flatten().enumerate() {
-        for frame in frames.as_array().into_iter().flatten() {
-            let frame = frame.as_str().ok_or_else(|| format!("frame of stack {i}: {frame}"))?;
-            let known = trace.stacks.iter().flat_map(|s| &s.frames);
-            if !known.clone().any(|f| frame.contains(&f.name) && frame.contains(&f.filename)) {
-                return Err(format!("frame {frame:?} of the page is no frame of the trace"));
-            }
+    for frame in data["timeline"]["frames"].as_array().into_iter().flatten() {
+        let frame = frame.as_str().ok_or_else(|| format!("frame {frame}"))?;
+        let known = trace.stacks.iter().flat_map(|s| &s.frames);
+        if !known.clone().any(|f| frame.contains(&f.name) && frame.contains(&f.filename)) {
+            return Err(format!("frame {frame:?} of the page is no frame of the trace"));
         }
     }
     Ok(())
@@ -364,100 +332,11 @@ pub fn default_out(trace: &std::path::Path) -> PathBuf {
     PathBuf::from(format!("{stem}.html"))
 }
 
-/// The columns, the allocations drawn one by one, the rest as one band, and their stacks.
-fn timeline(c: &Collect, trace: &Trace) -> Value {
-    let columns = &c.columns;
-    let n = columns.len();
-    // The column where each life starts and ends (a life is drawn in the columns whose op
-    // falls within it).
-    let column_of = |op: u64| columns.partition_point(|col| col.op < op);
-    let weight = |l: &Life| {
-        let span = column_of(l.end.min(u64::MAX - 1)).min(n) - column_of(l.start).min(n);
-        l.size as f64 * span.max(1) as f64
-    };
-    let mut order: Vec<usize> = (0..c.lives.len()).collect();
-    order.sort_by(|&a, &b| weight(&c.lives[b]).total_cmp(&weight(&c.lives[a])).then(a.cmp(&b)));
-    order.truncate(BANDS);
-    order.sort_unstable();
-    // What the drawn bands leave of each column's allocated memory is the "other" band.
-    let mut drawn = vec![0i64; n + 1];
-    for &i in &order {
-        let l = &c.lives[i];
-        let (a, b) = (column_of(l.start), column_of(l.end).min(n));
-        if a < b {
-            drawn[a] += l.size as i64;
-            drawn[b] -= l.size as i64;
-        }
-    }
-    let mut sum = 0i64;
-    let other: Vec<u64> = columns
-        .iter()
-        .enumerate()
-        .map(|(k, col)| {
-            sum += drawn[k];
-            col.allocated.saturating_sub(sum.max(0) as u64)
-        })
-        .collect();
-    let mut stacks: Vec<u32> = Vec::new();
-    let mut stack_index: HashMap<u32, usize> = HashMap::new();
-    let bands: Vec<Value> = order
-        .iter()
-        .map(|&i| {
-            let l = &c.lives[i];
-            let stack = (!l.before)
-                .then(|| trace.op_stacks.binary_search_by_key(&l.start, |&(o, _)| o).ok())
-                .flatten()
-                .map(|k| trace.op_stacks[k].1)
-                .map(|s| {
-                    *stack_index.entry(s).or_insert_with(|| {
-                        stacks.push(s);
-                        stacks.len() - 1
-                    })
-                });
-            let end = (l.end != u64::MAX).then_some(l.end);
-            // What the snapshot said of the allocation besides its stack (`torch.compile`'s
-            // context, user metadata), when not PyTorch's defaults.
-            let note = (!l.before)
-                .then(|| trace.op_annotations.binary_search_by_key(&l.start, |&(o, _)| o).ok())
-                .flatten()
-                .map(|k| &trace.annotations[trace.op_annotations[k].1 as usize])
-                .map(|a| [&a.compile_context, &a.user_metadata]);
-            json!([l.start, end, l.size, l.addr, l.stream, l.pool, stack, l.before, note])
-        })
-        .collect();
-    let frames: Vec<Vec<String>> = stacks
-        .iter()
-        .map(|&s| {
-            let frames = &trace.stacks[s as usize].frames;
-            frames
-                .iter()
-                .take(12)
-                .map(|f| format!("{} ({}:{})", f.name, f.filename, f.line))
-                .collect()
-        })
-        .collect();
-    // When each column's op was recorded, in µs since the first recorded op (snapshots only).
-    let first = trace.op_times.first().map(|&(_, t)| t);
-    let time = |op: u64| {
-        let i = trace.op_times.partition_point(|&(o, _)| o < op);
-        trace.op_times.get(i).filter(|&&(o, _)| o == op).and_then(|&(_, t)| Some(t - first?))
-    };
-    json!({
-        "ops_per_column": c.ops_per_column,
-        "time_us": columns.iter().map(|c| time(c.op)).collect::<Vec<_>>(),
-        "op": columns.iter().map(|c| c.op).collect::<Vec<_>>(),
-        "allocated": columns.iter().map(|c| c.allocated).collect::<Vec<_>>(),
-        "reserved": columns.iter().map(|c| c.reserved).collect::<Vec<_>>(),
-        "other": other,
-        "bands": bands,
-        "allocations": c.lives.len(),
-        "frames": frames,
-    })
-}
-
-/// The kept segment maps, in op order: `[op, label, segments]`, each segment
-/// `[address, size, stream, pool, [[offset, size, state], ...]]` with state 0 allocated, 1
-/// pending free, 2 cached free.
+/// The kept segment maps, in op order: `list` holds `[op, label]` of each, `maps` its
+/// segments as columns: per map `segments`; per segment `address` (as the change from the one
+/// before), `size`, `kind` (its stream's index in `streams` times 2, 1 for the large pool) and
+/// `blocks`; per block `gap` (from the end of the one before, or the segment's start), `bytes`
+/// and `state` (0 allocated, 1 pending free, 2 cached free).
 fn snapshots(c: &mut Collect) -> Value {
     let mut all = std::mem::take(&mut c.snapshots);
     let oom_ops: BTreeSet<u64> = c.ooms.iter().map(|&(op, _)| op).collect();
@@ -467,38 +346,47 @@ fn snapshots(c: &mut Collect) -> Value {
     }
     all.sort_by_key(|(op, _)| *op);
     all.dedup_by_key(|(op, _)| *op);
-    let maps: Vec<Value> = all
-        .iter()
-        .map(|(op, segments)| {
-            let label = if Some(*op) == peak_op {
-                "reserved peak"
-            } else if oom_ops.contains(op) {
-                "OOM"
-            } else {
-                ""
-            };
-            let segs: Vec<Value> = segments
-                .iter()
-                .map(|s| {
-                    let blocks: Vec<[u64; 3]> = s
-                        .blocks
-                        .iter()
-                        .map(|b| {
-                            let state = match b.state {
-                                BlockState::ActiveAllocated => 0,
-                                BlockState::ActivePendingFree => 1,
-                                BlockState::Inactive => 2,
-                            };
-                            [b.address - s.address, b.size, state]
-                        })
-                        .collect();
-                    json!([s.address, s.total_size, s.stream.0, s.pool.stats_name(), blocks])
-                })
-                .collect();
-            json!([op, label, segs])
-        })
-        .collect();
-    Value::Array(maps)
+    let mut cols =
+        Columns::with(&["segments", "address", "size", "kind", "blocks", "gap", "bytes", "state"]);
+    let mut streams: Vec<u64> = Vec::new();
+    let mut stream_index: HashMap<u64, u64> = HashMap::new();
+    let mut list = Vec::new();
+    let mut last_addr = 0u64;
+    for (op, segments) in &all {
+        let label = if Some(*op) == peak_op {
+            "reserved peak"
+        } else if oom_ops.contains(op) {
+            "OOM"
+        } else {
+            ""
+        };
+        list.push(json!([op, label]));
+        cols.col("segments").push(segments.len() as u64);
+        for s in segments {
+            cols.col("address").push_signed(s.address.wrapping_sub(last_addr) as i64);
+            last_addr = s.address;
+            cols.col("size").push(s.total_size);
+            let stream = *stream_index.entry(s.stream.0).or_insert_with(|| {
+                streams.push(s.stream.0);
+                streams.len() as u64 - 1
+            });
+            cols.col("kind").push(stream * 2 + u64::from(s.pool == Pool::Large));
+            cols.col("blocks").push(s.blocks.len() as u64);
+            let mut end = s.address;
+            for b in &s.blocks {
+                cols.col("gap").push(b.address.saturating_sub(end));
+                cols.col("bytes").push(b.size);
+                end = b.address + b.size;
+                let state = match b.state {
+                    BlockState::ActiveAllocated => 0,
+                    BlockState::ActivePendingFree => 1,
+                    BlockState::Inactive => 2,
+                };
+                cols.col("state").push(state);
+            }
+        }
+    }
+    json!({"list": list, "maps": cols.to_json(), "streams": streams})
 }
 
 /// An OOM's explanation as `explain-oom` prints it.
@@ -521,8 +409,9 @@ fn page(title: &str, data: &Value) -> String {
 <p id="about"></p>
 <h2>Active memory timeline</h2>
 <p class="hint">Each band is one allocation, stacked in allocation order as PyTorch's memory_viz
-stacks them; the line above is reserved memory. Drag or scroll to zoom, Shift+scroll to pan,
-double-click to zoom out, hover for an allocation.</p>
+stacks them, over a grey band of those too small to draw at this zoom; the line above is reserved
+memory. Drag along the time axis or scroll to zoom, drag up the memory axis to zoom into bytes,
+Shift+scroll to pan, double-click to zoom out, hover for an allocation and its stack.</p>
 <div id="timeline"></div><div id="tip"></div>
 <p id="timeline-note" class="hint"></p>
 <div id="marks"></div>

@@ -372,3 +372,103 @@ fn the_reports_settings_table_shows_the_headroom() {
         assert!(cells[5].ends_with('%'), "headroom cell of {row}");
     }
 }
+
+/// Issue 52: the page of a run of more than a million ops (a live workload, built at test
+/// time) holds every allocation and loads; zoomed into a thousandth of the run, hovering names
+/// the allocation under the cursor, alive at the op it shows, with where it was allocated and
+/// freed; the whole run's view does too.
+#[test]
+fn a_report_of_a_million_ops_zooms_to_single_allocations() {
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let page = scratch.path().join("million.html");
+    report(Path::new("workload:transformer-train?steps=600"), &page, &["--no-advice"]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = html.split(r#"<script type="application/json" id="data">"#).nth(1).unwrap();
+    let data: serde_json::Value =
+        serde_json::from_str(data.split("</script>").next().unwrap()).expect("the page's data");
+    assert!(data["ops"].as_u64().unwrap() >= 1_000_000, "{}", data["ops"]);
+    let url = format!("file://{}", page.display());
+    for hash in ["#selftest", "#selftest-zoom"] {
+        let dom = headless(browser, &["--dump-dom".into(), format!("{url}{hash}")]);
+        let dom = String::from_utf8_lossy(&dom.stdout);
+        let start = dom.find("<body").expect("a body");
+        let body = &dom[start..start + dom[start..].find('>').unwrap()];
+        assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-errors"), "{body}");
+        let attr = |name: &str| {
+            let after = body.split(&format!("{name}=\"")).nth(1)?;
+            after.split('"').next().map(str::to_string)
+        };
+        let drawn: u64 = attr("data-drawn").expect("data-drawn").parse().unwrap();
+        assert!(drawn > 0, "{hash}: nothing drawn one by one");
+        // "op X ...: ... <b>SIZE</b> at 0xADDR: allocated at op A, freed at op B; ..."
+        let hover = attr("data-hover").unwrap_or_else(|| panic!("{hash}: no hover: {body}"));
+        let number_after = |text: &str, word: &str| -> Option<u64> {
+            let rest = text.split(word).nth(1)?;
+            rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        };
+        let op = number_after(&hover, "op ").expect("the column's op");
+        let allocated = number_after(&hover, "allocated at op ").expect("an allocation");
+        assert!(allocated <= op, "{hash}: {hover}");
+        if let Some(freed) = number_after(&hover, "freed at op ") {
+            assert!(op < freed, "{hash}: {hover}");
+        }
+        if hash == "#selftest-zoom" {
+            let zoom = attr("data-zoom").expect("the zoomed range");
+            let range: Vec<f64> = zoom.split(' ').map(|v| v.parse().unwrap()).collect();
+            let ops = data["ops"].as_f64().unwrap();
+            assert!(range[1] - range[0] < ops / 500.0, "{zoom}");
+            assert!(range[0] <= op as f64 && (op as f64) < range[1] + 1.0, "{zoom}: {hover}");
+        }
+    }
+}
+
+/// A trace with no entry makes a page that loads (empty columns, no view to zoom into).
+#[test]
+fn a_report_of_an_empty_trace_loads() {
+    use allocsim_trace::pickle::Value;
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let trace = scratch.path().join("empty.pickle");
+    let root = Value::str_dict([
+        ("segments", Value::list(vec![])),
+        ("device_traces", Value::list(vec![Value::list(vec![])])),
+    ]);
+    std::fs::write(&trace, allocsim_trace::pickle::to_vec(&root).unwrap()).unwrap();
+    let page = scratch.path().join("empty.html");
+    report(&trace, &page, &["--no-advice"]);
+    let body = body_after_load(browser, &page);
+    assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-errors"), "{body}");
+}
+
+/// A thousand OOMs (`d_gpt2_blog` on a 6 GiB card) are marked along the top, close ones as
+/// one with their count, and leave the bands visible (counted in pixels).
+#[test]
+fn a_thousand_oom_marks_leave_the_bands_visible() {
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let page = scratch.path().join("ooms.html");
+    let trace = root().join("traces/pytorch-2.11-h100-user/d_gpt2_blog.pickle.gz");
+    report(&trace, &page, &["--no-advice", "--device-total", "6GiB"]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = html.split(r#"<script type="application/json" id="data">"#).nth(1).unwrap();
+    let data: serde_json::Value =
+        serde_json::from_str(data.split("</script>").next().unwrap()).unwrap();
+    let ooms = data["ooms"].as_array().unwrap().len();
+    assert!(ooms >= 1000, "{ooms} OOMs");
+    let shot = scratch.path().join("ooms.png");
+    let url = format!("file://{}", page.display());
+    headless(
+        browser,
+        &["--window-size=1400,900".into(), format!("--screenshot={}", shot.display()), url],
+    );
+    let counts = colours(&shot);
+    let n = |c: &str| counts.get(&hex(c)).copied().unwrap_or(0);
+    let bands: u64 =
+        ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"].iter().map(|c| n(c)).sum();
+    // Marks are there, in fewer pixels than one an OOM (a tick each, as before, took 20; a
+    // line each would cover the chart), and the bands show.
+    assert!(n("#c800c8") > 100, "OOM marks: {}", n("#c800c8"));
+    assert!(n("#c800c8") < ooms as u64, "OOM marks: {} pixels for {ooms}", n("#c800c8"));
+    assert!(bands > 4_000, "{bands} pixels of band colours");
+}
