@@ -13,7 +13,8 @@
 //!   the driver placement (the driver's rule); the band spreads over
 //!   [`CapacityOptions::jitters`] seeded jittered placements (neighbours swapped, as between
 //!   real runs), widened below by [`band_margin`]: on the H100 some chunk orders let a run fit
-//!   with less than any placement the model has (`validation/README.md`).
+//!   with less than any placement the model has (`validation/README.md`); and above by
+//!   [`TRANSIENT_OUTSIDE_BYTES`], what libraries take outside the allocator for a moment.
 
 use crate::{run_trace, DeviceChoice, RunOptions};
 use allocsim_core::{ConfigError, Trace};
@@ -48,6 +49,16 @@ pub fn band_margin(point: u64) -> u64 {
     BAND_MARGIN_BYTES.max(point / 10_000 * ORDER_MARGIN_PER_10K)
 }
 
+/// How far above the highest placement's threshold the band reaches: memory that libraries
+/// take outside the allocator for a moment and give back (cuDNN's attention and convolution
+/// workspaces, modules loaded as a kernel first runs), which the recording, measuring the
+/// outside memory at its end, does not show. Under pressure such a run fails in the library
+/// (`mha_graph.execute`, `CUDNN_STATUS_INTERNAL_ERROR`, `CUDA error: out of memory`) with no
+/// allocator OOM: on an H200 the Llama `expandable` row needed 9.5-15.8 MB more than the point
+/// for it, the GPT-2 default row 0.9-5 MB (`validation/README.md`). 10 MiB reaches the
+/// first; the programs held out from the model stay inside it.
+pub const TRANSIENT_OUTSIDE_BYTES: u64 = 10 << 20;
+
 /// What a capacity question is asked under.
 #[derive(Debug, Clone)]
 pub struct CapacityOptions {
@@ -73,8 +84,9 @@ pub struct PlacementThreshold {
 pub struct Capacity {
     /// Under the driver placement. `None` if the run does not fit the device at all.
     pub capacity_bytes: Option<u64>,
-    /// The least any placement needed less `band_margin`, and the most any needed
-    /// (`None` if under some placement the run does not fit the device at all).
+    /// The least any placement needed less `band_margin`, and the most any needed plus
+    /// [`TRANSIENT_OUTSIDE_BYTES`] (`None` if under some placement the run does not fit the
+    /// device at all).
     pub low_bytes: Option<u64>,
     pub high_bytes: Option<u64>,
     pub outside_bytes: u64,
@@ -192,7 +204,7 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
     Ok(Capacity {
         capacity_bytes: point,
         low_bytes: found().min().map(|b| b.saturating_sub(band_margin(point.unwrap_or(b)))),
-        high_bytes: if all_fit { found().max() } else { None },
+        high_bytes: if all_fit { found().max().map(|b| b + TRANSIENT_OUTSIDE_BYTES) } else { None },
         outside_bytes: opts.outside_bytes,
         searched_up_to_bytes: device_free,
         placements,
