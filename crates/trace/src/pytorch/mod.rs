@@ -8,6 +8,7 @@
 mod convert;
 mod edits;
 mod entries;
+mod mapped;
 mod overlap;
 mod pools;
 mod sidecar;

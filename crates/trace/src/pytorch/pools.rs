@@ -22,16 +22,30 @@
 use super::edits::Edits;
 use super::entries::segment_pool;
 use allocsim_core::{
-    MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind, SnapshotSegment, Trace,
+    MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind, SnapshotSegment, Trace, MIB,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One segment's life in the recording.
+/// One segment's life in the recording: a cudaMalloc'ed segment, or an expandable segment's
+/// address reservation.
 struct Instance {
     pool: Option<MemPoolId>,
     /// The op that reserved the segment; `None` for one alive at the start.
     reserved_by: Option<u64>,
+    /// Of an expandable segment, the bytes mapped in it: the reservation goes with its last
+    /// page (`release_expandable_segment`).
+    mapped: Option<u64>,
 }
+
+/// The bytes PyTorch reserves for an expandable segment of `page`-byte pages: the device's
+/// memory and an eighth, in whole pages. One reservation holds every page a pool maps on a
+/// stream, so which pool a `segment_map` serves shows in where it lands.
+fn reservation_bytes(total: u64, page: u64) -> u64 {
+    total.saturating_add(total / 8).div_ceil(page).max(1).saturating_mul(page)
+}
+
+/// The device's memory when the recording does not say: an H100's (80 GB).
+const DEFAULT_TOTAL_BYTES: u64 = 85_017_493_504;
 
 /// Where an allocation landed: its recorded event, its segment (instance, start and size),
 /// and whether the segment held no live block before it.
@@ -160,10 +174,26 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
     let mut live = LiveSegments::default();
     // Live blocks per instance.
     let mut blocks: Vec<u32> = Vec::new();
+    let total = trace.meta.device_total_bytes.unwrap_or(DEFAULT_TOTAL_BYTES);
+    let reservation = |size: u64| {
+        let page = if segment_pool(size) == Pool::Small { 2 * MIB } else { 20 * MIB };
+        reservation_bytes(total, page)
+    };
     for seg in trace.start.iter().flat_map(|s| &s.segments) {
-        live.insert(seg.address, seg.total_size, instances.len());
-        instances.push(Instance { pool: Some(seg.pool_id), reserved_by: None });
-        blocks.push(seg.blocks.iter().filter(|b| b.state.is_active()).count() as u32);
+        let active = seg.blocks.iter().filter(|b| b.state.is_active()).count() as u32;
+        // A mapped range inside a reservation already listed is more of its pages.
+        if let Some((_, _, i)) = live.containing(seg.address).filter(|_| seg.is_expandable) {
+            *instances[i].mapped.get_or_insert(0) += seg.total_size;
+            blocks[i] += active;
+            continue;
+        }
+        let (size, mapped) = match seg.is_expandable {
+            true => (reservation(seg.total_size), Some(seg.total_size)),
+            false => (seg.total_size, None),
+        };
+        live.insert(seg.address, size, instances.len());
+        instances.push(Instance { pool: Some(seg.pool_id), reserved_by: None, mapped });
+        blocks.push(active);
     }
     let mut alloc_in = Vec::new();
     let mut freed = Vec::new();
@@ -171,12 +201,33 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
     let mut visit = |r: usize, e: &RecordedEvent| match e.kind {
         RecordedKind::SegmentAlloc => {
             live.insert(e.addr, e.size, instances.len());
-            instances.push(Instance { pool: None, reserved_by: Some(e.op) });
+            instances.push(Instance { pool: None, reserved_by: Some(e.op), mapped: None });
             blocks.push(0);
         }
         RecordedKind::SegmentFree => {
             if let Some((_, i)) = live.remove(e.addr) {
                 freed.push((r, i));
+            }
+        }
+        // A reservation's first map is at its start (`find_expandable_block` maps a new
+        // segment from its first page).
+        RecordedKind::SegmentMap => match live.containing(e.addr) {
+            Some((_, _, i)) => *instances[i].mapped.get_or_insert(0) += e.size,
+            None => {
+                live.insert(e.addr, reservation(e.size), instances.len());
+                let reserved_by = Some(e.op);
+                instances.push(Instance { pool: None, reserved_by, mapped: Some(e.size) });
+                blocks.push(0);
+            }
+        },
+        RecordedKind::SegmentUnmap => {
+            if let Some((start, _, i)) = live.containing(e.addr) {
+                freed.push((r, i));
+                let mapped = instances[i].mapped.get_or_insert(0);
+                *mapped = mapped.saturating_sub(e.size);
+                if *mapped == 0 {
+                    live.remove(start);
+                }
             }
         }
         RecordedKind::Alloc if detail >= Detail::Allocations => {
@@ -228,7 +279,7 @@ pub fn infer_pools(
         }
         let mut scan = scan(trace, device_events, detail);
         for seg in last {
-            if let Some(&(_, i)) = scan.live.by_start.get(&seg.address) {
+            if let Some((_, _, i)) = scan.live.containing(seg.address) {
                 scan.instances[i].pool = Some(seg.pool_id);
             }
         }
