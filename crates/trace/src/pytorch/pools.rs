@@ -47,8 +47,8 @@ fn reservation_bytes(total: u64, page: u64) -> u64 {
 /// The device's memory when the recording does not say: an H100's (80 GB).
 const DEFAULT_TOTAL_BYTES: u64 = 85_017_493_504;
 
-/// Where an allocation landed: its recorded event, its segment (instance, start and size),
-/// and whether the segment held no live block before it.
+/// Where an allocation landed: its recorded event, its segment (instance, start and size: an
+/// expandable segment's mapped range), and whether the segment held no live block before it.
 struct Site {
     r: usize,
     instance: usize,
@@ -140,6 +140,48 @@ impl LiveSegments {
     }
 }
 
+/// The mapped ranges of expandable segments, joined where they touch, by start: what a
+/// snapshot shows as segments.
+#[derive(Default)]
+struct MappedRanges {
+    by_start: BTreeMap<u64, u64>,
+}
+
+impl MappedRanges {
+    fn map(&mut self, addr: u64, size: u64) {
+        let (mut start, mut end) = (addr, addr.saturating_add(size));
+        if let Some((&s, &e)) = self.by_start.range(..addr).next_back().filter(|(_, &e)| e == addr)
+        {
+            (start, end) = (s, end.max(e));
+        }
+        if let Some(after) = self.by_start.remove(&end) {
+            end = after;
+        }
+        self.by_start.insert(start, end);
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) {
+        let end = addr.saturating_add(size);
+        let Some((&s, &e)) = self.by_start.range(..=addr).next_back() else { return };
+        if e <= addr {
+            return;
+        }
+        self.by_start.remove(&s);
+        if s < addr {
+            self.by_start.insert(s, addr);
+        }
+        if e > end {
+            self.by_start.insert(end, e);
+        }
+    }
+
+    /// The range `addr` lies in: (start, size).
+    fn containing(&self, addr: u64) -> Option<(u64, u64)> {
+        let (&s, &e) = self.by_start.range(..=addr).next_back()?;
+        (addr < e).then_some((s, e - s))
+    }
+}
+
 /// What one pass over the recording finds (see [`scan`]).
 struct Scan {
     instances: Vec<Instance>,
@@ -172,19 +214,23 @@ enum Detail {
 fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
     let mut instances: Vec<Instance> = Vec::new();
     let mut live = LiveSegments::default();
-    // Live blocks per instance.
-    let mut blocks: Vec<u32> = Vec::new();
+    // The addresses of live blocks (read for the sites only), and the expandable segments'
+    // mapped ranges: a snapshot's segments, what a checkpoint restore tiles.
+    let mut blocks: BTreeSet<u64> = BTreeSet::new();
+    let mut ranges = MappedRanges::default();
     let total = trace.meta.device_total_bytes.unwrap_or(DEFAULT_TOTAL_BYTES);
     let reservation = |size: u64| {
         let page = if segment_pool(size) == Pool::Small { 2 * MIB } else { 20 * MIB };
         reservation_bytes(total, page)
     };
     for seg in trace.start.iter().flat_map(|s| &s.segments) {
-        let active = seg.blocks.iter().filter(|b| b.state.is_active()).count() as u32;
+        blocks.extend(seg.blocks.iter().filter(|b| b.state.is_active()).map(|b| b.address));
+        if seg.is_expandable {
+            ranges.map(seg.address, seg.total_size);
+        }
         // A mapped range inside a reservation already listed is more of its pages.
         if let Some((_, _, i)) = live.containing(seg.address).filter(|_| seg.is_expandable) {
             *instances[i].mapped.get_or_insert(0) += seg.total_size;
-            blocks[i] += active;
             continue;
         }
         let (size, mapped) = match seg.is_expandable {
@@ -193,7 +239,6 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
         };
         live.insert(seg.address, size, instances.len());
         instances.push(Instance { pool: Some(seg.pool_id), reserved_by: None, mapped });
-        blocks.push(active);
     }
     let mut alloc_in = Vec::new();
     let mut freed = Vec::new();
@@ -202,7 +247,6 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
         RecordedKind::SegmentAlloc => {
             live.insert(e.addr, e.size, instances.len());
             instances.push(Instance { pool: None, reserved_by: Some(e.op), mapped: None });
-            blocks.push(0);
         }
         RecordedKind::SegmentFree => {
             if let Some((_, i)) = live.remove(e.addr) {
@@ -211,16 +255,19 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
         }
         // A reservation's first map is at its start (`find_expandable_block` maps a new
         // segment from its first page).
-        RecordedKind::SegmentMap => match live.containing(e.addr) {
-            Some((_, _, i)) => *instances[i].mapped.get_or_insert(0) += e.size,
-            None => {
-                live.insert(e.addr, reservation(e.size), instances.len());
-                let reserved_by = Some(e.op);
-                instances.push(Instance { pool: None, reserved_by, mapped: Some(e.size) });
-                blocks.push(0);
+        RecordedKind::SegmentMap => {
+            ranges.map(e.addr, e.size);
+            match live.containing(e.addr) {
+                Some((_, _, i)) => *instances[i].mapped.get_or_insert(0) += e.size,
+                None => {
+                    live.insert(e.addr, reservation(e.size), instances.len());
+                    let reserved_by = Some(e.op);
+                    instances.push(Instance { pool: None, reserved_by, mapped: Some(e.size) });
+                }
             }
-        },
+        }
         RecordedKind::SegmentUnmap => {
+            ranges.unmap(e.addr, e.size);
             if let Some((start, _, i)) = live.containing(e.addr) {
                 freed.push((r, i));
                 let mapped = instances[i].mapped.get_or_insert(0);
@@ -234,16 +281,19 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
             if let Some((start, size, i)) = live.containing(e.addr) {
                 alloc_in.push((e.op, i));
                 if detail == Detail::Sites {
-                    let empty = blocks[i] == 0;
-                    sites.push(Site { r, instance: i, segment: (start, size), empty });
+                    let segment = match instances[i].mapped {
+                        Some(_) => ranges.containing(e.addr).unwrap_or((e.addr, e.size)),
+                        None => (start, size),
+                    };
+                    let end = segment.0.saturating_add(segment.1);
+                    let empty = blocks.range(segment.0..end).next().is_none();
+                    sites.push(Site { r, instance: i, segment, empty });
+                    blocks.insert(e.addr);
                 }
-                blocks[i] += 1;
             }
         }
         RecordedKind::FreeCompleted if detail == Detail::Sites => {
-            if let Some((_, _, i)) = live.containing(e.addr) {
-                blocks[i] = blocks[i].saturating_sub(1);
-            }
+            blocks.remove(&e.addr);
         }
         _ => {}
     };
