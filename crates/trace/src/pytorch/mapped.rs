@@ -167,4 +167,59 @@ mod tests {
         let start = ranges_at_start(&[], &[ev(1 << 40, 18 * MIB, false)]);
         assert_eq!(start[0].pool, Pool::Small);
     }
+
+    /// The pages of `mapped` (one bit a page from `base`) as final expandable segments.
+    fn segments_of(mapped: u32, base: u64, page: u64) -> Vec<SnapshotSegment> {
+        let mut out: Vec<SnapshotSegment> = Vec::new();
+        for k in (0..32).filter(|k| mapped >> k & 1 == 1) {
+            let addr = base + k * page;
+            match out.last_mut() {
+                Some(s) if s.address + s.total_size == addr => s.total_size += page,
+                _ => out.push(seg(addr, page, Pool::Large)),
+            }
+        }
+        out
+    }
+
+    /// Generated histories: from a random set of mapped pages, random maps of unmapped runs
+    /// and unmaps of mapped runs; undoing them from the final ranges gives the first set.
+    #[test]
+    fn undoing_generated_histories_gives_the_ranges_at_the_start() {
+        let (base, page) = (1u64 << 40, LARGE_PAGE);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..500 {
+            let at_start = next() as u32;
+            let mut mapped = at_start;
+            let mut events = Vec::new();
+            for _ in 0..(next() % 40) {
+                let (first, len) = (next() % 32, 1 + next() % 6);
+                let run = ((1u64 << len.min(32 - first)) - 1) as u32;
+                let pages = run << first;
+                let map = mapped & pages == 0;
+                if !map && mapped & pages != pages {
+                    continue;
+                }
+                mapped ^= pages;
+                let bytes = u64::from(pages.count_ones()) * page;
+                events.push(MapEvent {
+                    addr: base + first * page,
+                    size: bytes,
+                    stream: StreamId(0),
+                    map,
+                });
+            }
+            let got = ranges_at_start(&segments_of(mapped, base, page), &events);
+            let want = segments_of(at_start, base, page);
+            let spans = |v: &[SnapshotSegment]| -> Vec<(u64, u64)> {
+                v.iter().map(|s| (s.address, s.total_size)).collect()
+            };
+            assert_eq!(spans(&got), spans(&want), "start {at_start:#x}, events {events:?}");
+        }
+    }
 }
