@@ -1,5 +1,5 @@
 //! Expandable segments (docs/pytorch-caching-allocator.md §6): one large address reservation per (stream, pool),
-//! into which pages (2 MiB small, 20 MiB large) are mapped as the pool grows and unmapped by
+//! a private pool's too (PyTorch 2.11 gives a `MemPool` or a CUDA graph pool its own), into which pages (2 MiB small, 20 MiB large) are mapped as the pool grows and unmapped by
 //! `empty_cache`. Blocks of such a segment are ordinary blocks with a `mapped` flag; unmapped
 //! ranges sit in the pool's `unmapped` set so that growth can find them by address.
 //!
@@ -45,16 +45,18 @@ impl ExpandableSegment {
 }
 
 impl PyTorchAllocator {
-    /// `try_allocate_expandable_block`: find room, map what is missing, and hand back one free
-    /// mapped block of at least `size` bytes, out of the free set.
+    /// `try_allocate_expandable_block`: find room in the segments of pool `slot`, map what is
+    /// missing, and hand back one free mapped block of at least `size` bytes, out of the free
+    /// set.
     pub(super) fn try_allocate_expandable_block<E: Emit + ?Sized>(
         &mut self,
         env: &mut Env<'_, E>,
         stream: StreamId,
+        slot: u16,
         small: bool,
         size: u64,
     ) -> Option<u32> {
-        let mut candidate = self.find_expandable_block(env, stream, small, size)?;
+        let mut candidate = self.find_expandable_block(env, stream, slot, small, size)?;
         if !self.arena[candidate].mapped {
             let n = self.arena[candidate].size.min(size);
             if !self.map_block(env, candidate, n) {
@@ -78,17 +80,19 @@ impl PyTorchAllocator {
         Some(candidate)
     }
 
-    /// `find_expandable_block`: the lowest-address unmapped range of this stream (with the
-    /// free block just before it) that can hold `size`; else a new segment's whole range.
+    /// `find_expandable_block`: the lowest-address unmapped range of this stream in the pool
+    /// (with the free block just before it) that can hold `size`; else a new segment's whole
+    /// range.
     fn find_expandable_block<E: Emit + ?Sized>(
         &mut self,
         env: &mut Env<'_, E>,
         stream: StreamId,
+        slot: u16,
         small: bool,
         size: u64,
     ) -> Option<u32> {
         let start = AddrKey { stream: stream.0, addr: 0, index: 0 };
-        for key in self.pool(0, small).unmapped.range(start..) {
+        for key in self.pool(slot, small).unmapped.range(start..) {
             if key.stream != stream.0 {
                 break;
             }
@@ -113,8 +117,12 @@ impl PyTorchAllocator {
         let mut whole = Block::new(base, reserve, stream, small);
         whole.mapped = false;
         whole.expandable = segment;
+        whole.slot = slot;
         let index = self.arena.insert(whole);
-        self.default_pool_mut(small).unmapped.insert(whole.addr_key(index));
+        self.pool_mut(slot, small).unmapped.insert(whole.addr_key(index));
+        if slot != 0 {
+            self.private[usize::from(slot) - 1].segments += 1;
+        }
         Some(index)
     }
 
@@ -142,15 +150,16 @@ impl PyTorchAllocator {
         if mapped == 0 || env.device.map(addr, mapped).is_err() {
             return false;
         }
-        self.default_pool_mut(b.small).unmapped.remove(&b.addr_key(to_map));
+        self.pool_mut(b.slot, b.small).unmapped.remove(&b.addr_key(to_map));
         self.arena[to_map].mapped = true;
         if mapped < b.size {
             let mut rest = Block::new(b.addr + mapped, b.size - mapped, b.stream, b.small);
             rest.mapped = false;
             rest.expandable = b.expandable;
+            rest.slot = b.slot;
             let r = self.link_between(to_map, b.next, rest);
             self.arena[to_map].size = mapped;
-            self.default_pool_mut(b.small).unmapped.insert(rest.addr_key(r));
+            self.pool_mut(b.slot, b.small).unmapped.insert(rest.addr_key(r));
         }
         self.try_merge_blocks(to_map, self.arena[to_map].prev);
         self.try_merge_blocks(to_map, self.arena[to_map].next);
@@ -192,6 +201,7 @@ impl PyTorchAllocator {
         if before > 0 {
             let mut head = Block::new(b.addr, before, b.stream, b.small);
             head.expandable = b.expandable;
+            head.slot = b.slot;
             let h = self.link_between(b.prev, index, head);
             self.insert_into_blocks(h);
         }
@@ -199,6 +209,7 @@ impl PyTorchAllocator {
         if after > 0 {
             let mut tail = Block::new(addr + unmapped, after, b.stream, b.small);
             tail.expandable = b.expandable;
+            tail.slot = b.slot;
             let t = self.link_between(index, b.next, tail);
             self.insert_into_blocks(t);
         }
@@ -209,7 +220,7 @@ impl PyTorchAllocator {
         self.try_merge_blocks(index, self.arena[index].prev);
         self.try_merge_blocks(index, self.arena[index].next);
         let key = self.arena[index].addr_key(index);
-        self.default_pool_mut(b.small).unmapped.insert(key);
+        self.pool_mut(b.slot, b.small).unmapped.insert(key);
         let pool = pool_of(b.small);
         self.total_allocated_memory -= unmapped;
         self.stats.reserved_bytes.dec(pool, unmapped);
@@ -227,8 +238,11 @@ impl PyTorchAllocator {
         let seg = &mut self.segments[b.expandable as usize];
         seg.live = false;
         env.device.release_address(seg.base, seg.size);
-        self.default_pool_mut(b.small).unmapped.remove(&b.addr_key(index));
+        self.pool_mut(b.slot, b.small).unmapped.remove(&b.addr_key(index));
         self.arena.remove(index);
+        if b.slot != 0 {
+            self.private[usize::from(b.slot) - 1].segments -= 1;
+        }
     }
 }
 

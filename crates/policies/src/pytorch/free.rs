@@ -133,7 +133,7 @@ impl PyTorchAllocator {
             self.erase_from_blocks(src);
         } else {
             let key = s.addr_key(src);
-            self.default_pool_mut(s.small).unmapped.remove(&key);
+            self.pool_mut(s.slot, s.small).unmapped.remove(&key);
         }
         let d = &mut self.arena[dst];
         if d.prev == src {

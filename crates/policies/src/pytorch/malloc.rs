@@ -162,8 +162,9 @@ impl PyTorchAllocator {
                 return false;
             }
         }
-        if self.config.expandable_segments && p.slot == 0 {
-            return match self.try_allocate_expandable_block(env, p.stream, p.small, p.size) {
+        if self.config.expandable_segments {
+            return match self.try_allocate_expandable_block(env, p.stream, p.slot, p.small, p.size)
+            {
                 Some(block) => {
                     p.block = block;
                     true
@@ -197,7 +198,7 @@ impl PyTorchAllocator {
     fn should_split(&self, block: u32, size: u64) -> bool {
         let b = &self.arena[block];
         let remaining = b.size - size;
-        if b.small || (self.config.expandable_segments && b.slot == 0) {
+        if b.small || self.config.expandable_segments {
             remaining >= K_MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > K_SMALL_SIZE

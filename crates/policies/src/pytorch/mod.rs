@@ -194,13 +194,9 @@ impl PyTorchAllocator {
         self.stats.reset_accumulated();
     }
 
-    /// The default pool of a size class (expandable segments live only there).
-    fn default_pool_mut(&mut self, small: bool) -> &mut BlockPool {
-        if small {
-            &mut self.small_pool
-        } else {
-            &mut self.large_pool
-        }
+    /// The free sets of pool `slot` (0 the default pools) and size class, mutably.
+    fn pool_mut(&mut self, slot: u16, small: bool) -> &mut BlockPool {
+        pool_mut!(self, slot, small)
     }
 
     /// The free sets of pool `slot` (0 the default pools) and size class.

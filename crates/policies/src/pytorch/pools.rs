@@ -4,9 +4,9 @@
 //! holds the pool (`use_count` 0) and a release of cached blocks finds them wholly free.
 //!
 //! Not modelled: a context's filter (PyTorch's stream or thread test; the recording does not
-//! show it, so a context takes every allocation until it ends), expandable segments in private
-//! pools (their allocations take whole segments), `no_split` and `use_on_oom` pools, and the
-//! deferral of frees during a graph capture.
+//! show it, so a context takes every allocation until it ends), `no_split` and `use_on_oom`
+//! pools, and the deferral of frees during a graph capture. Under `expandable_segments:True` a
+//! private pool grows expandable segments of its own, as the default pools do.
 
 use super::block::Block;
 use super::malloc::Params;

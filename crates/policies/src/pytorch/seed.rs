@@ -1,6 +1,7 @@
 //! Starting from a recording's state at its first entry ([`allocsim_core::StartState`]), for
 //! a history that begins mid-run: the segments become blocks linked as PyTorch links them
-//! (an expandable segment's mapped ranges one chain across its reservation, unmapped between),
+//! (an expandable segment's mapped ranges one chain across its reservation, unmapped between;
+//! one reservation per stream, size class and pool),
 //! free blocks enter their pool's free set, active ones are found by their allocation ids, and
 //! the statistics start at the state's `current` values.
 
@@ -9,13 +10,13 @@ use super::expandable::ExpandableSegment;
 use super::rounding::{K_LARGE_BUFFER, K_SMALL_BUFFER};
 use super::PyTorchAllocator;
 use allocsim_core::{
-    BlockState, Env, MemoryStats, Pool, SnapshotBlock, SnapshotSegment, StartState, StatArray,
-    StreamId,
+    BlockState, Env, MemPoolId, MemoryStats, Pool, SnapshotBlock, SnapshotSegment, StartState,
+    StatArray, StreamId,
 };
 use std::collections::BTreeMap;
 
 /// Where the state's segments go on the device: whole segments, and for each (stream, size
-/// class) the expandable segment whose mapped ranges the state shows, reserved from the first
+/// class, pool) the expandable segment whose mapped ranges the state shows, reserved from the first
 /// of them as far as PyTorch reserves (the device's memory and an eighth, in whole pages).
 struct Placement<'s> {
     whole: Vec<&'s SnapshotSegment>,
@@ -25,6 +26,7 @@ struct Placement<'s> {
 struct Expandable<'s> {
     stream: StreamId,
     small: bool,
+    pool_id: MemPoolId,
     reserve: u64,
     page: u64,
     /// The mapped ranges, in address order, all inside `[ranges[0].address, + reserve)`.
@@ -33,19 +35,20 @@ struct Expandable<'s> {
 
 fn placement(start: &StartState, total_bytes: u64) -> Result<Placement<'_>, String> {
     let mut whole = Vec::new();
-    let mut by_kind: BTreeMap<(StreamId, bool), Vec<&SnapshotSegment>> = BTreeMap::new();
+    let mut by_kind: BTreeMap<(StreamId, bool, MemPoolId), Vec<&SnapshotSegment>> = BTreeMap::new();
     for seg in &start.segments {
         if seg.is_expandable {
-            by_kind.entry((seg.stream, seg.pool == Pool::Small)).or_default().push(seg);
+            let kind = (seg.stream, seg.pool == Pool::Small, seg.pool_id);
+            by_kind.entry(kind).or_default().push(seg);
         } else {
             whole.push(seg);
         }
     }
     let mut expandable = Vec::new();
-    for ((stream, small), ranges) in by_kind {
+    for ((stream, small, pool_id), ranges) in by_kind {
         let page = if small { K_SMALL_BUFFER } else { K_LARGE_BUFFER };
         let reserve = total_bytes.saturating_add(total_bytes / 8).div_ceil(page).max(1) * page;
-        expandable.push(Expandable { stream, small, reserve, page, ranges });
+        expandable.push(Expandable { stream, small, pool_id, reserve, page, ranges });
     }
     // Nothing may overlap: the whole segments and the reservations.
     let mut spans: Vec<(u64, u64)> =
@@ -129,17 +132,7 @@ impl PyTorchAllocator {
 
     /// The blocks of one segment (checked by [`StartState::problem`]), linked in address order.
     fn seed_segment(&mut self, seg: &SnapshotSegment, start: &StartState) {
-        // A private pool alive at the start is held by its owner.
-        let slot = match seg.pool_id.is_default() {
-            true => 0,
-            false => self.slot_of(seg.pool_id).unwrap_or_else(|| {
-                self.private.push(PrivatePool::new(seg.pool_id, 1));
-                u16::try_from(self.private.len()).unwrap_or(u16::MAX)
-            }),
-        };
-        if slot != 0 {
-            self.private[usize::from(slot) - 1].segments += 1;
-        }
+        let slot = self.seeded_slot(seg.pool_id);
         let small = seg.pool == Pool::Small;
         let mut prev = NIL;
         for b in &seg.blocks {
@@ -150,10 +143,25 @@ impl PyTorchAllocator {
         self.total_allocated_memory += seg.total_size;
     }
 
+    /// The slot of pool `id` for a segment alive at the start, counted as one of its segments:
+    /// a private pool alive at the start is held by its owner.
+    fn seeded_slot(&mut self, id: MemPoolId) -> u16 {
+        if id.is_default() {
+            return 0;
+        }
+        let slot = self.slot_of(id).unwrap_or_else(|| {
+            self.private.push(PrivatePool::new(id, 1));
+            u16::try_from(self.private.len()).unwrap_or(u16::MAX)
+        });
+        self.private[usize::from(slot) - 1].segments += 1;
+        slot
+    }
+
     /// An expandable segment: its reservation cut into the mapped ranges' blocks and unmapped
     /// blocks between and after them, all one chain, as PyTorch's blocks of one segment are.
     fn seed_expandable(&mut self, e: &Expandable<'_>, start: &StartState) {
         let base = e.ranges[0].address;
+        let slot = self.seeded_slot(e.pool_id);
         let index = self.segments.len() as u32;
         self.segments.push(ExpandableSegment { base, size: e.reserve, page: e.page, live: true });
         let (mut prev, mut at) = (NIL, base);
@@ -161,12 +169,13 @@ impl PyTorchAllocator {
             let mut gap = Block::new(addr, size, e.stream, e.small);
             gap.mapped = false;
             gap.expandable = index;
+            gap.slot = slot;
             gap.prev = prev;
             let i = this.arena.insert(gap);
             if prev != NIL {
                 this.arena[prev].next = i;
             }
-            this.default_pool_mut(e.small).unmapped.insert(gap.addr_key(i));
+            this.pool_mut(slot, e.small).unmapped.insert(gap.addr_key(i));
             i
         };
         for range in &e.ranges {
@@ -176,6 +185,7 @@ impl PyTorchAllocator {
             for b in &range.blocks {
                 let mut block = Block::new(b.address, b.size, e.stream, e.small);
                 block.expandable = index;
+                block.slot = slot;
                 prev = self.seed_block(block, b, start, prev);
             }
             at = range.address + range.total_size;

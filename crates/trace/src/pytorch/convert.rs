@@ -38,6 +38,7 @@
 
 use super::edits::Edits;
 use super::entries::{segment_pool, Action, Ctx, Entries, Entry};
+use super::mapped::{self, MapEvent};
 use super::stacks::Stacks;
 use crate::addr_map::{AddrMap, BuildAddrHasher};
 use crate::error::TraceError;
@@ -339,8 +340,11 @@ pub fn convert(
 struct History {
     /// The addresses device calls were seen at.
     seen: HashSet<u64, BuildAddrHasher>,
-    /// The segments whose first device call releases them: they were there before the history.
+    /// The segments whose first device call frees them: they were there before the history.
     released_first: Vec<SnapshotSegment>,
+    /// Every `segment_map` and `segment_unmap`, for the expandable segments' mapped ranges
+    /// ([`mapped::ranges_at_start`]).
+    maps: Vec<MapEvent>,
     /// The address and entry index of every `alloc` of more than 1 MiB: only those lie in a
     /// large pool's segments, where [`first_alloc_after`] looks (a request of at most 1 MiB
     /// rounds to at most 1 MiB, a small pool's size).
@@ -352,13 +356,18 @@ impl History {
     fn step(&mut self, i: usize, e: &Entry) {
         match e.action {
             Action::Alloc if e.size > MIB => self.allocs.push((e.addr, i)),
-            Action::SegmentAlloc | Action::SegmentMap => {
+            Action::SegmentAlloc => {
                 self.seen.insert(e.addr);
             }
-            Action::SegmentFree | Action::SegmentUnmap if self.seen.insert(e.addr) => {
-                let expandable = e.action == Action::SegmentUnmap;
-                self.released_first.push(new_segment(e.addr, e.size, e.stream, expandable));
+            Action::SegmentFree if self.seen.insert(e.addr) => {
+                self.released_first.push(new_segment(e.addr, e.size, e.stream, false));
             }
+            Action::SegmentMap | Action::SegmentUnmap => self.maps.push(MapEvent {
+                addr: e.addr,
+                size: e.size,
+                stream: e.stream,
+                map: e.action == Action::SegmentMap,
+            }),
             _ => {}
         }
     }
@@ -395,7 +404,8 @@ struct StartGuesses {
 /// The allocator's state at the first entry of a history that starts mid-run.
 ///
 /// Segments: those the trace frees before it reserves them (address, size and stream from
-/// the `segment_free`), and those alive at the end that it never reserved. Blocks: those the
+/// the `segment_free`), those alive at the end that it never reserved, and the mapped ranges
+/// of expandable segments ([`mapped::ranges_at_start`]). Blocks: those the
 /// trace frees without having allocated them (their request and stream from the free), and
 /// those alive at the end that it never allocated (their size from the final segments).
 /// Between two active blocks of a segment lies one free block, since PyTorch merges free
@@ -411,9 +421,11 @@ fn start_state(
     ids: &[AllocId],
 ) -> (StartState, StartGuesses) {
     let mut segments = history.released_first;
-    for seg in last.iter().filter(|s| !history.seen.contains(&s.address)) {
+    let whole = last.iter().filter(|s| !s.is_expandable && !history.seen.contains(&s.address));
+    for seg in whole {
         segments.push(SnapshotSegment { blocks: Vec::new(), ..seg.clone() });
     }
+    segments.extend(mapped::ranges_at_start(last, &history.maps));
     segments.sort_by_key(|s| s.address);
 
     let mut guesses = StartGuesses::default();

@@ -9,6 +9,7 @@ mod calls;
 mod convert;
 mod edits;
 mod entries;
+mod mapped;
 mod overlap;
 mod pools;
 mod sidecar;

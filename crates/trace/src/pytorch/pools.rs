@@ -22,19 +22,33 @@
 use super::edits::Edits;
 use super::entries::segment_pool;
 use allocsim_core::{
-    MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind, SnapshotSegment, Trace,
+    MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind, SnapshotSegment, Trace, MIB,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One segment's life in the recording.
+/// One segment's life in the recording: a cudaMalloc'ed segment, or an expandable segment's
+/// address reservation.
 struct Instance {
     pool: Option<MemPoolId>,
     /// The op that reserved the segment; `None` for one alive at the start.
     reserved_by: Option<u64>,
+    /// Of an expandable segment, the bytes mapped in it: the reservation goes with its last
+    /// page (`release_expandable_segment`).
+    mapped: Option<u64>,
 }
 
-/// Where an allocation landed: its recorded event, its segment (instance, start and size),
-/// and whether the segment held no live block before it.
+/// The bytes PyTorch reserves for an expandable segment of `page`-byte pages: the device's
+/// memory and an eighth, in whole pages. One reservation holds every page a pool maps on a
+/// stream, so which pool a `segment_map` serves shows in where it lands.
+fn reservation_bytes(total: u64, page: u64) -> u64 {
+    total.saturating_add(total / 8).div_ceil(page).max(1).saturating_mul(page)
+}
+
+/// The device's memory when the recording does not say: an H100's (80 GB).
+const DEFAULT_TOTAL_BYTES: u64 = 85_017_493_504;
+
+/// Where an allocation landed: its recorded event, its segment (instance, start and size: an
+/// expandable segment's mapped range), and whether the segment held no live block before it.
 struct Site {
     r: usize,
     instance: usize,
@@ -126,6 +140,48 @@ impl LiveSegments {
     }
 }
 
+/// The mapped ranges of expandable segments, joined where they touch, by start: what a
+/// snapshot shows as segments.
+#[derive(Default)]
+struct MappedRanges {
+    by_start: BTreeMap<u64, u64>,
+}
+
+impl MappedRanges {
+    fn map(&mut self, addr: u64, size: u64) {
+        let (mut start, mut end) = (addr, addr.saturating_add(size));
+        if let Some((&s, &e)) = self.by_start.range(..addr).next_back().filter(|(_, &e)| e == addr)
+        {
+            (start, end) = (s, end.max(e));
+        }
+        if let Some(after) = self.by_start.remove(&end) {
+            end = after;
+        }
+        self.by_start.insert(start, end);
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) {
+        let end = addr.saturating_add(size);
+        let Some((&s, &e)) = self.by_start.range(..=addr).next_back() else { return };
+        if e <= addr {
+            return;
+        }
+        self.by_start.remove(&s);
+        if s < addr {
+            self.by_start.insert(s, addr);
+        }
+        if e > end {
+            self.by_start.insert(end, e);
+        }
+    }
+
+    /// The range `addr` lies in: (start, size).
+    fn containing(&self, addr: u64) -> Option<(u64, u64)> {
+        let (&s, &e) = self.by_start.range(..=addr).next_back()?;
+        (addr < e).then_some((s, e - s))
+    }
+}
+
 /// What one pass over the recording finds (see [`scan`]).
 struct Scan {
     instances: Vec<Instance>,
@@ -158,12 +214,31 @@ enum Detail {
 fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
     let mut instances: Vec<Instance> = Vec::new();
     let mut live = LiveSegments::default();
-    // Live blocks per instance.
-    let mut blocks: Vec<u32> = Vec::new();
+    // The addresses of live blocks (read for the sites only), and the expandable segments'
+    // mapped ranges: a snapshot's segments, what a checkpoint restore tiles.
+    let mut blocks: BTreeSet<u64> = BTreeSet::new();
+    let mut ranges = MappedRanges::default();
+    let total = trace.meta.device_total_bytes.unwrap_or(DEFAULT_TOTAL_BYTES);
+    let reservation = |size: u64| {
+        let page = if segment_pool(size) == Pool::Small { 2 * MIB } else { 20 * MIB };
+        reservation_bytes(total, page)
+    };
     for seg in trace.start.iter().flat_map(|s| &s.segments) {
-        live.insert(seg.address, seg.total_size, instances.len());
-        instances.push(Instance { pool: Some(seg.pool_id), reserved_by: None });
-        blocks.push(seg.blocks.iter().filter(|b| b.state.is_active()).count() as u32);
+        blocks.extend(seg.blocks.iter().filter(|b| b.state.is_active()).map(|b| b.address));
+        if seg.is_expandable {
+            ranges.map(seg.address, seg.total_size);
+        }
+        // A mapped range inside a reservation already listed is more of its pages.
+        if let Some((_, _, i)) = live.containing(seg.address).filter(|_| seg.is_expandable) {
+            *instances[i].mapped.get_or_insert(0) += seg.total_size;
+            continue;
+        }
+        let (size, mapped) = match seg.is_expandable {
+            true => (reservation(seg.total_size), Some(seg.total_size)),
+            false => (seg.total_size, None),
+        };
+        live.insert(seg.address, size, instances.len());
+        instances.push(Instance { pool: Some(seg.pool_id), reserved_by: None, mapped });
     }
     let mut alloc_in = Vec::new();
     let mut freed = Vec::new();
@@ -171,28 +246,54 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
     let mut visit = |r: usize, e: &RecordedEvent| match e.kind {
         RecordedKind::SegmentAlloc => {
             live.insert(e.addr, e.size, instances.len());
-            instances.push(Instance { pool: None, reserved_by: Some(e.op) });
-            blocks.push(0);
+            instances.push(Instance { pool: None, reserved_by: Some(e.op), mapped: None });
         }
         RecordedKind::SegmentFree => {
             if let Some((_, i)) = live.remove(e.addr) {
                 freed.push((r, i));
             }
         }
+        // A reservation's first map is at its start (`find_expandable_block` maps a new
+        // segment from its first page).
+        RecordedKind::SegmentMap => {
+            ranges.map(e.addr, e.size);
+            match live.containing(e.addr) {
+                Some((_, _, i)) => *instances[i].mapped.get_or_insert(0) += e.size,
+                None => {
+                    live.insert(e.addr, reservation(e.size), instances.len());
+                    let reserved_by = Some(e.op);
+                    instances.push(Instance { pool: None, reserved_by, mapped: Some(e.size) });
+                }
+            }
+        }
+        RecordedKind::SegmentUnmap => {
+            ranges.unmap(e.addr, e.size);
+            if let Some((start, _, i)) = live.containing(e.addr) {
+                freed.push((r, i));
+                let mapped = instances[i].mapped.get_or_insert(0);
+                *mapped = mapped.saturating_sub(e.size);
+                if *mapped == 0 {
+                    live.remove(start);
+                }
+            }
+        }
         RecordedKind::Alloc if detail >= Detail::Allocations => {
             if let Some((start, size, i)) = live.containing(e.addr) {
                 alloc_in.push((e.op, i));
                 if detail == Detail::Sites {
-                    let empty = blocks[i] == 0;
-                    sites.push(Site { r, instance: i, segment: (start, size), empty });
+                    let segment = match instances[i].mapped {
+                        Some(_) => ranges.containing(e.addr).unwrap_or((e.addr, e.size)),
+                        None => (start, size),
+                    };
+                    let end = segment.0.saturating_add(segment.1);
+                    let empty = blocks.range(segment.0..end).next().is_none();
+                    sites.push(Site { r, instance: i, segment, empty });
+                    blocks.insert(e.addr);
                 }
-                blocks[i] += 1;
             }
         }
         RecordedKind::FreeCompleted if detail == Detail::Sites => {
-            if let Some((_, _, i)) = live.containing(e.addr) {
-                blocks[i] = blocks[i].saturating_sub(1);
-            }
+            blocks.remove(&e.addr);
         }
         _ => {}
     };
@@ -228,7 +329,7 @@ pub fn infer_pools(
         }
         let mut scan = scan(trace, device_events, detail);
         for seg in last {
-            if let Some(&(_, i)) = scan.live.by_start.get(&seg.address) {
+            if let Some((_, _, i)) = scan.live.containing(seg.address) {
                 scan.instances[i].pool = Some(seg.pool_id);
             }
         }
