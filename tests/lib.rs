@@ -32,7 +32,7 @@ pub const UNDETERMINED_STATS: [(&str, &str, &str); 3] = [
 ];
 
 /// Why [`UNDETERMINED_STATS`] lists the CUDA graph recordings.
-pub const EMPTY_CACHE_FREEING_NOTHING: &str = "`torch.cuda.graph` calls `empty_cache` before each \
+const EMPTY_CACHE_FREEING_NOTHING: &str = "`torch.cuda.graph` calls `empty_cache` before each \
     capture; one that frees no segment counts in num_sync_all_streams but leaves no trace entry";
 
 /// SHA-256 (FIPS 180-4) as a writer, so that the event-log test hashes each log as it is

@@ -4,7 +4,7 @@
 use allocsim_core::Trace;
 use allocsim_replay::{EventLog, Observer};
 use allocsim_run::{run_trace, DeviceChoice, RunOptions, StartedFrom};
-use allocsim_tests::{bundled_traces, EMPTY_CACHE_FREEING_NOTHING, UNDETERMINED_STATS};
+use allocsim_tests::{bundled_traces, UNDETERMINED_STATS};
 
 mod event_logs;
 
@@ -105,24 +105,38 @@ fn pytorch_reproduces_every_recording_exactly() {
     assert_exact(&bundled_traces(), &UNDETERMINED_STATS);
 }
 
-/// The same for the H200 recordings that combine patterns and whose replay this checks
-/// (`traces/pytorch-2.11-h200-combos/`, not yet all bundled): MemPools and CUDA graph pools
-/// under expandable segments, and expandable segments at a history that starts mid-run.
+/// The same for the recordings made on an H200 with `allocsim.capture`: the patterns in
+/// combination (`traces/pytorch-2.11-h200-combos/`: MemPools and CUDA graph pools under
+/// expandable segments, histories that start mid-run, the calls a snapshot cannot show) and
+/// the ranks of DDP and FSDP2 jobs (`traces/pytorch-2.11-h200-ranks/`).
 #[test]
-fn pytorch_reproduces_the_combined_patterns_exactly() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/pytorch-2.11-h200-combos");
-    let names = [
-        "mempool_expandable",
-        "cudagraphs_expandable",
-        "late_mempool_expandable",
-        "ring_release_expandable",
+fn pytorch_reproduces_the_h200_recordings_exactly() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
+    let mut paths = Vec::new();
+    for dir in ["pytorch-2.11-h200-combos", "pytorch-2.11-h200-ranks"] {
+        for entry in std::fs::read_dir(root.join(dir)).expect("the H200 recordings") {
+            let path = entry.expect("a directory entry").path();
+            if path.to_string_lossy().ends_with(".pickle.gz") {
+                paths.push(path);
+            }
+        }
+    }
+    paths.sort();
+    assert_eq!(paths.len(), 15, "nine combinations of patterns, four ranks, two batch sizes");
+    let undetermined = [
+        ("cudagraphs_expandable", "num_sync_all_streams", WARM_UP_CONTEXT),
+        ("graphs_pools_release", "num_sync_all_streams", WARM_UP_CONTEXT),
+        ("late_graphs_tuned", "num_sync_all_streams", WARM_UP_CONTEXT),
     ];
-    let paths: Vec<_> = names.iter().map(|n| dir.join(format!("{n}.pickle.gz"))).collect();
-    let undetermined =
-        [("cudagraphs_expandable", "num_sync_all_streams", EMPTY_CACHE_FREEING_NOTHING)];
     assert_exact(&paths, &undetermined);
 }
+
+/// Why the CUDA graph recordings made with `allocsim.capture` still miss one sync.
+const WARM_UP_CONTEXT: &str = "one empty_cache() the capture recorded comes, by the allocations \
+    counted before it, after the first allocation into a CUDA graph tree's pool, inside the \
+    pool context the conversion infers from there on, where PyTorch does not synchronize; \
+    PyTorch counted a sync for every call, so the warm-up's context ended before \
+    torch.cuda.graph emptied the cache, which the trace does not show";
 
 /// Every recording in `paths` replays exactly, but for the statistics `undetermined` lists
 /// (trace, key, why), which must differ.
@@ -290,6 +304,78 @@ fn capacity_holds_against_the_h100() {
         }
         if error.abs() > 0.001 {
             failures.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Programs held out from the model (ViT, BERT and Llama decoding, recorded and bisected on an
+/// H200 after the band was set): the real threshold lies in the band under every setting, as
+/// recorded and asked under `expandable_segments:True`, and under another chunk order; the
+/// point within 0.3 % of it and the band at most 1 % wide on the programs of more than 1.5 GB.
+/// On Llama decoding (0.85 GB) both margins are a few MiB the runs take outside the allocator
+/// (cuDNN's attention fails there first), which is more than 1 % of so small a run.
+#[test]
+fn capacity_holds_on_programs_held_out_from_the_model() {
+    use allocsim_run::{capacity, CapacityOptions};
+    let dir = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../validation/h200-pytorch-2.11/heldout"
+    ));
+    let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
+    // Each row's real brackets; a row bisected on from an earlier bracket keeps the last.
+    let mut real: std::collections::BTreeMap<String, Vec<(u64, u64)>> = Default::default();
+    for line in tries.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        if let Some(name) = v["summary"].as_str() {
+            let bracket =
+                (v["real_oom_free"].as_u64().unwrap(), v["real_fits_free"].as_u64().unwrap());
+            let row = real.entry(name.to_string()).or_default();
+            match v["perturb"].as_str() {
+                None => row.insert(0, bracket),
+                Some(_) => row.push(bracket),
+            }
+        }
+    }
+    assert_eq!(real.len(), 9, "three programs under three settings");
+    let mut rows: Vec<(String, String, Option<&str>)> =
+        real.keys().map(|n| (n.clone(), n.clone(), None)).collect();
+    for w in ["vit_train", "bert_mlm", "llama_generate"] {
+        let expandable = format!("{w}_expandable_segments-True");
+        rows.push((w.to_string(), expandable, Some("expandable_segments:True")));
+    }
+    let mut failures = Vec::new();
+    for (recording, truth, conf) in rows {
+        let trace = read(&dir.join(format!("{recording}.pickle.gz")));
+        let opts = CapacityOptions {
+            run: RunOptions {
+                policy: "pytorch".into(),
+                alloc_conf: conf.map(str::to_string),
+                ..RunOptions::default()
+            },
+            outside_bytes: trace.meta.outside_allocator_bytes.expect("the sidecar measures it"),
+            jitters: 16,
+        };
+        let c = capacity(&trace, &opts).unwrap();
+        let (point, low, high) =
+            (c.capacity_bytes.unwrap(), c.low_bytes.unwrap(), c.high_bytes.unwrap());
+        let row = format!("{recording} -> {truth}: point {point}, band [{low}, {high}]");
+        let brackets = &real[&truth];
+        let brackets = if recording == truth { &brackets[..] } else { &brackets[..1] };
+        for &(lo, hi) in brackets {
+            if low > hi || high < lo {
+                failures.push(format!("{row}: the real threshold ({lo}, {hi}] is outside it"));
+            }
+        }
+        let (lo, hi) = brackets[0];
+        let mid = (lo + hi) as f64 / 2.0;
+        let (error, width) = (point as f64 / mid - 1.0, (high - low) as f64 / mid);
+        if point > 1_500_000_000 && (error.abs() > 0.003 || width > 0.01) {
+            failures.push(format!(
+                "{row}: point off by {:+.3} %, band {:.2} % wide",
+                100.0 * error,
+                100.0 * width
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
