@@ -220,3 +220,39 @@ fn the_readme_example_is_what_diff_says() {
                  (two segments instead of 137)";
     assert!(readme.contains(claim), "the README's diff example changed");
 }
+
+/// Issue 51: two real recordings of one training at batch 8 and batch 12 (an H200): the
+/// allocations that grew are named by their stacks, the largest growth first, and the GELU
+/// activations of the transformer blocks, which scale with the batch, are among them; each
+/// side's peak is that recording's own.
+#[test]
+fn two_batch_sizes_name_the_allocations_that_grew() {
+    let (a, b) = (
+        trace("pytorch-2.11-h200-ranks", "bs8.pickle.gz"),
+        trace("pytorch-2.11-h200-ranks", "bs12.pickle.gz"),
+    );
+    let d = json_of(&["diff", &a, &b, "--json"]);
+    let groups = d["stack_groups"].as_array().expect("stack groups");
+    let change = |g: &Value| g["change_bytes"].as_i64().unwrap();
+    assert!(groups.windows(2).all(|w| change(&w[0]).abs() >= change(&w[1]).abs()), "{groups:?}");
+    let grew = &groups[0];
+    assert!(change(grew) > 0 && grew["b_bytes"].as_u64() > grew["a_bytes"].as_u64(), "{grew}");
+    let gelu = groups.iter().find(|g| {
+        g["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap().contains("activations.py"))
+    });
+    let gelu = gelu.expect("the activations' stack among the changes");
+    // Batch 12 over batch 8: the activations grow by half.
+    let ratio = gelu["b_bytes"].as_f64().unwrap() / gelu["a_bytes"].as_f64().unwrap();
+    assert!((ratio - 1.5).abs() < 0.01, "{gelu}");
+    for (side, path) in [("a", &a), ("b", &b)] {
+        let replay = json_of(&["replay", path, "--json"]);
+        assert_eq!(
+            d[side]["peak_reserved_bytes"], replay["memory_stats"]["reserved_bytes.all.peak"],
+            "{side}"
+        );
+    }
+}
