@@ -457,7 +457,9 @@ def workloads() -> dict[str, dict[str, Any]]:
 
 
 def policies() -> list[str]:
-    """The policy names `replay(policy=...)` takes, in the order reports list them."""
+    """The policy names `replay(policy=...)` takes, in the order reports list them. `replay`
+    and `compare` also take `"offline"`: the placement of `bound` (every lifetime known in
+    advance) replayed as a baseline, which is built from the whole trace, so it is no policy."""
     return list(_allocsim.policies())
 
 

@@ -487,3 +487,12 @@ def test_capture_names_each_rank_and_records_the_calls_a_snapshot_cannot_show():
     ]
     assert fake.cuda.empty_cache is memory.empty_cache is not None and done  # restored
     assert cuda.memory.empty_cache.__name__ == "<lambda>"
+
+
+def test_the_offline_placement_replays_as_a_baseline():
+    """Issue 53: `replay(policy="offline")` gives the offline placement's run: its peak is the
+    placement `bound` computes, and the independent checker finds nothing."""
+    result = allocsim.replay(GPT2, policy="offline", check=True)
+    assert result.peak_reserved_bytes == allocsim.bound(GPT2)["offline_bytes"]
+    assert result.checker_violations == 0
+    assert "offline" not in allocsim.policies()
