@@ -16,7 +16,7 @@ use std::path::PathBuf;
 const JITTERS: u32 = 16;
 
 /// What both commands take besides the trace.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
     /// Memory the run takes outside the caching allocator (CUDA context growth, lazily loaded
     /// kernels, library workspaces), as bytes or `256MiB`. Default: the sidecar's
@@ -33,10 +33,14 @@ impl ModelArgs {
     }
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The trace (any format `replay` reads).
+    /// The trace (any format `replay` reads); or a job of per-rank traces: a folder of them,
+    /// a pattern (`run/rank*.pickle.gz`), or several paths. A job answers per rank and for
+    /// the job: the rank that needs the most free memory decides.
     pub trace: PathBuf,
+    /// Further ranks' traces of the job.
+    pub more: Vec<PathBuf>,
     /// Allocator settings in the policy's syntax (for pytorch: a PYTORCH_CUDA_ALLOC_CONF
     /// string). Default: the trace's own.
     #[arg(long)]
@@ -71,6 +75,9 @@ pub(crate) fn capacity_json(c: &Capacity) -> serde_json::Value {
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        return crate::per_rank::capacity(args, &crate::job::load(&paths, cx)?);
+    }
     let trace = cx.trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
     let conf = args.alloc_conf.clone();

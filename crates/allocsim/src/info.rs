@@ -6,11 +6,14 @@ use allocsim_core::{BlockState, MemPoolId, Op, PoolAction, RecordedKind, Trace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// The trace: a PyTorch snapshot (.pickle, .pickle.gz), an RMM log (.csv) or a native
     /// trace (.allocsim, .allocsim.json).
     pub trace: PathBuf,
+    /// Further ranks' traces: with them, or a folder or a pattern (`run/rank*.pickle.gz`) as
+    /// TRACE, the command answers per rank and for the job.
+    pub more: Vec<PathBuf>,
 }
 
 /// What `info` reports, computed from the ops alone (and the recording, when there is one).
@@ -75,6 +78,9 @@ fn summarise(trace: &Trace) -> Summary {
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        return crate::per_rank::info(args, &crate::job::load(&paths, cx)?);
+    }
     let trace = cx.trace(&args.trace)?;
     let s = summarise(&trace);
     let m = &trace.meta;

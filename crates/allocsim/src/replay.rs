@@ -31,12 +31,15 @@ pub enum DeviceArg {
     Cuda,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// The trace: a PyTorch snapshot (.pickle, .pickle.gz), an RMM log (.csv) or a native
     /// trace (.allocsim, .allocsim.json); or a live workload, `workload:NAME?key=value&...`
     /// (`allocsim workload` lists them).
     pub trace: PathBuf,
+    /// Further ranks' traces: with them, or a folder or a pattern (`run/rank*.pickle.gz`) as
+    /// TRACE, the command answers per rank and for the job.
+    pub more: Vec<PathBuf>,
     /// The allocation policy.
     #[arg(long, default_value = "pytorch")]
     pub policy: String,
@@ -136,6 +139,9 @@ impl Args {
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        return crate::per_rank::replay(args, &crate::job::load(&paths, cx)?);
+    }
     if let (Some(log), Some(export)) = (&args.event_log, &args.export_snapshot) {
         if allocsim_trace::atomic::same_file(log, export) {
             anyhow::bail!("--event-log and --export-snapshot name one file: {}", log.display());
