@@ -40,13 +40,17 @@ pub struct Job {
     pub cx: Context,
 }
 
-/// The trace files `first` and `more` name when they name a job (several paths, a directory,
-/// a pattern); `None` for one trace file or workload, which the commands read as before.
+/// The trace files `first` and `more` name when they name a job (several paths, a directory
+/// with trace files, a pattern); `None` for one trace file or workload (or a lone folder of
+/// none), which the commands read as before.
 pub fn paths(first: &Path, more: &[PathBuf]) -> anyhow::Result<Option<Vec<PathBuf>>> {
     let single = more.is_empty()
         && (first.to_string_lossy().starts_with(crate::WORKLOAD_PREFIX)
             || !(first.is_dir() || is_pattern(first)));
-    if single {
+    // A folder without trace files, alone, is what it always was: not a trace, refused by
+    // the reader as not a regular file.
+    let empty_folder = || first.is_dir() && traces_in(first, |_| true).is_ok_and(|t| t.is_empty());
+    if single || (more.is_empty() && empty_folder()) {
         return Ok(None);
     }
     let mut all = Vec::new();

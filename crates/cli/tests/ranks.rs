@@ -207,7 +207,8 @@ fn bad_jobs_are_refused_naming_the_path() {
     }
     let empty = tempfile::tempdir().unwrap();
     let e = empty.path().to_string_lossy().into_owned();
-    assert_refused(&["info", &e], &e, "no trace files");
+    assert_refused(&["info", &e], &e, "not a regular file (a directory)");
+    assert_refused(&["info", &e, &list[0]], &e, "no trace files");
     // Two ranks recorded under different settings are two jobs.
     let mixed = tempfile::tempdir().unwrap();
     for (i, trace) in list.iter().enumerate() {
