@@ -108,8 +108,8 @@ pub(crate) fn side<'t>(
     let mut at = StateAt::new(report.metrics.peak_reserved_op);
     run_trace(trace, opts, &mut [&mut at], |_| {}).with_context(setup)?;
     let capacity = if with_capacity {
-        let (outside, _) = crate::capacity::outside_bytes(None, trace);
-        let copts = crate::capacity::options(&opts.policy, opts.alloc_conf.clone(), outside);
+        let (outside, _) = crate::capacity_model::outside_bytes(None, trace);
+        let copts = crate::capacity_model::options(&opts.policy, opts.alloc_conf.clone(), outside);
         Some(capacity(trace, &copts).with_context(setup)?)
     } else {
         None
@@ -333,7 +333,7 @@ fn side_json(s: &Side) -> Value {
         "fragmentation_at_peak": m.fragmentation_at_peak,
         "ooms": m.ooms.len(),
         "peak_reserved_op": m.peak_reserved_op.saturating_sub(s.laid_out_ops()),
-        "capacity": s.capacity.as_ref().map(crate::capacity::capacity_json),
+        "capacity": s.capacity.as_ref().map(crate::capacity_model::capacity_json),
         "segments_at_peak": segments_json(s),
     })
 }

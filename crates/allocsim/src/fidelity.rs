@@ -35,7 +35,18 @@ pub struct Args {
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
-        return crate::per_rank::fidelity(args, &crate::job::load(&paths, cx)?);
+        let job = crate::job::load(&paths, cx)?;
+        if args.truth.is_some() || args.stats_at_start.is_some() {
+            bail!(
+                "--truth and --stats-at-start give one run's statistics, and a job has {} ranks: \
+                 each rank's sidecar gives its own",
+                job.ranks.len()
+            );
+        }
+        let outs = job.each(|r, cx| {
+            run(&Args { trace: r.path.clone(), more: Vec::new(), ..args.clone() }, cx)
+        })?;
+        return crate::per_rank::fidelity(&job, outs);
     }
     let mut trace = cx.trace(&args.trace)?;
     if let Some(path) = &args.truth {

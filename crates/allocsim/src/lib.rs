@@ -14,6 +14,7 @@
 
 pub mod bound;
 pub mod capacity;
+mod capacity_model;
 pub mod compare;
 pub mod convert;
 pub mod diff;

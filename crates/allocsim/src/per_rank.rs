@@ -1,19 +1,14 @@
-//! The commands on a [`Job`]: each rank answered as the single-trace command answers it, and
-//! the job's answer over them (which rank decides, the spread between the ranks).
+//! The commands on a [`Job`]: each rank answered as the single-trace command answers it (the
+//! command runs itself on every rank, [`Job::each`], and hands the outputs here), and the
+//! job's answer over them (which rank decides, the spread between the ranks).
 
 use crate::job::{indented, Job, Spread};
 use crate::output::{bytes, outln};
-use anyhow::Context as _;
 use serde_json::{json, Value};
 
-/// Each rank's output of `one`, run on its path, with the rank's row merged into its JSON.
-fn each(
-    job: &Job,
-    one: impl Fn(std::path::PathBuf, &crate::Context) -> anyhow::Result<crate::Output> + Sync,
-) -> anyhow::Result<Vec<(crate::Output, Value)>> {
-    let outs = job.each(|r, cx| one(r.path.clone(), cx))?;
-    Ok(outs
-        .into_iter()
+/// Each rank's output with the rank's row merged into its JSON.
+fn each(job: &Job, outs: Vec<crate::Output>) -> Vec<(crate::Output, Value)> {
+    outs.into_iter()
         .enumerate()
         .map(|(i, o)| {
             let mut j = job.rank_json(i);
@@ -24,7 +19,7 @@ fn each(
             }
             (o, j)
         })
-        .collect())
+        .collect()
 }
 
 /// The title and each rank's text, indented under `rank N (path)`.
@@ -45,11 +40,8 @@ fn u64_at(v: &Value, key: &str) -> Option<u64> {
 /// `allocsim capacity` on a job: the job fits when every rank fits, so the rank that needs the
 /// most free memory decides; the job's point is the largest of the ranks' points and its band
 /// runs from the largest low to the largest high.
-pub fn capacity(args: &crate::capacity::Args, job: &Job) -> anyhow::Result<crate::Output> {
-    let outs = each(job, |trace, cx| {
-        let one = crate::capacity::Args { trace, more: Vec::new(), ..args.clone() };
-        crate::capacity::run(&one, cx)
-    })?;
+pub fn capacity(job: &Job, outs: Vec<crate::Output>) -> anyhow::Result<crate::Output> {
+    let outs = each(job, outs);
     let rows: Vec<&Value> = outs.iter().map(|(_, j)| j).collect();
     let rank_of = |j: &Value| u64_at(j, "rank").unwrap_or(0) as u32;
     let points: Vec<(u32, Option<u64>)> =
@@ -142,24 +134,8 @@ fn peaks_text(text: &mut String, rows: &[Value]) {
 
 /// `allocsim info` on a job: each rank's summary and its peaks (the recording replayed as it
 /// was made), the rank with the highest peak reserved, and the spread.
-pub fn info(args: &crate::info::Args, job: &Job) -> anyhow::Result<crate::Output> {
-    let outs = each(job, |trace, cx| {
-        let mut o =
-            crate::info::run(&crate::info::Args { trace: trace.clone(), ..args.clone() }, cx)?;
-        let t = cx.trace(&trace)?;
-        let opts = allocsim_run::RunOptions {
-            policy: "pytorch".to_string(),
-            device: allocsim_run::DeviceChoice::Auto,
-            ..allocsim_run::RunOptions::default()
-        };
-        let report = allocsim_run::run_trace(&t, &opts, &mut [], |_| {})
-            .with_context(|| format!("{}: replaying it for its peaks", trace.display()))?;
-        if let Some(j) = o.json.as_mut() {
-            j["peak_reserved_bytes"] = json!(report.metrics.peak_reserved_bytes);
-            j["peak_allocated_bytes"] = json!(report.metrics.peak_allocated_bytes);
-        }
-        Ok(o)
-    })?;
+pub fn info(job: &Job, outs: Vec<crate::Output>) -> anyhow::Result<crate::Output> {
+    let outs = each(job, outs);
     let rows: Vec<Value> = outs.iter().map(|(_, j)| j.clone()).collect();
     let mut job_json = json!({ "ranks": job.ranks.len(), "world_size": job.world_size });
     peaks_json(&mut job_json, &rows);
@@ -179,20 +155,8 @@ pub fn info(args: &crate::info::Args, job: &Job) -> anyhow::Result<crate::Output
 
 /// `allocsim replay` on a job: each rank's replay, the rank with the highest peak reserved,
 /// the spread, and whether every rank's statistics match its recording.
-pub fn replay(args: &crate::replay::Args, job: &Job) -> anyhow::Result<crate::Output> {
-    if args.event_log.is_some() || args.export_snapshot.is_some() {
-        anyhow::bail!(
-            "--event-log and --export-snapshot write one file, and a job has {} ranks: replay \
-             each rank's trace alone to write its own",
-            job.ranks.len()
-        );
-    }
-    if args.device == crate::replay::DeviceArg::Cuda {
-        anyhow::bail!("--device cuda replays one trace on the one GPU: replay each rank alone");
-    }
-    let outs = each(job, |trace, cx| {
-        crate::replay::run(&crate::replay::Args { trace, more: Vec::new(), ..args.clone() }, cx)
-    })?;
+pub fn replay(job: &Job, outs: Vec<crate::Output>) -> anyhow::Result<crate::Output> {
+    let outs = each(job, outs);
     let rows: Vec<Value> = outs.iter().map(|(_, j)| j.clone()).collect();
     let matches: Vec<Option<bool>> =
         rows.iter().map(|j| j.get("recorded_stats_match").and_then(Value::as_bool)).collect();
@@ -220,17 +184,8 @@ pub fn replay(args: &crate::replay::Args, job: &Job) -> anyhow::Result<crate::Ou
 }
 
 /// `allocsim fidelity` on a job: each rank exact or not; the job is exact when every rank is.
-pub fn fidelity(args: &crate::fidelity::Args, job: &Job) -> anyhow::Result<crate::Output> {
-    if args.truth.is_some() || args.stats_at_start.is_some() {
-        anyhow::bail!(
-            "--truth and --stats-at-start give one run's statistics, and a job has {} ranks: \
-             each rank's sidecar gives its own",
-            job.ranks.len()
-        );
-    }
-    let outs = each(job, |trace, cx| {
-        crate::fidelity::run(&crate::fidelity::Args { trace, more: Vec::new(), ..args.clone() }, cx)
-    })?;
+pub fn fidelity(job: &Job, outs: Vec<crate::Output>) -> anyhow::Result<crate::Output> {
+    let outs = each(job, outs);
     let mut text = ranks_text("fidelity", job, &outs);
     let exact: Vec<u32> =
         job.ranks.iter().zip(&outs).filter(|(_, (o, _))| !o.failed).map(|(r, _)| r.rank).collect();
@@ -323,4 +278,26 @@ fn differs(job: &Job, top: u32, values: &[(u32, u64)]) -> anyhow::Result<Option<
         outln!(text, "      none: no stack holds more at rank {top}'s peak");
     }
     Ok(Some((json, text)))
+}
+
+/// `allocsim explain-oom` on a job: each rank's OOMs explained, and which ranks have any.
+pub fn explain_oom(job: &Job, outs: Vec<crate::Output>) -> anyhow::Result<crate::Output> {
+    let outs = each(job, outs);
+    let rows: Vec<Value> = outs.iter().map(|(_, j)| j.clone()).collect();
+    let with: Vec<(u64, u64)> = (rows.iter())
+        .filter_map(|j| Some((u64_at(j, "rank")?, u64_at(j, "ooms")?)))
+        .filter(|&(_, n)| n > 0)
+        .collect();
+    let job_json = json!({
+        "ranks": job.ranks.len(),
+        "world_size": job.world_size,
+        "ranks_with_ooms": with.iter().map(|&(r, n)| json!({"rank": r, "ooms": n})).collect::<Vec<_>>(),
+    });
+    let mut text = ranks_text("explain-oom", job, &outs);
+    let listed: Vec<String> = with.iter().map(|(r, n)| format!("rank {r} ({n})")).collect();
+    match listed.is_empty() {
+        true => outln!(text, "job: no rank has an OOM"),
+        false => outln!(text, "job: OOMs on {}", listed.join(", ")),
+    }
+    Ok(crate::Output::both(json!({ "job": job_json, "ranks": rows }), text))
 }

@@ -140,7 +140,21 @@ impl Args {
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
-        return crate::per_rank::replay(args, &crate::job::load(&paths, cx)?);
+        let job = crate::job::load(&paths, cx)?;
+        if args.event_log.is_some() || args.export_snapshot.is_some() {
+            anyhow::bail!(
+                "--event-log and --export-snapshot write one file, and a job has {} ranks: \
+                 replay each rank's trace alone to write its own",
+                job.ranks.len()
+            );
+        }
+        if args.device == DeviceArg::Cuda {
+            anyhow::bail!("--device cuda replays one trace on the one GPU: replay each rank alone");
+        }
+        let outs = job.each(|r, cx| {
+            run(&Args { trace: r.path.clone(), more: Vec::new(), ..args.clone() }, cx)
+        })?;
+        return crate::per_rank::replay(&job, outs);
     }
     if let (Some(log), Some(export)) = (&args.event_log, &args.export_snapshot) {
         if allocsim_trace::atomic::same_file(log, export) {

@@ -236,3 +236,16 @@ fn bad_jobs_are_refused_naming_the_path() {
     assert_eq!(numbers, [6, 7]);
     assert_eq!(j["ranks"][0]["rank_from"], "file name");
 }
+
+#[test]
+fn explain_oom_on_a_job_says_which_ranks_have_ooms() {
+    let j = json_of(&["explain-oom", &pattern("ddp"), "--json"]);
+    let rows = j["ranks"].as_array().unwrap();
+    assert_eq!(rows.len(), ranks("ddp").len());
+    let with: Vec<u64> =
+        rows.iter().filter(|r| u64_of(&r["ooms"]) > 0).map(|r| u64_of(&r["rank"])).collect();
+    let listed: Vec<u64> = (j["job"]["ranks_with_ooms"].as_array().unwrap().iter())
+        .map(|r| u64_of(&r["rank"]))
+        .collect();
+    assert_eq!(listed, with);
+}
