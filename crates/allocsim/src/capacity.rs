@@ -4,19 +4,16 @@
 use crate::output::{bytes, outln, parse_size};
 use allocsim_core::text::quoted;
 use allocsim_core::Trace;
-use allocsim_run::{
-    capacity, run_trace, Capacity, CapacityOptions, DeviceChoice, RunOptions,
-    OUTSIDE_ALLOCATOR_BYTES,
-};
+use allocsim_run::{capacity, run_trace, Capacity, CapacityOptions, DeviceChoice, RunOptions};
 use rayon::prelude::*;
 use serde_json::json;
+
+pub use crate::capacity_model::outside_bytes;
+use crate::capacity_model::{capacity_json, options, JITTERS};
 use std::path::PathBuf;
 
-/// Seeded jittered placements the band is taken over, besides the driver placement.
-const JITTERS: u32 = 16;
-
 /// What both commands take besides the trace.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
     /// Memory the run takes outside the caching allocator (CUDA context growth, lazily loaded
     /// kernels, library workspaces), as bytes or `256MiB`. Default: the sidecar's
@@ -33,10 +30,14 @@ impl ModelArgs {
     }
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The trace (any format `replay` reads).
+    /// The trace (any format `replay` reads); or a job of per-rank traces: a folder of them,
+    /// a pattern (`run/rank*.pickle.gz`), or several paths. A job answers per rank and for
+    /// the job: the rank that needs the most free memory decides.
     pub trace: PathBuf,
+    /// Further ranks' traces of the job.
+    pub more: Vec<PathBuf>,
     /// Allocator settings in the policy's syntax (for pytorch: a PYTORCH_CUDA_ALLOC_CONF
     /// string). Default: the trace's own.
     #[arg(long)]
@@ -48,29 +49,14 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
-pub(crate) fn options(policy: &str, alloc_conf: Option<String>, outside: u64) -> CapacityOptions {
-    CapacityOptions {
-        run: RunOptions { policy: policy.to_string(), alloc_conf, ..RunOptions::default() },
-        outside_bytes: outside,
-        jitters: JITTERS,
-    }
-}
-
-pub(crate) fn capacity_json(c: &Capacity) -> serde_json::Value {
-    json!({
-        "capacity_bytes": c.capacity_bytes,
-        "capacity_low_bytes": c.low_bytes,
-        "capacity_high_bytes": c.high_bytes,
-        "outside_allocator_bytes": c.outside_bytes,
-        "searched_up_to_bytes": c.searched_up_to_bytes,
-        "per_placement": c.placements.iter().map(|p| json!({
-            "placement": p.placement.to_string(),
-            "capacity_bytes": p.capacity_bytes,
-        })).collect::<Vec<_>>(),
-    })
-}
-
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        let job = crate::job::load(&paths, cx)?;
+        let outs = job.each(|r, cx| {
+            run(&Args { trace: r.path.clone(), more: Vec::new(), ..args.clone() }, cx)
+        })?;
+        return crate::per_rank::capacity(&job, outs);
+    }
     let trace = cx.trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
     let conf = args.alloc_conf.clone();
@@ -200,16 +186,6 @@ pub fn advice(trace: &Trace, outside: u64, device_free: Option<u64>) -> anyhow::
         .collect::<anyhow::Result<Vec<Row>>>()?;
     rows.sort_by_key(|r| (r.capacity.capacity_bytes.unwrap_or(u64::MAX), r.peak_reserved));
     Ok(rows)
-}
-
-/// The memory the run takes outside the allocator, and where the figure comes from: the flag,
-/// the recording's sidecar, or the model.
-pub fn outside_bytes(flag: Option<u64>, trace: &Trace) -> (u64, &'static str) {
-    match (flag, trace.meta.outside_allocator_bytes) {
-        (Some(b), _) => (b, "--outside"),
-        (None, Some(b)) => (b, "measured in the recording (sidecar)"),
-        (None, None) => (OUTSIDE_ALLOCATOR_BYTES, "the H100 / PyTorch 2.11 model"),
-    }
 }
 
 fn advise_row(

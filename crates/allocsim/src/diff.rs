@@ -19,7 +19,7 @@ mod page;
 const TOP_GROUPS: usize = 10;
 /// Frames of a stack shown (the JSON's, as the report's tooltips); the text shows fewer.
 const FRAMES_SHOWN: usize = 12;
-const FRAMES_IN_TEXT: usize = 4;
+pub(crate) const FRAMES_IN_TEXT: usize = 4;
 /// What groups the allocations no stack names (none recorded, or alive when the run began).
 pub const NO_STACK: &str = "(no stack)";
 
@@ -77,10 +77,10 @@ impl Args {
 }
 
 /// One side of the diff: its run, the state at its reserved peak, and its capacity.
-struct Side<'t> {
+pub(crate) struct Side<'t> {
     path: &'t Path,
     trace: &'t Trace,
-    report: RunReport,
+    pub(crate) report: RunReport,
     at_peak: State,
     capacity: Option<Capacity>,
 }
@@ -96,7 +96,7 @@ impl Side<'_> {
     }
 }
 
-fn side<'t>(
+pub(crate) fn side<'t>(
     path: &'t Path,
     trace: &'t Trace,
     opts: &RunOptions,
@@ -108,8 +108,8 @@ fn side<'t>(
     let mut at = StateAt::new(report.metrics.peak_reserved_op);
     run_trace(trace, opts, &mut [&mut at], |_| {}).with_context(setup)?;
     let capacity = if with_capacity {
-        let (outside, _) = crate::capacity::outside_bytes(None, trace);
-        let copts = crate::capacity::options(&opts.policy, opts.alloc_conf.clone(), outside);
+        let (outside, _) = crate::capacity_model::outside_bytes(None, trace);
+        let copts = crate::capacity_model::options(&opts.policy, opts.alloc_conf.clone(), outside);
         Some(capacity(trace, &copts).with_context(setup)?)
     } else {
         None
@@ -151,7 +151,7 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
 }
 
 /// A stack as its frames, `name (file:line)`, innermost first; empty for no stack.
-type Frames = Vec<String>;
+pub(crate) type Frames = Vec<String>;
 
 /// The frames of the stack op `op` of `trace` came from.
 fn frames_of(trace: &Trace, op: u64) -> Frames {
@@ -164,20 +164,20 @@ fn frames_of(trace: &Trace, op: u64) -> Frames {
 
 /// Live bytes and allocations of one stack group at one side's peak.
 #[derive(Debug, Default, Clone, Copy)]
-struct Live {
-    bytes: u64,
-    allocations: u64,
+pub(crate) struct Live {
+    pub(crate) bytes: u64,
+    pub(crate) allocations: u64,
 }
 
 /// A stack group in both runs.
-struct Group {
-    frames: Frames,
-    a: Live,
-    b: Live,
+pub(crate) struct Group {
+    pub(crate) frames: Frames,
+    pub(crate) a: Live,
+    pub(crate) b: Live,
 }
 
 impl Group {
-    fn change(&self) -> i64 {
+    pub(crate) fn change(&self) -> i64 {
         self.b.bytes as i64 - self.a.bytes as i64
     }
 }
@@ -212,7 +212,7 @@ fn live_by_stack(s: &Side) -> BTreeMap<Frames, Live> {
 
 /// Every stack group whose live bytes at the peaks differ, the largest change first (ties in
 /// the order of their frames).
-fn stack_groups(a: &Side, b: &Side) -> Vec<Group> {
+pub(crate) fn stack_groups(a: &Side, b: &Side) -> Vec<Group> {
     let (in_a, in_b) = (live_by_stack(a), live_by_stack(b));
     let mut all: BTreeMap<&Frames, (Live, Live)> = BTreeMap::new();
     for (frames, live) in &in_a {
@@ -333,7 +333,7 @@ fn side_json(s: &Side) -> Value {
         "fragmentation_at_peak": m.fragmentation_at_peak,
         "ooms": m.ooms.len(),
         "peak_reserved_op": m.peak_reserved_op.saturating_sub(s.laid_out_ops()),
-        "capacity": s.capacity.as_ref().map(crate::capacity::capacity_json),
+        "capacity": s.capacity.as_ref().map(crate::capacity_model::capacity_json),
         "segments_at_peak": segments_json(s),
     })
 }

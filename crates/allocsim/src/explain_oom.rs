@@ -8,10 +8,13 @@ use allocsim_run::{run_trace, DeviceChoice, RunOptions};
 use anyhow::Context;
 use std::path::PathBuf;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// The trace (any format `replay` reads).
     pub trace: PathBuf,
+    /// Further ranks' traces: with them, or a folder or a pattern (`run/rank*.pickle.gz`) as
+    /// TRACE, each rank's OOMs are explained and the job says which ranks have any.
+    pub more: Vec<PathBuf>,
     #[command(flatten)]
     pub run: crate::input::RunArgs,
     /// Explain at most this many OOMs.
@@ -29,6 +32,13 @@ fn stack_of(trace: &Trace, op: u64) -> Vec<String> {
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        let job = crate::job::load(&paths, cx)?;
+        let outs = job.each(|r, cx| {
+            run(&Args { trace: r.path.clone(), more: Vec::new(), ..args.clone() }, cx)
+        })?;
+        return crate::per_rank::explain_oom(&job, outs);
+    }
     let trace = cx.trace(&args.trace)?;
     let opts = args.run.options();
     let mut explainer = OomExplainer::default();

@@ -5,10 +5,13 @@ use allocsim_run::{run_trace, DeviceChoice, RunOptions};
 use anyhow::bail;
 use std::path::PathBuf;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// A PyTorch snapshot with its trace (history recorded with `enabled="all"`).
     pub trace: PathBuf,
+    /// Further ranks' traces: with them, or a folder or a pattern (`run/rank*.pickle.gz`) as
+    /// TRACE, the command answers per rank and for the job.
+    pub more: Vec<PathBuf>,
     /// `torch.cuda.memory_stats()` of the recorded run, as JSON: either the flat dict or an
     /// object with a `memory_stats` member. Default: the trace's sidecar NAME.json, if any.
     #[arg(long)]
@@ -31,6 +34,20 @@ pub struct Args {
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        let job = crate::job::load(&paths, cx)?;
+        if args.truth.is_some() || args.stats_at_start.is_some() {
+            bail!(
+                "--truth and --stats-at-start give one run's statistics, and a job has {} ranks: \
+                 each rank's sidecar gives its own",
+                job.ranks.len()
+            );
+        }
+        let outs = job.each(|r, cx| {
+            run(&Args { trace: r.path.clone(), more: Vec::new(), ..args.clone() }, cx)
+        })?;
+        return crate::per_rank::fidelity(&job, outs);
+    }
     let mut trace = cx.trace(&args.trace)?;
     if let Some(path) = &args.truth {
         trace.to_mut().meta.expected_stats = Some(read_stats_json(path)?);

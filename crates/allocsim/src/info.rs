@@ -6,11 +6,14 @@ use allocsim_core::{BlockState, MemPoolId, Op, PoolAction, RecordedKind, Trace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// The trace: a PyTorch snapshot (.pickle, .pickle.gz), an RMM log (.csv) or a native
     /// trace (.allocsim, .allocsim.json).
     pub trace: PathBuf,
+    /// Further ranks' traces: with them, or a folder or a pattern (`run/rank*.pickle.gz`) as
+    /// TRACE, the command answers per rank and for the job.
+    pub more: Vec<PathBuf>,
 }
 
 /// What `info` reports, computed from the ops alone (and the recording, when there is one).
@@ -74,7 +77,34 @@ fn summarise(trace: &Trace) -> Summary {
     s
 }
 
+/// A rank's peak reserved and allocated bytes, its recording replayed as it was made.
+fn peaks(path: &std::path::Path, cx: &crate::Context) -> anyhow::Result<(u64, u64)> {
+    use anyhow::Context as _;
+    let trace = cx.trace(path)?;
+    let opts = allocsim_run::RunOptions {
+        policy: "pytorch".to_string(),
+        device: allocsim_run::DeviceChoice::Auto,
+        ..allocsim_run::RunOptions::default()
+    };
+    let report = allocsim_run::run_trace(&trace, &opts, &mut [], |_| {})
+        .with_context(|| format!("{}: replaying it for its peaks", path.display()))?;
+    Ok((report.metrics.peak_reserved_bytes, report.metrics.peak_allocated_bytes))
+}
+
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        let job = crate::job::load(&paths, cx)?;
+        let outs = job.each(|r, cx| {
+            let mut o = run(&Args { trace: r.path.clone(), more: Vec::new() }, cx)?;
+            let (reserved, allocated) = peaks(&r.path, cx)?;
+            if let Some(j) = o.json.as_mut() {
+                j["peak_reserved_bytes"] = serde_json::json!(reserved);
+                j["peak_allocated_bytes"] = serde_json::json!(allocated);
+            }
+            Ok(o)
+        })?;
+        return crate::per_rank::info(&job, outs);
+    }
     let trace = cx.trace(&args.trace)?;
     let s = summarise(&trace);
     let m = &trace.meta;

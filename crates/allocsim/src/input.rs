@@ -190,7 +190,7 @@ fn readable(n: f64, unit: &str) -> String {
 
 /// The replay a command makes of the trace it read: a policy, its settings, the device's size.
 /// Shared by `explain-oom` and `report`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// The policy to replay under.
     #[arg(long, default_value = "pytorch")]

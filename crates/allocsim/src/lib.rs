@@ -14,6 +14,7 @@
 
 pub mod bound;
 pub mod capacity;
+mod capacity_model;
 pub mod compare;
 pub mod convert;
 pub mod diff;
@@ -24,7 +25,9 @@ mod gpu;
 mod html;
 pub mod info;
 mod input;
+pub mod job;
 pub mod output;
+mod per_rank;
 pub mod replay;
 pub mod report;
 pub mod validate;

@@ -31,12 +31,15 @@ pub enum DeviceArg {
     Cuda,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// The trace: a PyTorch snapshot (.pickle, .pickle.gz), an RMM log (.csv) or a native
     /// trace (.allocsim, .allocsim.json); or a live workload, `workload:NAME?key=value&...`
     /// (`allocsim workload` lists them).
     pub trace: PathBuf,
+    /// Further ranks' traces: with them, or a folder or a pattern (`run/rank*.pickle.gz`) as
+    /// TRACE, the command answers per rank and for the job.
+    pub more: Vec<PathBuf>,
     /// The allocation policy.
     #[arg(long, default_value = "pytorch")]
     pub policy: String,
@@ -136,6 +139,23 @@ impl Args {
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        let job = crate::job::load(&paths, cx)?;
+        if args.event_log.is_some() || args.export_snapshot.is_some() {
+            anyhow::bail!(
+                "--event-log and --export-snapshot write one file, and a job has {} ranks: \
+                 replay each rank's trace alone to write its own",
+                job.ranks.len()
+            );
+        }
+        if args.device == DeviceArg::Cuda {
+            anyhow::bail!("--device cuda replays one trace on the one GPU: replay each rank alone");
+        }
+        let outs = job.each(|r, cx| {
+            run(&Args { trace: r.path.clone(), more: Vec::new(), ..args.clone() }, cx)
+        })?;
+        return crate::per_rank::replay(&job, outs);
+    }
     if let (Some(log), Some(export)) = (&args.event_log, &args.export_snapshot) {
         if allocsim_trace::atomic::same_file(log, export) {
             anyhow::bail!("--event-log and --export-snapshot name one file: {}", log.display());

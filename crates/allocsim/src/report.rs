@@ -247,7 +247,7 @@ pub fn build(
     let advice_skipped = advice.is_some() && ops > ADVICE_MAX_OPS;
     let advice = match advice.filter(|_| !advice_skipped) {
         Some(device_total) => {
-            let (outside, _) = crate::capacity::outside_bytes(None, trace);
+            let (outside, _) = crate::capacity_model::outside_bytes(None, trace);
             // Each setting's headroom over the bound, as `advise` shows it.
             let bound = allocsim_bound::bound_bytes(trace);
             Some((crate::capacity::advice(trace, outside, device_total)?, bound))

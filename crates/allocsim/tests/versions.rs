@@ -56,7 +56,11 @@ fn a_recording_of_another_release_says_so_once() {
         let path = recording(dir.path(), torch);
         let trace = allocsim::load(&path, &cx.read).unwrap().trace;
         assert_eq!(times(&trace.warnings.join("\n")), want, "{torch}: {:?}", trace.warnings);
-        let info = allocsim::info::run(&allocsim::info::Args { trace: path.clone() }, &cx).unwrap();
+        let info = allocsim::info::run(
+            &allocsim::info::Args { trace: path.clone(), more: Vec::new() },
+            &cx,
+        )
+        .unwrap();
         let replay = Replay::parse_from(["replay", path.to_str().unwrap()]).args;
         let replay = allocsim::replay::run(&replay, &cx).unwrap();
         let fidelity = Fidelity::parse_from(["fidelity", path.to_str().unwrap()]).args;

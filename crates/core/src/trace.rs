@@ -85,6 +85,11 @@ pub struct TraceMeta {
     /// of `allocsim.capture`): else an `empty_cache()` that freed nothing is not in the trace,
     /// and `num_sync_all_streams` is not determined by it.
     pub calls_recorded: bool,
+    /// The process's rank in a distributed job (`torch.distributed.get_rank()`, the sidecar's
+    /// `meta.rank`), if known: a job of per-rank recordings numbers its ranks by it.
+    pub rank: Option<u32>,
+    /// The number of ranks in that job (the sidecar's `meta.world_size`), if known.
+    pub world_size: Option<u32>,
 }
 
 /// What kind of thing the recording shows the allocator doing.

@@ -80,8 +80,9 @@ impl Trace {
     fn info(&self, py: Python<'_>) -> PyResult<String> {
         let path = self.loaded.path.clone();
         let cx = Context { loaded: vec![self.loaded.clone()], ..Context::default() };
-        let output =
-            call(py, || Ok(allocsim::info::run(&allocsim::info::Args { trace: path }, &cx)?))?;
+        let output = call(py, || {
+            Ok(allocsim::info::run(&allocsim::info::Args { trace: path, more: Vec::new() }, &cx)?)
+        })?;
         Ok(output.json.map(|j| j.to_string()).unwrap_or_default())
     }
 

@@ -186,6 +186,8 @@ impl NativeMeta {
             // The format has no place for it (bincode files are not self-describing).
             recorded_with: None,
             calls_recorded: false,
+            rank: None,
+            world_size: None,
         })
     }
 }

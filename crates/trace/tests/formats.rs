@@ -31,6 +31,8 @@ fn everything() -> Trace {
             outside_allocator_bytes: None,
             recorded_with: None,
             calls_recorded: false,
+            rank: None,
+            world_size: None,
         },
         ops: vec![
             Op::Alloc { id: id(0), size: 100, stream: StreamId(0) },

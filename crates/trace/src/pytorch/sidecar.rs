@@ -141,6 +141,14 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<Option<Vec<Call>>,
                 *slot = Some(n);
             }
         }
+        for (key, slot) in [("rank", &mut meta.rank), ("world_size", &mut meta.world_size)] {
+            if let Some(v) = field(key) {
+                let n = v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+                    err(&format!("meta.{key}"), format!("expected a rank number, got {}", shown(v)))
+                })?;
+                *slot = Some(n);
+            }
+        }
     }
     let stats = |value: &Json, place: &str| -> Result<Vec<(String, i64)>, TraceError> {
         let Json::Object(s) = value else {
