@@ -115,6 +115,19 @@ class _Calls:
             for name in self.NAMES:
                 self.saved.append((module, name, getattr(module, name)))
                 setattr(module, name, wrappers[name])
+        # NCCL frees its buffers when the process group goes: the memory a job took outside
+        # the allocator is measured before that too (`outside_before_destroy`).
+        self.before_destroy = None
+        dist = getattr(self.torch, "distributed", None)
+        destroy = getattr(dist, "destroy_process_group", None)
+        if destroy is not None:
+            def destroy_process_group(*args, **kwargs):
+                free, _ = self.torch.cuda.mem_get_info(self.device)
+                self.before_destroy = (free, self.torch.cuda.memory_reserved(self.device))
+                return destroy(*args, **kwargs)
+
+            self.saved.append((dist, "destroy_process_group", destroy))
+            dist.destroy_process_group = destroy_process_group
         return self
 
     def __exit__(self, *exc):
@@ -189,6 +202,11 @@ def capture(path, max_entries=100_000, stacks="python", device=None, **history):
         entries = sum(len(t) for t in snapshot.get("device_traces", []))
         if stats_at_start and entries < max_entries:
             meta["memory_stats_at_history_start"] = stats_at_start
+        if calls.before_destroy is not None:
+            free, held = calls.before_destroy
+            meta["outside_before_destroy"] = max(free_at_start - free - held, 0)
+            meta["outside_allocator_bytes"] = max(meta["outside_allocator_bytes"],
+                                                  meta["outside_before_destroy"])
         if fraction_at_start != 1.0:
             meta["memory_fraction"] = fraction_at_start
         if rank is not None:

@@ -474,8 +474,13 @@ def test_capture_names_each_rank_and_records_the_calls_a_snapshot_cannot_show():
         empty_cache=memory.empty_cache,
         set_per_process_memory_fraction=memory.set_per_process_memory_fraction,
         _utils=SimpleNamespace(_get_device_index=lambda d, optional=False: 0 if d is None else d))
-    fake = SimpleNamespace(cuda=cuda)
+    destroyed = []
+    dist = SimpleNamespace(destroy_process_group=lambda: destroyed.append(True))
+    cuda.mem_get_info = lambda device: (100, 1000)
+    cuda.memory_reserved = lambda device: 40
+    fake = SimpleNamespace(cuda=cuda, distributed=dist)
     with _Calls(fake, 0) as calls:
+        fake.distributed.destroy_process_group()
         fake.cuda.empty_cache()
         counts["allocation.all.allocated"] = 9
         fake.cuda.memory.set_per_process_memory_fraction(0.5)
@@ -487,6 +492,9 @@ def test_capture_names_each_rank_and_records_the_calls_a_snapshot_cannot_show():
     ]
     assert fake.cuda.empty_cache is memory.empty_cache is not None and done  # restored
     assert cuda.memory.empty_cache.__name__ == "<lambda>"
+    # NCCL's buffers go with the process group: free memory is measured before they do.
+    assert destroyed == [True] and calls.before_destroy == (100, 40)
+    assert dist.destroy_process_group.__name__ == "<lambda>"
 
 
 def test_the_offline_placement_replays_as_a_baseline():

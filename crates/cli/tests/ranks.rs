@@ -158,8 +158,9 @@ fn assert_differs(d: &Value, top: u64) {
 /// Does not hold yet: the job's point is 3.4 % below the real threshold (about 490 MiB). The
 /// sidecar's `outside_allocator_bytes` is measured after `destroy_process_group()`, when
 /// NCCL's buffers are freed again, so the memory outside the allocator during the run is more
-/// than the recording says; a recording that measures it before the process group ends is
-/// what this needs.
+/// than the recording says. `allocsim.capture` now measures it before the process group ends
+/// too (`meta.outside_before_destroy`); these recordings were made before, and a new one on
+/// two GPUs is what this needs.
 #[test]
 #[ignore = "the sidecars' outside memory misses NCCL's buffers: see the comment"]
 fn capacity_on_the_fsdp2_job_holds_against_the_bisected_threshold() {
