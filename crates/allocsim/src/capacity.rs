@@ -99,7 +99,15 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         "   the band: the spread over {} driver address placements, widened below by 0.35 % of",
         JITTERS + 1
     );
-    outln!(out, "   the point, as much as real runs under other chunk orders needed less: docs/capacity.md)");
+    outln!(
+        out,
+        "   the point, as much as real runs under other chunk orders needed less, and above by"
+    );
+    outln!(
+        out,
+        "   {}, what cuDNN takes outside the allocator for a moment: docs/capacity.md)",
+        bytes(allocsim_run::TRANSIENT_OUTSIDE_BYTES)
+    );
     Ok(crate::Output::both(j, out))
 }
 

@@ -11,7 +11,7 @@ mod session;
 
 pub use capacity::{
     capacity, Capacity, CapacityOptions, PlacementThreshold, BAND_MARGIN_BYTES,
-    CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES,
+    CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES, TRANSIENT_OUTSIDE_BYTES,
 };
 pub use grid::{column_options, compare, min_feasible_capacity, GridCell};
 pub use offline::{policy as offline_policy, OFFLINE};
