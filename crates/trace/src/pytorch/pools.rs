@@ -323,34 +323,42 @@ pub fn infer_pools(
     // Private pools alive at the end show in `last`; one released before is found from the
     // segments' frees, reading the allocations only where the frees alone do not tell.
     let mut detail = if known.is_empty() { Detail::Segments } else { Detail::Sites };
-    let (Scan { instances, mut alloc_in, freed, mut sites, .. }, released) = loop {
-        if detail > Detail::Segments && !all_events {
+    let (instances, alloc_in, freed, sites, released) = loop {
+        let (Scan { instances, mut alloc_in, freed, mut sites, .. }, released) = loop {
+            if detail > Detail::Segments && !all_events {
+                return None;
+            }
+            let mut scan = scan(trace, device_events, detail);
+            for seg in last {
+                if let Some((_, _, i)) = scan.live.containing(seg.address) {
+                    scan.instances[i].pool = Some(seg.pool_id);
+                }
+            }
+            let alloc_in = (detail >= Detail::Allocations).then(|| by_op(&mut scan.alloc_in));
+            match infer_released_pools(trace, &scan.freed, alloc_in, &mut scan.instances, &known) {
+                Some(released) => break (scan, released),
+                None => detail = Detail::Allocations,
+            }
+        };
+        if known.is_empty() && released.is_empty() {
+            return Some(Vec::new());
+        }
+        if !all_events {
             return None;
         }
-        let mut scan = scan(trace, device_events, detail);
-        for seg in last {
-            if let Some((_, _, i)) = scan.live.containing(seg.address) {
-                scan.instances[i].pool = Some(seg.pool_id);
+        if detail < Detail::Sites {
+            // The same segments in the same order keep the instances found valid; a scan that
+            // reads expandable ranges otherwise does not, and the inference starts again there.
+            let again = scan(trace, device_events, Detail::Sites);
+            if again.instances.len() != instances.len() {
+                detail = Detail::Sites;
+                continue;
             }
+            (alloc_in, sites) = (again.alloc_in, again.sites);
+            by_op(&mut alloc_in);
         }
-        let alloc_in = (detail >= Detail::Allocations).then(|| by_op(&mut scan.alloc_in));
-        match infer_released_pools(trace, &scan.freed, alloc_in, &mut scan.instances, &known) {
-            Some(released) => break (scan, released),
-            None => detail = Detail::Allocations,
-        }
+        break (instances, alloc_in, freed, sites, released);
     };
-    if known.is_empty() && released.is_empty() {
-        return Some(Vec::new());
-    }
-    if !all_events {
-        return None;
-    }
-    if detail < Detail::Sites {
-        // The same segments in the same order: the instances found stay valid.
-        let again = scan(trace, device_events, Detail::Sites);
-        (alloc_in, sites) = (again.alloc_in, again.sites);
-        by_op(&mut alloc_in);
-    }
     let restored = place_restored_blocks(trace, &sites, &instances);
     let pool_of_op = |op: u64| match alloc_in.binary_search_by_key(&op, |&(o, _)| o) {
         Ok(at) => instances[alloc_in[at].1].pool.unwrap_or(MemPoolId::DEFAULT),
