@@ -239,21 +239,53 @@ fn readme_claims_match_the_traces_and_the_policies() {
     assert_eq!(listed.matches('`').count(), 2 * policies.len(), "extra policies in {listed:?}");
 }
 
-/// `validation/`: for every row measured on the H100, the real threshold (the bracket between
-/// the loosest failing and the tightest fitting try) lies in the predicted band, under the
-/// chunk order of the recording and under every other one measured (`FIT_PERTURB`), and the
-/// point is within 0.1 % of the recording's, as the README and `validation/README.md` say.
-#[test]
-fn capacity_holds_against_the_h100() {
-    use allocsim_run::{capacity, CapacityOptions, OUTSIDE_ALLOCATOR_BYTES};
-    let dir = std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../validation/h100-pytorch-2.11"
-    ));
+/// One row of a capacity validation: a recording's prediction (under its own settings, or a
+/// defaults' recording asked under `expandable_segments:True`) and the real brackets of the
+/// row it predicts, as recorded and, for its own settings, under other chunk orders.
+struct CapacityRow {
+    name: String,
+    outside: u64,
+    point: u64,
+    low: u64,
+    high: u64,
+    real: (u64, u64),
+    other_orders: Vec<(u64, u64)>,
+}
+
+impl CapacityRow {
+    /// The brackets the band misses.
+    fn misses(&self) -> Vec<String> {
+        let brackets = std::iter::once(&self.real).chain(&self.other_orders);
+        let missed = brackets.filter(|&&(lo, hi)| self.low > hi || self.high < lo);
+        missed
+            .map(|(lo, hi)| format!("{self}: the real threshold ({lo}, {hi}] is outside it"))
+            .collect()
+    }
+
+    /// The point's error against the middle of the real bracket, and the band's width over it.
+    fn error_and_width(&self) -> (f64, f64) {
+        let mid = (self.real.0 + self.real.1) as f64 / 2.0;
+        (self.point as f64 / mid - 1.0, (self.high - self.low) as f64 / mid)
+    }
+}
+
+impl std::fmt::Display for CapacityRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: point {}, band [{}, {}]", self.name, self.point, self.low, self.high)
+    }
+}
+
+/// The rows of `validation/DIR` (its recordings and `tries.jsonl`): each summary line is a
+/// row's real bracket (a row bisected on from an earlier bracket keeps the last) or, with
+/// `perturb`, the same row's under another chunk order; `cross` names the workloads whose
+/// defaults' recordings are also asked under `expandable_segments:True`.
+fn capacity_rows(dir: &str, cross: &[&str]) -> Vec<CapacityRow> {
+    use allocsim_run::{capacity, CapacityOptions};
+    use std::collections::BTreeMap;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../validation").join(dir);
     let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
-    // Each row's real bracket, as recorded, and under other chunk orders (`FIT_PERTURB`).
-    let mut real = std::collections::BTreeMap::new();
-    let mut reordered: std::collections::BTreeMap<String, Vec<(u64, u64)>> = Default::default();
+    let mut real = BTreeMap::new();
+    let mut reordered: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
     for line in tries.lines() {
         let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
         if let Some(name) = v["summary"].as_str() {
@@ -265,43 +297,58 @@ fn capacity_holds_against_the_h100() {
             }
         }
     }
-    assert_eq!(real.len(), 6, "two workloads under three settings");
-    assert!(!reordered.is_empty(), "the chunk orders measured");
-    // Each recording under its own settings, and the defaults' recordings asked about
-    // `expandable_segments:True`.
     let mut rows: Vec<(String, String, Option<&str>)> =
         real.keys().map(|n| (n.clone(), n.clone(), None)).collect();
-    for w in ["llama_ft", "gpt2_train"] {
+    for w in cross {
         let expandable = format!("{w}_expandable_segments-True");
         rows.push((w.to_string(), expandable, Some("expandable_segments:True")));
     }
-    let mut failures = Vec::new();
-    for (recording, truth, conf) in rows {
+    let row = |(recording, truth, conf): (String, String, Option<&str>)| {
         let trace = read(&dir.join(format!("{recording}.pickle.gz")));
         let outside = trace.meta.outside_allocator_bytes.expect("the sidecar measures it");
-        assert!(outside.abs_diff(OUTSIDE_ALLOCATOR_BYTES) <= 8 << 20, "{recording}: {outside}");
-        let opts = CapacityOptions {
-            run: RunOptions {
-                policy: "pytorch".into(),
-                alloc_conf: conf.map(str::to_string),
-                ..RunOptions::default()
-            },
-            outside_bytes: outside,
-            jitters: 16,
+        let run = RunOptions {
+            policy: "pytorch".into(),
+            alloc_conf: conf.map(str::to_string),
+            ..RunOptions::default()
         };
-        let c = capacity(&trace, &opts).unwrap();
-        let (lo, hi) = real[&truth];
-        let mid = (lo + hi) as f64 / 2.0;
-        let (point, low, high) =
-            (c.capacity_bytes.unwrap(), c.low_bytes.unwrap(), c.high_bytes.unwrap());
-        let error = point as f64 / mid - 1.0;
-        let row = format!("{recording} -> {truth}: point {point}, band [{low}, {high}]");
-        let other_orders = if recording == truth { reordered.get(&truth) } else { None };
-        for &(lo, hi) in std::iter::once(&(lo, hi)).chain(other_orders.into_iter().flatten()) {
-            if low > hi || high < lo {
-                failures.push(format!("{row}: the real threshold ({lo}, {hi}] is outside it"));
-            }
+        let c = capacity(&trace, &CapacityOptions { run, outside_bytes: outside, jitters: 16 })
+            .unwrap();
+        let own = recording == truth;
+        CapacityRow {
+            name: format!("{recording} -> {truth}"),
+            outside,
+            point: c.capacity_bytes.unwrap(),
+            low: c.low_bytes.unwrap(),
+            high: c.high_bytes.unwrap(),
+            real: real[&truth],
+            other_orders: if own {
+                reordered.get(&truth).cloned().unwrap_or_default()
+            } else {
+                Vec::new()
+            },
         }
+    };
+    rows.into_iter().map(row).collect()
+}
+
+/// `validation/`: for every row measured on the H100, the real threshold (the bracket between
+/// the loosest failing and the tightest fitting try) lies in the predicted band, under the
+/// chunk order of the recording and under every other one measured (`FIT_PERTURB`), and the
+/// point is within 0.1 % of the recording's, as the README and `validation/README.md` say.
+#[test]
+fn capacity_holds_against_the_h100() {
+    let rows = capacity_rows("h100-pytorch-2.11", &["llama_ft", "gpt2_train"]);
+    assert_eq!(rows.len(), 8, "two workloads under three settings, two asked under another");
+    assert!(rows.iter().any(|r| !r.other_orders.is_empty()), "the chunk orders measured");
+    let mut failures = Vec::new();
+    for row in &rows {
+        let outside = row.outside;
+        assert!(
+            outside.abs_diff(allocsim_run::OUTSIDE_ALLOCATOR_BYTES) <= 8 << 20,
+            "{row}: {outside}"
+        );
+        failures.extend(row.misses());
+        let (error, _) = row.error_and_width();
         if error.abs() > 0.001 {
             failures.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
         }
@@ -317,60 +364,15 @@ fn capacity_holds_against_the_h100() {
 /// (cuDNN's attention fails there first), which is more than 1 % of so small a run.
 #[test]
 fn capacity_holds_on_programs_held_out_from_the_model() {
-    use allocsim_run::{capacity, CapacityOptions};
-    let dir = std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../validation/h200-pytorch-2.11/heldout"
-    ));
-    let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
-    // Each row's real brackets; a row bisected on from an earlier bracket keeps the last.
-    let mut real: std::collections::BTreeMap<String, Vec<(u64, u64)>> = Default::default();
-    for line in tries.lines() {
-        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-        if let Some(name) = v["summary"].as_str() {
-            let bracket =
-                (v["real_oom_free"].as_u64().unwrap(), v["real_fits_free"].as_u64().unwrap());
-            let row = real.entry(name.to_string()).or_default();
-            match v["perturb"].as_str() {
-                None => row.insert(0, bracket),
-                Some(_) => row.push(bracket),
-            }
-        }
-    }
-    assert_eq!(real.len(), 9, "three programs under three settings");
-    let mut rows: Vec<(String, String, Option<&str>)> =
-        real.keys().map(|n| (n.clone(), n.clone(), None)).collect();
-    for w in ["vit_train", "bert_mlm", "llama_generate"] {
-        let expandable = format!("{w}_expandable_segments-True");
-        rows.push((w.to_string(), expandable, Some("expandable_segments:True")));
-    }
+    let cross = ["vit_train", "bert_mlm", "llama_generate"];
+    let rows = capacity_rows("h200-pytorch-2.11/heldout", &cross);
+    assert_eq!(rows.len(), 12, "three programs under three settings, each asked under another");
+    assert!(rows.iter().any(|r| !r.other_orders.is_empty()), "another chunk order measured");
     let mut failures = Vec::new();
-    for (recording, truth, conf) in rows {
-        let trace = read(&dir.join(format!("{recording}.pickle.gz")));
-        let opts = CapacityOptions {
-            run: RunOptions {
-                policy: "pytorch".into(),
-                alloc_conf: conf.map(str::to_string),
-                ..RunOptions::default()
-            },
-            outside_bytes: trace.meta.outside_allocator_bytes.expect("the sidecar measures it"),
-            jitters: 16,
-        };
-        let c = capacity(&trace, &opts).unwrap();
-        let (point, low, high) =
-            (c.capacity_bytes.unwrap(), c.low_bytes.unwrap(), c.high_bytes.unwrap());
-        let row = format!("{recording} -> {truth}: point {point}, band [{low}, {high}]");
-        let brackets = &real[&truth];
-        let brackets = if recording == truth { &brackets[..] } else { &brackets[..1] };
-        for &(lo, hi) in brackets {
-            if low > hi || high < lo {
-                failures.push(format!("{row}: the real threshold ({lo}, {hi}] is outside it"));
-            }
-        }
-        let (lo, hi) = brackets[0];
-        let mid = (lo + hi) as f64 / 2.0;
-        let (error, width) = (point as f64 / mid - 1.0, (high - low) as f64 / mid);
-        if point > 1_500_000_000 && (error.abs() > 0.003 || width > 0.01) {
+    for row in &rows {
+        failures.extend(row.misses());
+        let (error, width) = row.error_and_width();
+        if row.point > 1_500_000_000 && (error.abs() > 0.003 || width > 0.01) {
             failures.push(format!(
                 "{row}: point off by {:+.3} %, band {:.2} % wide",
                 100.0 * error,
