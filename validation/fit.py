@@ -15,7 +15,8 @@ and `t5_train` (T5 encoder-decoder training).
    outside the caching allocator, `outside_allocator_bytes`, with its growth over the run).
 2. Bisects the threshold between the recording's peak allocated (cannot fit) and its peak
    reserved plus the outside memory (must fit), until the bracket is narrow
-   (0.2 % of the peak allocated, at least 8 MiB; FIT_STEP_MIB=N makes it N MiB). With LO and
+   (0.2 % of the peak allocated, at least 8 MiB; FIT_STEP_MIB=N makes it N MiB, at least the
+   ballast's 2 MiB pages). With LO and
    HI given, bisects between them instead, without recording (to go on from a bracket an
    earlier run left).
    Each try is a fresh CUDA context in a forked child (the parent imports torch but never
@@ -295,7 +296,9 @@ def main():
 
 def bisect(workload, name, outdir, tmp, lo, hi, show, seconds):
     """Try both ends, then halve until the bracket is as narrow as the module docstring says."""
-    resolution = int(os.environ.get("FIT_STEP_MIB", 0)) * MIB or max(8 * MIB, lo // 512)
+    # Never finer than the ballast's 2 MiB pages: a target between two pages gets the lower
+    # one's free memory, so the bracket would stop narrowing.
+    resolution = max(int(os.environ.get("FIT_STEP_MIB", 0)) * MIB or max(8 * MIB, lo // 512), 2 * MIB)
     best_fit = best_oom = None
 
     def attempt(target):
@@ -314,7 +317,10 @@ def bisect(workload, name, outdir, tmp, lo, hi, show, seconds):
     while best_fit and best_oom and best_fit["free_at_start"] - best_oom["free_at_start"] > resolution:
         if time.time() + 2 * (seconds or best_fit["seconds"]) + 10 > deadline:
             break
+        before = (best_fit["free_at_start"], best_oom["free_at_start"])
         attempt((best_fit["free_at_start"] + best_oom["free_at_start"]) // 2)
+        if (best_fit["free_at_start"], best_oom["free_at_start"]) == before:
+            break  # the try landed on an end already known: the bracket cannot narrow
     print(json.dumps({"summary": name, "perturb": os.environ.get("FIT_PERTURB") or None,
                       "alloc_conf": os.environ["PYTORCH_CUDA_ALLOC_CONF"],
                       "real_oom_free": best_oom and best_oom["free_at_start"],
