@@ -179,8 +179,9 @@ def capture(path, max_entries=100_000, stacks="python", device=None, **history):
             torch.cuda.memory._record_memory_history(enabled=None, device=device)
         finally:
             gc.enable()
-        opener = gzip.open if str(path).endswith(".gz") else open
-        with opener(path, "wb") as f:
+        # Level 6, not gzip's 9: a third of the time on a big history, for a few % more bytes.
+        gz = str(path).endswith(".gz")
+        with gzip.open(path, "wb", compresslevel=6) if gz else open(path, "wb") as f:
             pickle.dump(snapshot, f)
         alloc_conf, alloc_conf_var = alloc_conf_from_env()
         meta = {
