@@ -4,8 +4,9 @@
 // (double-click), in one panel is every panel's. Reads `timelines` of the page's data:
 // {x: "op" | "time_us", x_label, panels: [{label, color, x, allocated, reserved, ooms}]},
 // written by html.rs (`timeline`). Sets body[data-status] to "ready" when done (common.js
-// flags errors); `#selftest-zoom` zooms the first panel into the middle half of the range and
-// leaves each panel's x range in body[data-ranges], for the browser test.
+// flags errors), with each panel's x range in body[data-ranges] and the range they share
+// unzoomed in body[data-full], for the browser test; `#selftest-zoom` first zooms the first
+// panel into the middle half of that range.
 (function () {
   "use strict";
   const { size } = allocsim;
@@ -70,10 +71,8 @@
       plots[0].setScale("x", { min: full[0] + q, max: full[1] - q });
     }
     setTimeout(() => {
-      if (selftest) {
-        document.body.dataset.full = `${full[0]} ${full[1]}`;
-        document.body.dataset.ranges = plots.map((u) => `${u.scales.x.min} ${u.scales.x.max}`).join(";");
-      }
+      document.body.dataset.full = `${full[0]} ${full[1]}`;
+      document.body.dataset.ranges = plots.map((u) => `${u.scales.x.min} ${u.scales.x.max}`).join(";");
       document.body.dataset.status = "ready";
     }, 0);
   }, 0);

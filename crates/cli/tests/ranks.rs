@@ -252,6 +252,66 @@ fn advise_on_a_job_ranks_the_settings_by_the_rank_that_needs_most() {
     assert!(text.contains("job: the settings ranked for the job of"), "{text}");
 }
 
+/// The page's data (its `<script type="application/json" id="data">` element).
+fn page_data(page: &Path) -> Value {
+    let text = std::fs::read_to_string(page).unwrap();
+    let open = r#"<script type="application/json" id="data">"#;
+    let start = text.find(open).expect("a data element") + open.len();
+    let end = start + text[start..].find("</script>").expect("its end");
+    serde_json::from_str(&text[start..end]).expect("the data parses")
+}
+
+/// `report` on a job, against the single-trace commands run rank by rank: each rank's peaks
+/// as `replay` gives them, its need as `capacity` gives it, the deciding rank the one needing
+/// most, the spread between the ranks' needs, where the deciding rank differs; one timeline per
+/// rank, none beyond its peak. Without `-o`, the page is the first rank's name with `_job.html`
+/// in the current directory.
+#[test]
+fn report_on_a_job_shows_each_ranks_figures_and_timeline() {
+    let list = ranks("fsdp2");
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .arg("report")
+        .arg(pattern("fsdp2"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first = Path::new(&list[0]).file_name().unwrap().to_string_lossy().into_owned();
+    let page = dir.path().join(first.replace(".pickle.gz", "_job.html"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("_job.html"), "{out:?}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = page_data(&page);
+    let mut needs = Vec::new();
+    for (i, trace) in list.iter().enumerate() {
+        let replay = json_of(&["replay", trace, "--json"]);
+        for key in ["peak_reserved_bytes", "peak_allocated_bytes"] {
+            let peak = u64_of(&replay[key]);
+            assert!(html.contains(&format!("({peak} B)")), "{trace}: {key} {peak} not shown");
+        }
+        let capacity = json_of(&["capacity", trace, "--json"]);
+        let need = u64_of(&capacity["capacity_bytes"]);
+        assert_eq!(u64_of(&data["ranks"][i]["capacity_bytes"]), need, "{trace}");
+        assert!(html.contains(&format!("({need} B)")), "{trace}: need {need} not shown");
+        needs.push(need);
+        // The timeline: samples of the replay, none above its peak.
+        let panel = &data["timelines"]["panels"][i];
+        let most = panel["reserved"].as_array().unwrap().iter().map(u64_of).max().unwrap();
+        assert!(most <= u64_of(&replay["peak_reserved_bytes"]), "{trace}");
+        assert!(most > 0, "{trace}");
+    }
+    let job = &data["job"];
+    let top = needs.iter().copied().enumerate().max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)));
+    assert_eq!(u64_of(&job["deciding_rank"]), top.unwrap().0 as u64);
+    let (max, min) = (*needs.iter().max().unwrap(), *needs.iter().min().unwrap());
+    assert_eq!(u64_of(&job["spread_bytes"]), max - min);
+    assert!(html.contains(&format!("Rank {} decides the card", top.unwrap().0)), "{html:.2000}");
+    assert_differs(&job["differs"], top.unwrap().0 as u64);
+    assert_eq!(data["timelines"]["panels"].as_array().unwrap().len(), list.len());
+    // The page is not written over a rank's trace.
+    assert_refused(&["report", &pattern("fsdp2"), "-o", &list[1]], "cannot write", "the input");
+}
+
 /// Refused with exit 1, the message naming `names` and containing `expect`.
 fn assert_refused(args: &[&str], names: &str, expect: &str) {
     let out = allocsim(args);
@@ -269,7 +329,7 @@ fn copy(from: &str, to: &Path) {
 #[test]
 fn bad_jobs_are_refused_naming_the_path() {
     let list = ranks("ddp");
-    for cmd in ["info", "replay", "capacity", "fidelity", "advise"] {
+    for cmd in ["info", "replay", "capacity", "fidelity", "advise", "report"] {
         assert_refused(&[cmd, &list[0], &list[0]], "ddp_rank0", "rank 0 twice");
         assert_refused(&[cmd, &pattern("nothing")], "nothing_rank*", "no trace file matches");
     }
