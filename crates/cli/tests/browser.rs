@@ -529,7 +529,8 @@ fn fsdp2_ranks() -> Vec<PathBuf> {
 }
 
 /// The job page of the FSDP2 recordings draws one timeline per rank, every one over the same
-/// range of the shared time axis; a zoom in the first zooms every one to the same range; the
+/// range of the shared time axis; a zoom in the first panel and a pan in the last move every
+/// one to the same range; the
 /// deciding rank's reserved line is red, the other's blue (counted in pixels).
 #[test]
 fn the_job_page_draws_one_timeline_per_rank_aligned_and_zoomed_together() {
@@ -561,7 +562,10 @@ fn the_job_page_draws_one_timeline_per_rank_aligned_and_zoomed_together() {
         assert!(ranges.iter().all(|r| *r == ranges[0]), "{hash}: not one range: {ranges:?}");
         let (a, b) = ranges[0];
         if zoomed {
-            assert!(a > full.0 && b < full.1, "{hash}: {:?} is not inside {full:?}", ranges[0]);
+            // Zoomed into the middle half in the first panel, panned on in the last.
+            let (q, w) = ((full.1 - full.0) / 4.0, b - a);
+            assert!(a > full.0 + q && b < full.1, "{hash}: {:?} in {full:?}", ranges[0]);
+            assert!((w - 2.0 * q).abs() < 1e-6 * w, "{hash}: the pan kept the width: {w}");
         } else {
             assert_eq!(ranges[0], full, "{hash}");
         }

@@ -182,7 +182,8 @@ th:last-child{{text-align:left}} td.frames{{text-align:left;font-family:monospac
 {figures}
 <h2>Timelines</h2>
 <p>Reserved memory (solid: A red, B green), allocated memory (dashed), OOMs (magenta), both on
-one scale of bytes. Drag to zoom (both panels follow), double-click to zoom out.</p>
+one scale of bytes. Drag or scroll to zoom, Shift+scroll to pan (both panels follow),
+double-click to zoom out.</p>
 <div id="timelines"></div>
 <h2>Segments at each peak</h2>
 <p>Laid end to end in address order, both maps to one scale: blue allocated, orange pending

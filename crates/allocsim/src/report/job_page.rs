@@ -290,8 +290,8 @@ td.frames{{text-align:left;font-family:monospace;font-size:11px}} .panel-title{{
 <h2>Timelines</h2>
 <p class="hint">Each rank's reserved memory (solid: the deciding rank red, the others blue),
 allocated memory (dashed) and OOMs (magenta), one under the other on one axis of {x} and one
-scale of bytes, so the rank that holds more is the taller. Drag to zoom: every rank follows;
-double-click to zoom out.</p>
+scale of bytes, so the rank that holds more is the taller. Drag or scroll to zoom, Shift+scroll
+to pan: every rank follows; double-click to zoom out.</p>
 <div id="timelines"></div>
 {differs}
 <script type="application/json" id="data">{data}</script>
