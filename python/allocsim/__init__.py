@@ -178,6 +178,13 @@ def _trace(trace: TraceLike) -> Any:
     raise TypeError(f"expected an allocsim.Trace or a path, not {type(trace).__name__}")
 
 
+def _traces(trace: Union[TraceLike, Sequence[TraceLike]]) -> Any:
+    """A trace, or a job's: a list of traces, one per rank."""
+    if isinstance(trace, (list, tuple)):
+        return [_trace(t) for t in trace]
+    return _trace(trace)
+
+
 def _json(returned: tuple[Optional[str], str, bool]) -> Any:
     return json.loads(returned[0])
 
@@ -345,14 +352,16 @@ def bound(trace: TraceLike, policy: str = "pytorch", alloc_conf: Optional[str] =
 
 
 def advise(
-    trace: TraceLike,
+    trace: Union[TraceLike, Sequence[TraceLike]],
     device_free: Optional[Size] = None,
     outside: Optional[Size] = None,
 ) -> dict[str, Any]:
     """The `PYTORCH_CUDA_ALLOC_CONF` settings people try, ranked by the memory each needs, with
-    peak reserved, OOMs on a card with `device_free` free, and fragmentation. As `allocsim
-    advise`."""
-    return _json(_native(_allocsim.advise, _trace(trace), device_free=device_free, outside=outside))
+    peak reserved, OOMs on a card with `device_free` free, and fragmentation. A list of traces
+    is a job (one per rank): the settings ranked by what the rank needing most needs
+    (`["job"]["settings"]`, each with its `deciding_rank`), and each rank's own (`["ranks"]`).
+    As `allocsim advise`."""
+    return _json(_native(_allocsim.advise, _traces(trace), device_free=device_free, outside=outside))
 
 
 def explain_oom(
@@ -417,7 +426,7 @@ def fidelity(trace: TraceLike) -> str:
 
 
 def report(
-    trace: TraceLike,
+    trace: Union[TraceLike, Sequence[TraceLike]],
     out: Optional[PathLike] = None,
     policy: str = "pytorch",
     alloc_conf: Optional[str] = None,
@@ -425,12 +434,14 @@ def report(
     advice: bool = True,
 ) -> str:
     """Write the trace's report page (the memory timeline, segment maps, OOMs, the settings
-    ranked) to `out` (default: the trace's name with `.html`, here) and return its path. As
-    `allocsim report`."""
+    ranked) to `out` (default: the trace's name with `.html`, here) and return its path. A list
+    of traces is a job (one per rank): its page shows each rank's peaks and need, the rank that
+    decides the card and the ranks' timelines one under the other (default: the first rank's
+    name with `_job.html`). As `allocsim report`."""
     return os.fspath(
         _native(
             _allocsim.report,
-            _trace(trace),
+            _traces(trace),
             out=None if out is None else os.fspath(out),
             policy=policy,
             alloc_conf=alloc_conf,

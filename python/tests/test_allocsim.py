@@ -82,6 +82,19 @@ def test_capacity_and_advise_are_the_cli():
     assert got == cli_json("advise", small, "--device-free", "3GiB")
 
 
+def test_advise_and_report_take_a_job(tmp_path):
+    """A list of traces is a job of per-rank recordings, as several paths are to the CLI."""
+    ranks = sorted((TRACES / "pytorch-2.11-h200-ranks").glob("ddp_rank*.pickle.gz"))
+    assert len(ranks) >= 2
+    got = allocsim.advise([allocsim.load(ranks[0]), *ranks[1:]])
+    assert got == cli_json("advise", *ranks)
+    assert all("deciding_rank" in s for s in got["job"]["settings"])
+    page = Path(allocsim.report(ranks, out=tmp_path / "job.html")).read_text()
+    assert 'id="timelines"' in page and all(r.name in page for r in ranks)
+    with pytest.raises(allocsim.UsageError):
+        allocsim.advise([])
+
+
 def test_bound_is_the_cli_and_below_every_policy():
     got = allocsim.bound(GPT2)
     assert got == cli_json("bound", GPT2)

@@ -163,10 +163,15 @@ pub const ADVISE_SETTINGS: [&str; 8] = [
 /// the eight settings take a second.
 const ADVISE_JITTERS: u32 = 3;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct AdviseArgs {
-    /// The trace (a PyTorch recording; any format `replay` reads).
+    /// The trace (a PyTorch recording; any format `replay` reads); or a job of per-rank
+    /// traces: a folder of them, a pattern (`run/rank*.pickle.gz`), or several paths. A job
+    /// fits a setting when every rank fits: the settings are ranked by what the rank that
+    /// needs the most needs.
     pub trace: PathBuf,
+    /// Further ranks' traces of the job.
+    pub more: Vec<PathBuf>,
     /// Free memory on the card you want to run on, at the start (bytes, or `40GiB`, `40GB`,
     /// `4e10`): OOMs are counted there. Default: the recording's own.
     #[arg(long, value_parser = parse_size)]
@@ -227,6 +232,13 @@ fn advise_row(
 }
 
 pub fn advise(args: &AdviseArgs, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        let job = crate::job::load(&paths, cx)?;
+        let outs = job.each(|r, cx| {
+            advise(&AdviseArgs { trace: r.path.clone(), more: Vec::new(), ..args.clone() }, cx)
+        })?;
+        return crate::per_rank::advise(&job, outs);
+    }
     let trace = cx.trace(&args.trace)?;
     let (outside, source) = args.model.outside(&trace);
     let rows = advice(&trace, outside, args.device_free)?;

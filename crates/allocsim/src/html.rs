@@ -45,6 +45,34 @@ pub fn json_in_script(data: &serde_json::Value) -> String {
     out
 }
 
+/// One panel of `assets/timelines.js` (timelines one under the other, on one x range and one
+/// scale of bytes, zoomed together): a run's sampled timeline and its OOMs, each op drawn at
+/// `x(op)` (the op itself, or its time), under `label`, reserved memory in `color`.
+pub fn timeline_panel(
+    m: &allocsim_replay::MetricsReport,
+    label: String,
+    color: &str,
+    x: impl Fn(u64) -> u64,
+) -> serde_json::Value {
+    serde_json::json!({
+        "label": label,
+        "color": color,
+        "x": m.timeline.iter().map(|p| x(p.op_index)).collect::<Vec<_>>(),
+        "allocated": m.timeline.iter().map(|p| p.allocated_bytes).collect::<Vec<_>>(),
+        "reserved": m.timeline.iter().map(|p| p.reserved_bytes).collect::<Vec<_>>(),
+        "ooms": m.ooms.iter().map(|o| x(o.op_index)).collect::<Vec<_>>(),
+    })
+}
+
+/// The data `assets/timelines.js` draws: the panels, and whether their x is the op or the
+/// time in µs (`time_us`).
+pub fn timelines(timed: bool, x_label: &str, panels: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({ "x": if timed { "time_us" } else { "op" }, "x_label": x_label, "panels": panels })
+}
+
+/// The script that draws [`timelines`]' data into the page's `<div id="timelines">`.
+pub const TIMELINES_JS: &str = include_str!("../assets/timelines.js");
+
 fn gib(n: u64) -> String {
     format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64)
 }

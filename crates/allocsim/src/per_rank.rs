@@ -301,3 +301,133 @@ pub fn explain_oom(job: &Job, outs: Vec<crate::Output>) -> anyhow::Result<crate:
     }
     Ok(crate::Output::both(json!({ "job": job_json, "ranks": rows }), text))
 }
+
+/// `allocsim advise` on a job: a setting fits the job when it fits every rank, so per setting
+/// the job needs what the rank needing the most needs (its band: the largest low to the
+/// largest high), that rank decides, the peak reserved is the highest rank's and the OOMs on
+/// the card are each rank's, summed. The settings are ranked by the job's need, then its peak
+/// reserved, as `advise` ranks them for one trace.
+pub fn advise(job: &Job, outs: Vec<crate::Output>) -> anyhow::Result<crate::Output> {
+    let outs = each(job, outs);
+    let rows: Vec<Value> = outs.iter().map(|(_, j)| j.clone()).collect();
+    let confs: Vec<&str> = (rows.first().and_then(|j| j["settings"].as_array()).into_iter())
+        .flatten()
+        .filter_map(|s| s["PYTORCH_CUDA_ALLOC_CONF"].as_str())
+        .collect();
+    let mut settings: Vec<Value> = confs.iter().map(|conf| advise_setting(conf, &rows)).collect();
+    settings.sort_by_key(|s| {
+        (u64_at(s, "capacity_bytes").unwrap_or(u64::MAX), u64_at(s, "peak_reserved_bytes"))
+    });
+    for (i, s) in settings.iter_mut().enumerate() {
+        s["place"] = json!(i + 1);
+    }
+    let mut text = ranks_text("advise", job, &outs);
+    advise_text(&mut text, job, &settings);
+    let job_json = json!({
+        "ranks": job.ranks.len(),
+        "world_size": job.world_size,
+        "settings": settings,
+    });
+    Ok(crate::Output::both(json!({ "job": job_json, "ranks": rows }), text))
+}
+
+/// One setting's row for the job, from each rank's row of that setting.
+fn advise_setting(conf: &str, rows: &[Value]) -> Value {
+    let of_rank: Vec<(u32, &Value)> = (rows.iter())
+        .filter_map(|j| {
+            let rank = u64_at(j, "rank")? as u32;
+            let settings = j["settings"].as_array()?;
+            Some((rank, settings.iter().find(|s| s["PYTORCH_CUDA_ALLOC_CONF"] == conf)?))
+        })
+        .collect();
+    let need = |s: &Value| u64_at(s, "capacity_bytes");
+    let unfit = of_rank.iter().find(|(_, s)| need(s).is_none()).map(|(r, _)| *r);
+    let spread = Spread::of(of_rank.iter().filter_map(|&(r, s)| Some((r, need(s)?))));
+    let fits = unfit.is_none() && of_rank.len() == rows.len();
+    let most = |key: &str| of_rank.iter().filter_map(|(_, s)| u64_at(s, key)).max();
+    let highs: Option<Vec<u64>> =
+        of_rank.iter().map(|(_, s)| u64_at(s, "capacity_high_bytes")).collect();
+    let peak = Spread::of(
+        of_rank.iter().filter_map(|&(r, s)| Some((r, u64_at(s, "peak_reserved_bytes")?))),
+    );
+    let ooms: Vec<u64> =
+        of_rank.iter().map(|(_, s)| u64_at(s, "ooms_on_device").unwrap_or(0)).collect();
+    let ranks: Vec<Value> = (of_rank.iter())
+        .map(|&(r, s)| {
+            json!({
+                "rank": r,
+                "capacity_bytes": s["capacity_bytes"],
+                "capacity_low_bytes": s["capacity_low_bytes"],
+                "capacity_high_bytes": s["capacity_high_bytes"],
+                "peak_reserved_bytes": s["peak_reserved_bytes"],
+                "fragmentation_at_peak": s["fragmentation_at_peak"],
+                "ooms_on_device": s["ooms_on_device"],
+                "headroom_over_bound_bytes": s["headroom_over_bound_bytes"],
+            })
+        })
+        .collect();
+    json!({
+        "PYTORCH_CUDA_ALLOC_CONF": conf,
+        "fits": fits,
+        "deciding_rank": unfit.or(spread.map(|s| s.top_rank)),
+        "capacity_bytes": spread.filter(|_| fits).map(|s| s.top_bytes),
+        "capacity_low_bytes": most("capacity_low_bytes").filter(|_| fits),
+        "capacity_high_bytes": highs.filter(|_| fits).and_then(|h| h.into_iter().max()),
+        "spread": spread.map(|s| s.json()),
+        "peak_reserved_bytes": peak.map(|p| p.top_bytes),
+        "peak_reserved_rank": peak.map(|p| p.top_rank),
+        "ooms_on_device": ooms.iter().sum::<u64>(),
+        "ranks": ranks,
+    })
+}
+
+/// The job's table of settings, as `advise` prints one trace's.
+fn advise_text(text: &mut String, job: &Job, settings: &[Value]) {
+    let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
+    let opt_gib = |b: Option<u64>| b.map_or("-".to_string(), gib);
+    outln!(text, "job: the settings ranked for the {}", job.heading());
+    outln!(
+        text,
+        "{:>5}  {:>22}  {:>7}  {:>7}  {:>13}  {:>5}  PYTORCH_CUDA_ALLOC_CONF",
+        "place",
+        "needs GiB [band]",
+        "decides",
+        "spread",
+        "peak reserved",
+        "OOMs"
+    );
+    for s in settings {
+        let need = match u64_at(s, "capacity_bytes") {
+            Some(p) => format!(
+                "{} [{}, {}]",
+                gib(p),
+                opt_gib(u64_at(s, "capacity_low_bytes")),
+                opt_gib(u64_at(s, "capacity_high_bytes"))
+            ),
+            None => "does not fit".to_string(),
+        };
+        let decides = u64_at(s, "deciding_rank").map_or("-".to_string(), |r| format!("rank {r}"));
+        let spread = (s["spread"].get("spread_percent").and_then(Value::as_f64))
+            .filter(|_| s["fits"] == json!(true))
+            .map_or("-".to_string(), |p| format!("+{p:.1}%"));
+        let conf = s["PYTORCH_CUDA_ALLOC_CONF"].as_str().unwrap_or_default();
+        outln!(
+            text,
+            "{:>5}  {:>22}  {:>7}  {:>7}  {:>9} GiB  {:>5}  {}",
+            u64_at(s, "place").unwrap_or(0),
+            need,
+            decides,
+            spread,
+            opt_gib(u64_at(s, "peak_reserved_bytes")),
+            u64_at(s, "ooms_on_device").unwrap_or(0),
+            crate::output::conf_label(conf)
+        );
+    }
+    outln!(text, "  needs: the most any rank needs (the job fits a setting when every rank fits),");
+    outln!(
+        text,
+        "  its band from the largest low to the largest high; decides: the rank that needs"
+    );
+    outln!(text, "  it; spread: how much more that rank needs than the rank needing least; peak");
+    outln!(text, "  reserved: the highest rank's; OOMs: every rank's on the card, summed.");
+}

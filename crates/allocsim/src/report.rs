@@ -19,6 +19,7 @@
 //! - the `memory_summary` table and, for the PyTorch policy on a trace of at most
 //!   [`ADVICE_MAX_OPS`] ops, the `advise` table.
 
+mod job_page;
 mod pack;
 mod timeline;
 
@@ -51,9 +52,15 @@ const ADVICE_MAX_OPS: u64 = 2_000_000;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The trace (any format `replay` reads).
+    /// The trace (any format `replay` reads); or a job of per-rank traces: a folder of them,
+    /// a pattern (`run/rank*.pickle.gz`), or several paths. A job's page shows each rank's
+    /// peaks and need, the rank that decides the card, the spread, where that rank differs,
+    /// and the ranks' timelines one under the other, on one axis and one scale.
     pub trace: PathBuf,
-    /// Where to write the page. Default: the trace's name with `.html`, in this directory.
+    /// Further ranks' traces of the job.
+    pub more: Vec<PathBuf>,
+    /// Where to write the page. Default: the trace's name with `.html` (a job's: its first
+    /// rank's name with `_job.html`), in this directory.
     #[arg(short, long)]
     pub out: Option<PathBuf>,
     #[command(flatten)]
@@ -200,6 +207,9 @@ impl Observer for MapAt {
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    if let Some(paths) = crate::job::paths(&args.trace, &args.more)? {
+        return job_page::run(args, &paths, cx);
+    }
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.trace));
     crate::output::check_output(&out, &[&args.trace])?;
     // The page reads no recorded event but the device's (which the recorded device follows):
@@ -330,6 +340,13 @@ pub fn default_out(trace: &std::path::Path) -> PathBuf {
     let stem = crate::input::trace_name(trace);
     let stem = stem.trim_start_matches("workload:").replace(['?', '&', '=', '/'], "_");
     PathBuf::from(format!("{stem}.html"))
+}
+
+/// A job's page: its first rank's [`default_out`] with `_job.html` (`ddp_rank0_job.html`).
+pub fn default_job_out(first: &std::path::Path) -> PathBuf {
+    let single = default_out(first);
+    let stem = single.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    single.with_file_name(format!("{stem}_job.html"))
 }
 
 /// The kept segment maps, in op order: `list` holds `[op, label]` of each, `maps` its

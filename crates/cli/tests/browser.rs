@@ -219,6 +219,11 @@ const HOSTILE: [&str; 5] = [
 /// A snapshot of allocations whose frames, compile context and user metadata are the hostile
 /// strings, written under a hostile file name (it becomes the page's title).
 fn hostile_snapshot(dir: &Path) -> PathBuf {
+    hostile_snapshot_of(dir, "", 40)
+}
+
+/// [`hostile_snapshot`] of `count` allocations, its file name ending in `suffix`.
+fn hostile_snapshot_of(dir: &Path, suffix: &str, count: i64) -> PathBuf {
     use allocsim_trace::pickle::Value;
     let frames: Vec<Value> = HOSTILE
         .iter()
@@ -230,7 +235,7 @@ fn hostile_snapshot(dir: &Path) -> PathBuf {
             ])
         })
         .collect();
-    let entries: Vec<Value> = (0..40i64)
+    let entries: Vec<Value> = (0..count)
         .map(|i| {
             Value::str_dict([
                 ("action", Value::str("alloc")),
@@ -248,7 +253,7 @@ fn hostile_snapshot(dir: &Path) -> PathBuf {
         ("segments", Value::list(vec![])),
         ("device_traces", Value::list(vec![Value::list(entries)])),
     ]);
-    let path = dir.join("<!--<script>'\"><img src=x onerror=alert(1)>.pickle");
+    let path = dir.join(format!("<!--<script>'\"><img src=x onerror=alert(1)>{suffix}.pickle"));
     std::fs::write(&path, allocsim_trace::pickle::to_vec(&root).unwrap()).unwrap();
     path
 }
@@ -471,4 +476,139 @@ fn a_thousand_oom_marks_leave_the_bands_visible() {
     assert!(n("#c800c8") > 100, "OOM marks: {}", n("#c800c8"));
     assert!(n("#c800c8") < ooms as u64, "OOM marks: {} pixels for {ooms}", n("#c800c8"));
     assert!(bands > 4_000, "{bands} pixels of band colours");
+}
+
+/// `allocsim report` on a job of `ranks`, written to `page`.
+fn job_page(ranks: &[PathBuf], page: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .arg("report")
+        .args(ranks)
+        .arg("-o")
+        .arg(page)
+        .output()
+        .expect("running allocsim");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The page's data element, held to what the report_page fuzz target holds the single
+/// report's to: no markup in it (no `<`, `>`, `&` or line separator), and it parses.
+fn page_data(page: &str) -> serde_json::Value {
+    let open = r#"<script type="application/json" id="data">"#;
+    let start = page.find(open).expect("a data element") + open.len();
+    let text = &page[start..start + page[start..].find("</script>").expect("its end")];
+    assert!(!text.contains(['<', '>', '&', '\u{2028}', '\u{2029}']), "markup in the data");
+    serde_json::from_str(text).expect("the data parses")
+}
+
+/// The value of the body's `data-NAME` attribute.
+fn data_attr<'b>(body: &'b str, name: &str) -> Option<&'b str> {
+    let at = body.find(&format!("data-{name}=\""))? + name.len() + 7;
+    body[at..].split('"').next()
+}
+
+/// An `x0 x1` range read from a body attribute.
+fn range(text: &str) -> (f64, f64) {
+    let mut it = text.split(' ').map(|v| v.parse::<f64>().expect("a number"));
+    (it.next().unwrap(), it.next().unwrap())
+}
+
+/// The FSDP2 job's ranks, recorded on two H200s.
+fn fsdp2_ranks() -> Vec<PathBuf> {
+    let dir = root().join("traces/pytorch-2.11-h200-ranks");
+    let mut ranks: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("fsdp2_rank") && name.ends_with(".pickle.gz")
+        })
+        .collect();
+    ranks.sort();
+    assert!(ranks.len() >= 2, "the FSDP2 recordings are missing");
+    ranks
+}
+
+/// The job page of the FSDP2 recordings draws one timeline per rank, every one over the same
+/// range of the shared time axis; a zoom in the first panel and a pan in the last move every
+/// one to the same range; the
+/// deciding rank's reserved line is red, the other's blue (counted in pixels).
+#[test]
+fn the_job_page_draws_one_timeline_per_rank_aligned_and_zoomed_together() {
+    let Some(browser) = chromium() else { return };
+    let scratch = scratch();
+    let page = scratch.path().join("fsdp2_job.html");
+    let ranks = fsdp2_ranks();
+    job_page(&ranks, &page);
+    let data = page_data(&std::fs::read_to_string(&page).unwrap());
+    let panels = data["timelines"]["panels"].as_array().unwrap();
+    assert_eq!(panels.len(), ranks.len());
+    assert_eq!(data["timelines"]["x"], "time_us", "every rank has its entries' times");
+    // Aligned on the job's first entry: some rank starts at 0, none before.
+    let starts: Vec<f64> = panels.iter().map(|p| p["x"][0].as_f64().unwrap()).collect();
+    assert!(starts.iter().all(|&s| s >= 0.0) && starts.contains(&0.0), "{starts:?}");
+
+    let url = format!("file://{}", page.display());
+    for (hash, zoomed) in [("", false), ("#selftest-zoom", true)] {
+        let dom = headless(browser, &["--dump-dom".into(), format!("{url}{hash}")]);
+        let dom = String::from_utf8_lossy(&dom.stdout);
+        let start = dom.find("<body").expect("a body");
+        let body = &dom[start..start + dom[start..].find('>').unwrap()];
+        assert!(body.contains(r#"data-status="ready""#) && !body.contains("data-errors"), "{body}");
+        assert_eq!(data_attr(body, "panels"), Some(ranks.len().to_string().as_str()), "{body}");
+        let full = range(data_attr(body, "full").expect("the shared range"));
+        let ranges: Vec<(f64, f64)> =
+            data_attr(body, "ranges").expect("the ranges").split(';').map(range).collect();
+        assert_eq!(ranges.len(), ranks.len(), "{body}");
+        assert!(ranges.iter().all(|r| *r == ranges[0]), "{hash}: not one range: {ranges:?}");
+        let (a, b) = ranges[0];
+        if zoomed {
+            // Zoomed into the middle half in the first panel, panned on in the last.
+            let (q, w) = ((full.1 - full.0) / 4.0, b - a);
+            assert!(a > full.0 + q && b < full.1, "{hash}: {:?} in {full:?}", ranges[0]);
+            assert!((w - 2.0 * q).abs() < 1e-6 * w, "{hash}: the pan kept the width: {w}");
+        } else {
+            assert_eq!(ranges[0], full, "{hash}");
+        }
+    }
+    let shot = scratch.path().join("job.png");
+    headless(
+        browser,
+        &["--window-size=1200,1400".into(), format!("--screenshot={}", shot.display()), url],
+    );
+    let counts = colours(&shot);
+    let n = |c: &str| counts.get(&hex(c)).copied().unwrap_or(0);
+    assert!(n("#d62728") > 200 && n("#1f77b4") > 200, "{} {}", n("#d62728"), n("#1f77b4"));
+}
+
+/// A job of two hostile snapshots (the second holds more, so where it differs lists the
+/// hostile frames): the page's data holds no markup, and in the browser every string (file
+/// names in the title, the table and the panels' titles, the frames) is text and none runs.
+#[test]
+fn a_job_page_of_hostile_strings_shows_them_as_text() {
+    let scratch = scratch();
+    let ranks = [
+        hostile_snapshot_of(scratch.path(), "_rank0", 40),
+        hostile_snapshot_of(scratch.path(), "_rank1", 60),
+    ];
+    let page = scratch.path().join("hostile-job.html");
+    job_page(&ranks, &page);
+    let text = std::fs::read_to_string(&page).unwrap();
+    let data = page_data(&text);
+    assert_eq!(data["job"]["deciding_rank"], 1);
+    assert!(!data["job"]["differs"]["stacks"].as_array().unwrap().is_empty());
+    let title = text.split("<title>").nth(1).and_then(|t| t.split("</title>").next()).unwrap();
+    assert!(!title.contains(['<', '>']), "the title is not plain text: {title}");
+    let Some(browser) = chromium() else { return };
+    let dom = headless(browser, &["--dump-dom".into(), format!("file://{}", page.display())]);
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let start = dom.find("<body").expect("a body");
+    let body = &dom[start..start + dom[start..].find('>').unwrap()];
+    assert!(body.contains(r#"data-status="ready""#), "{body}");
+    assert!(!body.contains("data-errors") && !body.contains("pwned"), "{body}");
+    assert!(!dom.contains("<img"), "an element was made of a string:\n{dom:.3000}");
+    assert!(dom.contains("<title>allocsim report: job of 2 ranks: &lt;!--&lt;script&gt;"));
+    let differs = dom.split(r#"<table id="differs">"#).nth(1).expect("where rank 1 differs");
+    assert!(differs.contains("document.body.dataset.pwned=1"), "{differs:.3000}");
+    let panel = dom.split(r#"class="panel-title">"#).nth(1).expect("a panel's title");
+    assert!(panel.starts_with("rank 0 (&lt;!--&lt;script&gt;"), "{panel:.300}");
 }

@@ -185,6 +185,133 @@ fn capacity_on_the_fsdp2_job_holds_against_the_bisected_threshold() {
     );
 }
 
+/// `advise` on a job, against `advise` on each rank alone, on a card where some setting runs
+/// out (the free memory the least needy rank needs under the default settings): per setting
+/// the job needs the most any rank needs, its band runs from the largest low to the largest
+/// high, the rank needing most decides, the peak reserved is the highest rank's, the OOMs are
+/// each rank's, summed; the settings are ranked by the job's need.
+#[test]
+fn advise_on_a_job_ranks_the_settings_by_the_rank_that_needs_most() {
+    let list = ranks("ddp");
+    let default_need = |j: &Value| {
+        let rows = j["settings"].as_array().unwrap();
+        u64_of(&rows.iter().find(|r| r["PYTORCH_CUDA_ALLOC_CONF"] == "").unwrap()["capacity_bytes"])
+    };
+    let alone: Vec<Value> = list.iter().map(|t| json_of(&["advise", t, "--json"])).collect();
+    let card = alone.iter().map(default_need).min().unwrap().to_string();
+    let alone: Vec<Value> =
+        list.iter().map(|t| json_of(&["advise", t, "--json", "--device-free", &card])).collect();
+    let j = json_of(&["advise", &pattern("ddp"), "--json", "--device-free", &card]);
+    let settings = j["job"]["settings"].as_array().unwrap();
+    assert_eq!(settings.len(), alone[0]["settings"].as_array().unwrap().len());
+    let mut ooms_seen = 0;
+    for s in settings {
+        let conf = &s["PYTORCH_CUDA_ALLOC_CONF"];
+        let rows: Vec<&Value> = (alone.iter())
+            .map(|a| {
+                a["settings"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|r| &r["PYTORCH_CUDA_ALLOC_CONF"] == conf)
+                    .unwrap()
+            })
+            .collect();
+        let all = |key: &str| rows.iter().map(|r| u64_of(&r[key])).collect::<Vec<_>>();
+        let needs = all("capacity_bytes");
+        let most = *needs.iter().max().unwrap();
+        assert_eq!(u64_of(&s["capacity_bytes"]), most, "{conf}");
+        assert_eq!(
+            u64_of(&s["capacity_low_bytes"]),
+            *all("capacity_low_bytes").iter().max().unwrap()
+        );
+        assert_eq!(
+            u64_of(&s["capacity_high_bytes"]),
+            *all("capacity_high_bytes").iter().max().unwrap()
+        );
+        let deciding = u64_of(&s["deciding_rank"]) as usize;
+        assert_eq!(needs[deciding], most, "{conf}: rank {deciding} decides");
+        assert_eq!(
+            u64_of(&s["peak_reserved_bytes"]),
+            *all("peak_reserved_bytes").iter().max().unwrap()
+        );
+        let ooms = all("ooms_on_device");
+        assert_eq!(u64_of(&s["ooms_on_device"]), ooms.iter().sum::<u64>(), "{conf}");
+        for (r, row) in s["ranks"].as_array().unwrap().iter().enumerate() {
+            assert_eq!(u64_of(&row["rank"]), r as u64);
+            assert_eq!(u64_of(&row["ooms_on_device"]), ooms[r], "{conf} rank {r}");
+            assert_eq!(u64_of(&row["capacity_bytes"]), needs[r], "{conf} rank {r}");
+        }
+        ooms_seen += ooms.iter().sum::<u64>();
+    }
+    assert!(ooms_seen > 0, "a card some rank does not fit counts OOMs");
+    let points: Vec<u64> = settings.iter().map(|s| u64_of(&s["capacity_bytes"])).collect();
+    assert!(points.windows(2).all(|w| w[0] <= w[1]), "{points:?}");
+    let out = allocsim(&["advise", &pattern("ddp"), "--device-free", &card]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("job: the settings ranked for the job of"), "{text}");
+}
+
+/// The page's data (its `<script type="application/json" id="data">` element).
+fn page_data(page: &Path) -> Value {
+    let text = std::fs::read_to_string(page).unwrap();
+    let open = r#"<script type="application/json" id="data">"#;
+    let start = text.find(open).expect("a data element") + open.len();
+    let end = start + text[start..].find("</script>").expect("its end");
+    serde_json::from_str(&text[start..end]).expect("the data parses")
+}
+
+/// `report` on a job, against the single-trace commands run rank by rank: each rank's peaks
+/// as `replay` gives them, its need as `capacity` gives it, the deciding rank the one needing
+/// most, the spread between the ranks' needs, where the deciding rank differs; one timeline per
+/// rank, none beyond its peak. Without `-o`, the page is the first rank's name with `_job.html`
+/// in the current directory.
+#[test]
+fn report_on_a_job_shows_each_ranks_figures_and_timeline() {
+    let list = ranks("fsdp2");
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .arg("report")
+        .arg(pattern("fsdp2"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first = Path::new(&list[0]).file_name().unwrap().to_string_lossy().into_owned();
+    let page = dir.path().join(first.replace(".pickle.gz", "_job.html"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("_job.html"), "{out:?}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = page_data(&page);
+    let mut needs = Vec::new();
+    for (i, trace) in list.iter().enumerate() {
+        let replay = json_of(&["replay", trace, "--json"]);
+        for key in ["peak_reserved_bytes", "peak_allocated_bytes"] {
+            let peak = u64_of(&replay[key]);
+            assert!(html.contains(&format!("({peak} B)")), "{trace}: {key} {peak} not shown");
+        }
+        let capacity = json_of(&["capacity", trace, "--json"]);
+        let need = u64_of(&capacity["capacity_bytes"]);
+        assert_eq!(u64_of(&data["ranks"][i]["capacity_bytes"]), need, "{trace}");
+        assert!(html.contains(&format!("({need} B)")), "{trace}: need {need} not shown");
+        needs.push(need);
+        // The timeline: samples of the replay, none above its peak.
+        let panel = &data["timelines"]["panels"][i];
+        let most = panel["reserved"].as_array().unwrap().iter().map(u64_of).max().unwrap();
+        assert!(most <= u64_of(&replay["peak_reserved_bytes"]), "{trace}");
+        assert!(most > 0, "{trace}");
+    }
+    let job = &data["job"];
+    let top = needs.iter().copied().enumerate().max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)));
+    assert_eq!(u64_of(&job["deciding_rank"]), top.unwrap().0 as u64);
+    let (max, min) = (*needs.iter().max().unwrap(), *needs.iter().min().unwrap());
+    assert_eq!(u64_of(&job["spread_bytes"]), max - min);
+    assert!(html.contains(&format!("Rank {} decides the card", top.unwrap().0)), "{html:.2000}");
+    assert_differs(&job["differs"], top.unwrap().0 as u64);
+    assert_eq!(data["timelines"]["panels"].as_array().unwrap().len(), list.len());
+    // The page is not written over a rank's trace.
+    assert_refused(&["report", &pattern("fsdp2"), "-o", &list[1]], "cannot write", "the input");
+}
+
 /// Refused with exit 1, the message naming `names` and containing `expect`.
 fn assert_refused(args: &[&str], names: &str, expect: &str) {
     let out = allocsim(args);
@@ -202,7 +329,7 @@ fn copy(from: &str, to: &Path) {
 #[test]
 fn bad_jobs_are_refused_naming_the_path() {
     let list = ranks("ddp");
-    for cmd in ["info", "replay", "capacity", "fidelity"] {
+    for cmd in ["info", "replay", "capacity", "fidelity", "advise", "report"] {
         assert_refused(&[cmd, &list[0], &list[0]], "ddp_rank0", "rank 0 twice");
         assert_refused(&[cmd, &pattern("nothing")], "nothing_rank*", "no trace file matches");
     }

@@ -165,6 +165,26 @@ enum TraceArg {
     Path(PathBuf),
 }
 
+/// A trace argument, or a job's: a list of them, one per rank.
+#[derive(Debug, FromPyObject)]
+enum TracesArg {
+    One(TraceArg),
+    Job(Vec<TraceArg>),
+}
+
+impl TracesArg {
+    /// The paths the request names (a job's every rank), and the context holding the loaded.
+    fn resolve(&self, py: Python<'_>) -> PyResult<(Vec<PathBuf>, Context)> {
+        match self {
+            TracesArg::One(t) => Ok(TraceArg::resolve(std::slice::from_ref(t), py)),
+            TracesArg::Job(ts) if ts.is_empty() => {
+                Err(usage("trace=[]: a job of no traces: give each rank's trace".into()))
+            }
+            TracesArg::Job(ts) => Ok(TraceArg::resolve(ts, py)),
+        }
+    }
+}
+
 impl TraceArg {
     /// The path the request names, and the context that holds the trace if it is loaded.
     fn resolve(traces: &[TraceArg], py: Python<'_>) -> (Vec<PathBuf>, Context) {
@@ -350,11 +370,11 @@ fn capacity(
 #[pyo3(signature = (trace, device_free=None, outside=None))]
 fn advise(
     py: Python<'_>,
-    trace: TraceArg,
+    trace: TracesArg,
     device_free: Option<&Bound<'_, PyAny>>,
     outside: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Returned> {
-    let (paths, cx) = TraceArg::resolve(std::slice::from_ref(&trace), py);
+    let (paths, cx) = trace.resolve(py)?;
     let mut args: allocsim::capacity::AdviseArgs = request(&paths)?;
     args.device_free = size("device_free", device_free)?;
     args.model.outside = size("outside", outside)?;
@@ -448,18 +468,24 @@ fn fidelity(py: Python<'_>, trace: TraceArg) -> PyResult<Returned> {
                     advice=true))]
 fn report(
     py: Python<'_>,
-    trace: TraceArg,
+    trace: TracesArg,
     out: Option<PathBuf>,
     policy: &str,
     alloc_conf: Option<String>,
     device_total: Option<&Bound<'_, PyAny>>,
     advice: bool,
 ) -> PyResult<PathBuf> {
-    let (paths, cx) = TraceArg::resolve(std::slice::from_ref(&trace), py);
+    let (paths, cx) = trace.resolve(py)?;
     let mut args: allocsim::report::Args = request(&paths)?;
     run_args(&mut args.run, policy, alloc_conf, device_total)?;
     args.no_advice = !advice;
-    args.out = Some(out.unwrap_or_else(|| allocsim::report::default_out(&paths[0])));
+    // A job's page is named after its first rank, `NAME_job.html`.
+    let job = allocsim::job::paths(&args.trace, &args.more).is_ok_and(|j| j.is_some());
+    let default = match job {
+        true => allocsim::report::default_job_out(&paths[0]),
+        false => allocsim::report::default_out(&paths[0]),
+    };
+    args.out = Some(out.unwrap_or(default));
     let written = args.out.clone().unwrap_or_default();
     call(py, || allocsim::report::run(&args, &cx).map_err(Into::into))?;
     Ok(written)

@@ -1,24 +1,27 @@
 //! `allocsim diff --html`: the diff as one self-contained page. The figures, segment maps,
 //! stack groups and parting op are HTML made here (every string from a file through
-//! [`escape`]); the two timelines are drawn by the embedded uPlot (`assets/diff.js`) from the
+//! [`escape`]); the two timelines are drawn by the embedded uPlot (`assets/timelines.js`, shared with a job's report) from the
 //! data in a `<script type="application/json">` element ([`json_in_script`]).
 
 use super::{change_text, frames_of, shape_text, Group, Side, FRAMES_SHOWN, NO_STACK, TOP_GROUPS};
-use crate::html::{escape, json_in_script, segment_map_of};
+use crate::html::{escape, json_in_script, segment_map_of, timeline_panel, timelines};
 use crate::output::bytes;
 use serde_json::{json, Value};
 use std::fmt::Write;
 
-/// A run's timeline and OOMs, as `diff.js` draws them.
-fn timeline(s: &Side) -> Value {
-    let m = &s.report.metrics;
+/// A run's timeline and OOMs, as `timelines.js` draws them: A's reserved line red, B's green.
+fn timeline(name: &str, color: &str, s: &Side) -> Value {
     let offset = s.laid_out_ops();
-    json!({
-        "op": m.timeline.iter().map(|p| p.op_index.saturating_sub(offset)).collect::<Vec<_>>(),
-        "allocated": m.timeline.iter().map(|p| p.allocated_bytes).collect::<Vec<_>>(),
-        "reserved": m.timeline.iter().map(|p| p.reserved_bytes).collect::<Vec<_>>(),
-        "ooms": m.ooms.iter().map(|o| o.op_index.saturating_sub(offset)).collect::<Vec<_>>(),
-    })
+    let m = &s.report.metrics;
+    let label = format!(
+        "{name}: {}, {} (settings {}): peak reserved {}, {} OOMs",
+        s.path.display(),
+        s.report.policy,
+        allocsim_core::text::quoted(&s.report.alloc_conf),
+        bytes(m.peak_reserved_bytes),
+        m.ooms.len()
+    );
+    timeline_panel(m, label, color, |op| op.saturating_sub(offset))
 }
 
 fn figures(a: &Side, b: &Side) -> String {
@@ -149,7 +152,8 @@ pub(super) fn page(
     parting_op: Option<&super::Parting>,
     json: &Value,
 ) -> String {
-    let data = json!({ "diff": json, "timelines": [timeline(a), timeline(b)] });
+    let panels = vec![timeline("A", "#d62728", a), timeline("B", "#2ca02c", b)];
+    let data = json!({ "diff": json, "timelines": timelines(false, "op", panels) });
     let side = |name: &str, s: &Side| {
         format!(
             "<p>{name}: <b>{}</b>, {} policy (settings {}) on the {} device, {} ops</p>",
@@ -178,7 +182,8 @@ th:last-child{{text-align:left}} td.frames{{text-align:left;font-family:monospac
 {figures}
 <h2>Timelines</h2>
 <p>Reserved memory (solid: A red, B green), allocated memory (dashed), OOMs (magenta), both on
-one scale of bytes. Drag to zoom a panel, double-click to zoom out.</p>
+one scale of bytes. Drag or scroll to zoom, Shift+scroll to pan (both panels follow),
+double-click to zoom out.</p>
 <div id="timelines"></div>
 <h2>Segments at each peak</h2>
 <p>Laid end to end in address order, both maps to one scale: blue allocated, orange pending
@@ -191,7 +196,7 @@ free, grey cached free; black marks segment ends.</p>
 <script type="application/json" id="data">{data}</script>
 <script>{common_js}</script>
 <script>{uplot_js}</script>
-<script>{diff_js}</script>
+<script>{timelines_js}</script>
 </body></html>
 "#,
         title = escape(&title),
@@ -205,6 +210,6 @@ free, grey cached free; black marks segment ends.</p>
         uplot_css = include_str!("../../assets/uplot/uPlot.min.css"),
         uplot_js = include_str!("../../assets/uplot/uPlot.iife.min.js"),
         common_js = include_str!("../../assets/common.js"),
-        diff_js = include_str!("../../assets/diff.js"),
+        timelines_js = crate::html::TIMELINES_JS,
     )
 }

@@ -29,6 +29,11 @@ impl Clock {
         Clock { times }
     }
 
+    /// The first recorded entry's `time_us`, where the x axis starts; `None` without times.
+    pub fn start_us(&self) -> Option<i64> {
+        self.times.first().map(|&(_, t)| t)
+    }
+
     pub fn timed(&self) -> bool {
         !self.times.is_empty()
     }
