@@ -329,7 +329,7 @@ def compare(
 
 
 def capacity(
-    trace: TraceLike,
+    trace: Union[TraceLike, Sequence[TraceLike]],
     alloc_conf: Optional[str] = None,
     policy: str = "pytorch",
     outside: Optional[Size] = None,
@@ -337,9 +337,11 @@ def capacity(
     """The smallest free memory at the start (as `torch.cuda.mem_get_info()` reports it once
     the context exists) on which the recorded program runs without an OOM: `capacity_bytes`,
     the band `capacity_low_bytes`..`capacity_high_bytes`, and how it was found. As `allocsim
-    capacity`."""
+    capacity`. A list of traces is a job (one per rank): each rank's answer (`["ranks"]`) and
+    the job's (`["job"]`): it fits when every rank fits, so the rank needing most decides
+    (`deciding_rank`)."""
     return _json(
-        _native(_allocsim.capacity, _trace(trace), alloc_conf=alloc_conf, policy=policy, outside=outside)
+        _native(_allocsim.capacity, _traces(trace), alloc_conf=alloc_conf, policy=policy, outside=outside)
     )
 
 
@@ -365,7 +367,7 @@ def advise(
 
 
 def explain_oom(
-    trace: TraceLike,
+    trace: Union[TraceLike, Sequence[TraceLike]],
     policy: str = "pytorch",
     alloc_conf: Optional[str] = None,
     device_total: Optional[Size] = None,
@@ -373,11 +375,11 @@ def explain_oom(
 ) -> Any:
     """Why each OOM happened (free memory, largest free block per pool, the live blocks
     fencing the largest free region with their stacks), and which settings would have avoided
-    it. As `allocsim explain-oom --json`."""
+    it. As `allocsim explain-oom --json`; a list of traces is a job, each rank explained."""
     return _json(
         _native(
             _allocsim.explain_oom,
-            _trace(trace),
+            _traces(trace),
             policy=policy,
             alloc_conf=alloc_conf,
             device_total=device_total,
@@ -419,10 +421,11 @@ def diff(
     )
 
 
-def fidelity(trace: TraceLike) -> str:
+def fidelity(trace: Union[TraceLike, Sequence[TraceLike]]) -> str:
     """Replay a PyTorch recording in lockstep with itself: the report, ending in `exact` or
-    saying where simulation and recording part. As `allocsim fidelity`."""
-    return _native(_allocsim.fidelity, _trace(trace))[1]
+    saying where simulation and recording part. As `allocsim fidelity`; a list of traces is a
+    job, exact when every rank is."""
+    return _native(_allocsim.fidelity, _traces(trace))[1]
 
 
 def report(

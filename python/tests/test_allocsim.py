@@ -95,6 +95,17 @@ def test_advise_and_report_take_a_job(tmp_path):
         allocsim.advise([])
 
 
+def test_capacity_explain_oom_and_fidelity_take_a_job():
+    ranks = sorted((TRACES / "pytorch-2.11-h200-ranks").glob("fsdp2_rank*.pickle.gz"))
+    got = allocsim.capacity(ranks)
+    assert got == cli_json("capacity", *ranks)
+    needs = {r["rank"]: r["capacity_bytes"] for r in got["ranks"]}
+    assert got["job"]["capacity_bytes"] == max(needs.values())
+    assert needs[got["job"]["deciding_rank"]] == max(needs.values())
+    assert allocsim.explain_oom(ranks) == cli_json("explain-oom", *ranks)
+    assert allocsim.fidelity(ranks).rstrip().endswith("exact")
+
+
 def test_bound_is_the_cli_and_below_every_policy():
     got = allocsim.bound(GPT2)
     assert got == cli_json("bound", GPT2)

@@ -353,12 +353,12 @@ fn compare(
 #[pyo3(signature = (trace, alloc_conf=None, policy="pytorch", outside=None))]
 fn capacity(
     py: Python<'_>,
-    trace: TraceArg,
+    trace: TracesArg,
     alloc_conf: Option<String>,
     policy: &str,
     outside: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Returned> {
-    let (paths, cx) = TraceArg::resolve(std::slice::from_ref(&trace), py);
+    let (paths, cx) = trace.resolve(py)?;
     let mut args: allocsim::capacity::Args = request(&paths)?;
     args.alloc_conf = alloc_conf;
     args.policy = policy.into();
@@ -442,13 +442,13 @@ fn run_args(
 #[pyo3(signature = (trace, policy="pytorch", alloc_conf=None, device_total=None, limit=20))]
 fn explain_oom(
     py: Python<'_>,
-    trace: TraceArg,
+    trace: TracesArg,
     policy: &str,
     alloc_conf: Option<String>,
     device_total: Option<&Bound<'_, PyAny>>,
     limit: usize,
 ) -> PyResult<Returned> {
-    let (paths, cx) = TraceArg::resolve(std::slice::from_ref(&trace), py);
+    let (paths, cx) = trace.resolve(py)?;
     let mut args: allocsim::explain_oom::Args = request(&paths)?;
     run_args(&mut args.run, policy, alloc_conf, device_total)?;
     args.limit = limit;
@@ -456,8 +456,8 @@ fn explain_oom(
 }
 
 #[pyfunction]
-fn fidelity(py: Python<'_>, trace: TraceArg) -> PyResult<Returned> {
-    let (paths, cx) = TraceArg::resolve(std::slice::from_ref(&trace), py);
+fn fidelity(py: Python<'_>, trace: TracesArg) -> PyResult<Returned> {
+    let (paths, cx) = trace.resolve(py)?;
     let args: allocsim::fidelity::Args = request(&paths)?;
     call(py, || Ok(returned(allocsim::fidelity::run(&args, &cx)?)))
 }
