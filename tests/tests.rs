@@ -123,20 +123,8 @@ fn pytorch_reproduces_the_h200_recordings_exactly() {
     }
     paths.sort();
     assert_eq!(paths.len(), 15, "nine combinations of patterns, four ranks, two batch sizes");
-    let undetermined = [
-        ("cudagraphs_expandable", "num_sync_all_streams", WARM_UP_CONTEXT),
-        ("graphs_pools_release", "num_sync_all_streams", WARM_UP_CONTEXT),
-        ("late_graphs_tuned", "num_sync_all_streams", WARM_UP_CONTEXT),
-    ];
-    assert_exact(&paths, &undetermined);
+    assert_exact(&paths, &[]);
 }
-
-/// Why the CUDA graph recordings made with `allocsim.capture` still miss one sync.
-const WARM_UP_CONTEXT: &str = "one empty_cache() the capture recorded comes, by the allocations \
-    counted before it, after the first allocation into a CUDA graph tree's pool, inside the \
-    pool context the conversion infers from there on, where PyTorch does not synchronize; \
-    PyTorch counted a sync for every call, so the warm-up's context ended before \
-    torch.cuda.graph emptied the cache, which the trace does not show";
 
 /// Every recording in `paths` replays exactly, but for the statistics `undetermined` lists
 /// (trace, key, why), which must differ.

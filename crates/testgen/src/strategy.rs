@@ -197,6 +197,63 @@ pub fn program(limits: Limits) -> impl Strategy<Value = Program> {
     })
 }
 
+/// Programs of rounds as CUDA graph trees make them: a few allocations in the default pools,
+/// a graph's inputs allocated in its private pool in one context, some frees, the capture's
+/// allocations in the same pool in a second context, more frees. `empty_cache()` calls come
+/// between the two contexts (`torch.cuda.graph` empties the cache before it begins the
+/// capture) or, in a program of their own, inside the capture's context after one of its
+/// allocations (a program's own call under `use_mem_pool`): not both kinds in one program,
+/// since a recording does not tell which calls of a run of allocations into one pool were
+/// which. The pool's segments stay alive to the end, where the snapshot names their pool.
+pub fn graph_rounds() -> impl Strategy<Value = Program> {
+    let size = || log_uniform(25);
+    let round = (
+        vec(size(), 0..3),
+        vec(size(), 1..4),
+        vec(any::<u32>(), 0..3),
+        1usize..3,
+        vec(size(), 2..5),
+        vec(any::<u32>(), 0..4),
+    );
+    (any::<bool>(), any::<bool>(), 0u8..2, vec(round, 1..4)).prop_map(
+        |(inside, expandable, stream, rounds)| {
+            let mut steps = Vec::new();
+            let pool = |action| Step::Pool { pool: 0, action };
+            for (defaults, inputs, between, calls, capture, after) in rounds {
+                steps.extend(defaults.into_iter().map(|size| Step::Alloc { size, stream: 0 }));
+                steps.push(pool(0));
+                steps.extend(inputs.into_iter().map(|size| Step::Alloc { size, stream }));
+                steps.push(pool(1));
+                steps.extend(between.into_iter().map(|pick| Step::Free { pick }));
+                if !inside {
+                    steps.extend(std::iter::repeat_n(Step::EmptyCache, calls));
+                }
+                steps.push(pool(0));
+                for (i, size) in capture.into_iter().enumerate() {
+                    steps.push(Step::Alloc { size, stream });
+                    if inside && i == 0 {
+                        steps.extend(std::iter::repeat_n(Step::EmptyCache, calls));
+                    }
+                }
+                steps.push(pool(1));
+                steps.extend(after.into_iter().map(|pick| Step::Free { pick }));
+            }
+            let total_bytes = allocsim_run::H100_TOTAL_BYTES;
+            Program {
+                device: DeviceSpec { total_bytes, free_bytes: total_bytes },
+                alloc_conf: if expandable {
+                    "expandable_segments:True".into()
+                } else {
+                    String::new()
+                },
+                memory_fraction: None,
+                steps,
+                drain: false,
+            }
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use crate::program::Program;
 use crate::strategy;
 use crate::swarm::Limits;
 use allocsim_core::Trace;
+use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use std::path::{Path, PathBuf};
 
@@ -75,6 +76,16 @@ impl Suite {
     /// Run `oracle` on `cases` generated programs for `policy`; panic with [`report`] on the
     /// shrunk failure.
     pub fn run(&self, policy: &str, oracle: impl Fn(&str, &Trace) -> Result<(), Failure>) {
+        self.run_on(policy, strategy::program(self.limits), oracle);
+    }
+
+    /// [`Suite::run`] on the programs `programs` draws (the suite's limits unread).
+    pub fn run_on(
+        &self,
+        policy: &str,
+        programs: impl Strategy<Value = Program>,
+        oracle: impl Fn(&str, &Trace) -> Result<(), Failure>,
+    ) {
         let config = Config {
             cases: self.cases,
             failure_persistence: None,
@@ -84,7 +95,7 @@ impl Suite {
         };
         let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_for(self.name, policy));
         let mut runner = TestRunner::new_with_rng(config, rng);
-        let result = runner.run(&strategy::program(self.limits), |program| {
+        let result = runner.run(&programs, |program| {
             oracle(policy, &program.trace()).map_err(|f| TestCaseError::fail(f.to_string()))
         });
         match result {

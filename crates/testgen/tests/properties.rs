@@ -7,7 +7,8 @@
 //! that reproduces it.
 
 use allocsim_testgen::oracles::{
-    check_trace, compare_with_reference, formats, seed_applies, seeded_matches_full,
+    capture_replays_exactly, check_trace, compare_with_reference, formats, seed_applies,
+    seeded_matches_full,
 };
 use allocsim_testgen::suite::Suite;
 use allocsim_testgen::Limits;
@@ -67,6 +68,24 @@ fn pytorch_seeded_from_a_runs_state_goes_on_as_the_run_did() {
     });
     let applied = applied.into_inner();
     assert!(applied > cases / 8, "the seed applied to only {applied} of {cases} programs");
+}
+
+/// CUDA graph trees' rounds (a graph's inputs in its pool in one context, the capture in
+/// another) with `empty_cache()` calls between the two contexts or inside one, run under the
+/// PyTorch policy and written as `allocsim.capture` writes a recording: the snapshot and its
+/// sidecar (the calls by the allocations and frees before them, the statistics) convert back
+/// to ops that replay every event and every statistic, `num_sync_all_streams` included (a call
+/// between two contexts synchronizes, one inside does not).
+#[test]
+fn pytorch_replays_its_capture_of_calls_among_pool_contexts() {
+    if !allocsim_policies::names().contains(&"pytorch") {
+        return;
+    }
+    suite("capture", CASES / 2, Limits::default()).run_on(
+        "pytorch",
+        allocsim_testgen::strategy::graph_rounds(),
+        capture_replays_exactly,
+    );
 }
 
 /// Native binary and JSON round trips, and every policy's run exported as a PyTorch snapshot

@@ -10,9 +10,12 @@
 //!   event.
 //! - [`formats`]: the trace formats give back what they were given, and decoders never panic.
 //! - [`writers`]: every file writer read back; the settings parsers' messages.
+//! - [`capture_replays_exactly`]: a PyTorch run written as `allocsim.capture` writes a
+//!   recording (snapshot and sidecar) converts back to ops that replay it exactly.
 //! - [`seeded_matches_full`]: the PyTorch policy seeded with a run's state at op `k` goes on as
 //!   the run did.
 
+mod capture;
 mod consistency;
 mod contract;
 mod differential;
@@ -22,6 +25,7 @@ mod run;
 mod seed;
 pub mod writers;
 
+pub use capture::capture_replays_exactly;
 pub use consistency::{implied_free_space, stat_consistency, PYTORCH_ACCOUNTING};
 pub use contract::Contract;
 pub use differential::{compare_with_reference, reference_applies};

@@ -7,7 +7,7 @@
 //! the trace's successful `alloc`s and its `free_requested`s.
 
 use super::edits::Edits;
-use allocsim_core::{Op, PoolAction, RecordedKind, Trace};
+use allocsim_core::{MemPoolId, Op, PoolAction, RecordedKind, Trace};
 use std::collections::{BTreeMap, HashSet};
 
 /// One recorded call.
@@ -30,8 +30,11 @@ pub enum CallKind {
 struct Placed<'c> {
     call: &'c Call,
     at: usize,
-    /// The op of the allocation whose recorded run opens with this `empty_cache`'s frees.
+    /// The op of the allocation whose recorded run may open with this `empty_cache`'s frees.
     takes_run_of: Option<usize>,
+    /// The recorded events of that run that are this call's frees: it goes right before the
+    /// allocation, taking them. Empty when the run does not open with frees.
+    frees: Vec<usize>,
 }
 
 /// Put `calls` into `trace` as ops: an `empty_cache` that freed segments is the inferred
@@ -68,6 +71,8 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
     let mut placed = Vec::new();
     let (mut at, mut a, mut f) = (0, 0, 0);
     let (mut claimed, mut runs_taken) = (HashSet::new(), HashSet::new());
+    // The `empty_cache` calls that came during the history.
+    let mut in_history = 0;
     for call in calls {
         let Some(want) = call.allocations.checked_sub(base.0).zip(call.frees.checked_sub(base.1))
         else {
@@ -89,6 +94,7 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
         }
         let mut takes_run_of = None;
         if call.kind == CallKind::EmptyCache {
+            in_history += 1;
             // The ops up to the next allocation or free: the call's own `EmptyCache` if the
             // conversion inferred one, else the allocation whose run its frees open.
             let next = (at..trace.ops.len()).find(|&k| counts(k, &trace.ops[k]) != (0, 0));
@@ -104,7 +110,7 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
             takes_run_of =
                 next.filter(|&k| counts(k, &trace.ops[k]) == (1, 0) && runs_taken.insert(k));
         }
-        placed.push(Placed { call, at, takes_run_of });
+        placed.push(Placed { call, at, takes_run_of, frees: Vec::new() });
     }
     // The recorded events of the allocations whose runs may open with a call's frees.
     let mut runs: BTreeMap<usize, Vec<usize>> =
@@ -116,39 +122,183 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
             }
         }
     }
+    for p in &mut placed {
+        if let Some(events) = p.takes_run_of.and_then(|k| runs.get(&k)) {
+            p.frees = opening_frees(events.iter().map(|&r| (r, trace.recorded[r].kind)));
+        }
+    }
     let mut edits = Edits::default();
     let last = trace.ops.len().saturating_sub(1);
     let mut added = 0;
+    let mut between = Between::new(trace, &placed, in_history);
     for p in &placed {
         let op = match p.call.kind {
             CallKind::EmptyCache => Op::EmptyCache,
             CallKind::MemoryFraction(fraction) => Op::SetMemoryFraction { fraction },
         };
         added += 1;
-        let run = p
-            .takes_run_of
-            .and_then(|k| runs.get(&k))
-            .map(|events| opening_frees(events.iter().map(|&r| (r, trace.recorded[r].kind))));
-        match (run, p.takes_run_of) {
+        match p.takes_run_of {
             // Right before the allocation and the pool contexts begun for it: the program
             // empties the cache, then enters them (a pool dropped before stays before).
-            (Some(frees), Some(k)) if !frees.is_empty() => {
+            Some(k) if !p.frees.is_empty() => {
                 let contexts = trace.ops[..k]
                     .iter()
                     .rev()
                     .take_while(|o| matches!(o, Op::Pool { action: PoolAction::BeginAllocate, .. }))
                     .count();
-                edits.split(k - contexts, op, frees)
+                edits.split(k - contexts, op, p.frees.clone())
             }
+            _ if between.take(p, &op, &trace.ops, &mut edits) => {}
             _ if p.at < trace.ops.len() => edits.before(p.at, op),
             _ if trace.ops.is_empty() => trace.ops.push(op),
             _ => edits.after(last, op),
         }
     }
     if added > 0 {
+        between.close(&mut edits);
         edits.apply(trace);
     }
+    trace.warnings.extend(between.note());
     Some(added)
+}
+
+/// Calls the sidecar places inside a private pool's context, which the conversion infers as a
+/// run of allocations into the pool from its first to its last: the run may be several
+/// contexts, one after another (CUDA graph trees allocate a graph's inputs in the pool, then
+/// `torch.cuda.graph` empties the cache and begins the capture), and PyTorch synchronizes for
+/// an `empty_cache` only with no context open. As many calls as the statistics say came
+/// outside every context are put between two contexts of the run: after the context's end
+/// when no allocation or free of it follows, otherwise in a gap the context is split by.
+struct Between {
+    /// The contexts (`BeginAllocate` op, `EndAllocate` op, pool), by start; the pool inference
+    /// opens one at a time.
+    contexts: Vec<(usize, usize, MemPoolId)>,
+    /// How many more calls inside contexts to move out.
+    to_move: usize,
+    /// Whether the statistics did not say how many.
+    guessed: bool,
+    /// The gap a context is split by now (before op `at`), which the next call that does not
+    /// go in it closes by beginning the context again.
+    gap: Option<(usize, MemPoolId)>,
+    moved: usize,
+}
+
+impl Between {
+    fn new(trace: &Trace, placed: &[Placed], in_history: usize) -> Between {
+        let contexts = contexts(&trace.ops);
+        let inside = |p: &&Placed| moves(p) && context_at(&contexts, p.at).is_some();
+        let inside = placed.iter().filter(inside).count();
+        let in_contexts = calls_in_contexts(trace, in_history);
+        // Without the statistics, every call moves, as PyTorch's own calls come.
+        let to_move = inside.saturating_sub(in_contexts.unwrap_or(0));
+        Between { contexts, to_move, guessed: in_contexts.is_none(), gap: None, moved: 0 }
+    }
+
+    /// Put `op`, the call `p` (calls come in the order of their places), between contexts if
+    /// it is one to move; false if it is not.
+    fn take(&mut self, p: &Placed, op: &Op, ops: &[Op], edits: &mut Edits) -> bool {
+        let context = context_at(&self.contexts, p.at).filter(|_| moves(p) && self.to_move > 0);
+        let Some((_, end, pool)) = context else {
+            self.close(edits);
+            return false;
+        };
+        self.to_move -= 1;
+        self.moved += 1;
+        if ops[p.at..end].iter().all(|o| matches!(o, Op::Pool { .. })) {
+            edits.after(end, op.clone());
+            return true;
+        }
+        if self.gap != Some((p.at, pool)) {
+            self.close(edits);
+            edits.before(p.at, Op::Pool { pool, action: PoolAction::EndAllocate });
+            self.gap = Some((p.at, pool));
+        }
+        edits.before(p.at, op.clone());
+        true
+    }
+
+    /// Begin the split context again after the calls put in its gap.
+    fn close(&mut self, edits: &mut Edits) {
+        if let Some((at, pool)) = self.gap.take() {
+            edits.before(at, Op::Pool { pool, action: PoolAction::BeginAllocate });
+        }
+    }
+
+    /// The trace's note on the calls moved, if any.
+    fn note(&self) -> Option<String> {
+        let (guessed, counted) = match self.guessed {
+            true => ("guessed: ", ""),
+            false => ("", ", and counted a synchronization for each of them"),
+        };
+        (self.moved > 0).then(|| {
+            format!(
+                "{guessed}{} empty_cache calls that came, by the allocations and frees counted \
+                 before them, within a run of allocations into one private pool were put \
+                 between two contexts of it (PyTorch synchronizes for a call only with no \
+                 context open{counted}; torch.cuda.graph empties the cache between a graph's \
+                 warm-up and its capture)",
+                self.moved
+            )
+        })
+    }
+}
+
+/// Whether `p` is an `empty_cache` that goes at its place, not with the frees of a run.
+fn moves(p: &Placed) -> bool {
+    p.call.kind == CallKind::EmptyCache && p.frees.is_empty()
+}
+
+/// The private-pool contexts of `ops`: (`BeginAllocate` op, `EndAllocate` op, pool), by start.
+fn contexts(ops: &[Op]) -> Vec<(usize, usize, MemPoolId)> {
+    let mut open: Vec<(usize, MemPoolId)> = Vec::new();
+    let mut contexts = Vec::new();
+    for (k, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Pool { pool, action: PoolAction::BeginAllocate } => open.push((k, pool)),
+            Op::Pool { pool, action: PoolAction::EndAllocate } => {
+                if let Some(i) = open.iter().rposition(|&(_, p)| p == pool) {
+                    contexts.push((open.remove(i).0, k, pool));
+                }
+            }
+            _ => {}
+        }
+    }
+    contexts.sort_by_key(|c| c.0);
+    contexts
+}
+
+/// The context open where a call goes before op `at`.
+fn context_at(
+    contexts: &[(usize, usize, MemPoolId)],
+    at: usize,
+) -> Option<(usize, usize, MemPoolId)> {
+    let n = contexts.partition_point(|&(begin, _, _)| begin < at);
+    contexts[..n].last().copied().filter(|&(_, end, _)| at <= end)
+}
+
+/// How many of the history's `calls` to `empty_cache` PyTorch made inside a context, by the
+/// statistics: it synchronizes all streams once for a call with no context open, once for each
+/// retry path (`num_alloc_retries`) and once for each pool's release, and for nothing else.
+/// `None` when the statistics of the history's start or end are not known.
+fn calls_in_contexts(trace: &Trace, calls: usize) -> Option<usize> {
+    let value = |stats: &Option<Vec<(String, i64)>>, key: &str| {
+        let stats = stats.as_ref()?;
+        stats.iter().find(|(k, _)| k == key).map(|&(_, v)| v)
+    };
+    let counted = |key: &str| {
+        let start = match trace.start {
+            Some(_) => value(&trace.meta.stats_at_start, key)?,
+            None => 0,
+        };
+        let end = value(&trace.meta.expected_stats, key)?;
+        u64::try_from(end.checked_sub(start)?).ok()
+    };
+    let releases = (trace.ops.iter())
+        .filter(|op| matches!(op, Op::Pool { action: PoolAction::Release, .. }))
+        .count() as u64;
+    let syncs = counted("num_sync_all_streams")?;
+    let outside = syncs.checked_sub(counted("num_alloc_retries")?)?.checked_sub(releases)?;
+    Some((calls as u64).saturating_sub(outside) as usize)
 }
 
 /// The events that open an allocation's run with device frees (with the completions among
@@ -175,7 +325,7 @@ fn opening_frees(events: impl Iterator<Item = (usize, RecordedKind)>) -> Vec<usi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allocsim_core::{AllocId, RecordedEvent, StreamId};
+    use allocsim_core::{AllocId, MemPoolId, RecordedEvent, StreamId};
 
     fn alloc(id: u64) -> Op {
         Op::Alloc { id: AllocId(id), size: 1 << 20, stream: StreamId(0) }
@@ -260,6 +410,60 @@ mod tests {
             names(&trace),
             ["alloc", "free_requested", "empty_cache", "alloc", "set_memory_fraction", "alloc"]
         );
+    }
+
+    fn pool(action: PoolAction) -> Op {
+        Op::Pool { pool: MemPoolId(0, 1), action }
+    }
+
+    /// A graph's inputs and its capture read as one run of allocations into its pool.
+    fn one_run_of_two_contexts(syncs: i64) -> Trace {
+        let mut trace = Trace {
+            ops: vec![
+                pool(PoolAction::BeginAllocate),
+                alloc(0),
+                free(0),
+                alloc(1),
+                alloc(2),
+                pool(PoolAction::EndAllocate),
+            ],
+            ..Trace::default()
+        };
+        let stats = [("num_sync_all_streams", syncs), ("num_alloc_retries", 0)];
+        trace.meta.expected_stats = Some(stats.map(|(k, v)| (k.to_string(), v)).to_vec());
+        trace
+    }
+
+    #[test]
+    fn a_call_the_statistics_count_as_synchronized_ends_the_context_it_falls_in() {
+        let mut trace = one_run_of_two_contexts(2);
+        let calls = [call(CallKind::EmptyCache, 1, 1), call(CallKind::EmptyCache, 3, 1)];
+        assert_eq!(apply(&mut trace, &calls), Some(2));
+        let want = [
+            "begin_allocate_to_pool",
+            "alloc",
+            "free_requested",
+            "end_allocate_to_pool",
+            "empty_cache",
+            "begin_allocate_to_pool",
+            "alloc",
+            "alloc",
+            "end_allocate_to_pool",
+            "empty_cache",
+        ];
+        assert_eq!(names(&trace), want, "the second after the context's end");
+        assert!(trace.warnings[0].starts_with("2 empty_cache calls"), "{:?}", trace.warnings);
+        // Without the statistics, as PyTorch's own calls come; with a count of none, inside.
+        for (stats, want_guessed) in [(None, true), (Some(0), false)] {
+            let mut trace = one_run_of_two_contexts(stats.unwrap_or(0));
+            if stats.is_none() {
+                trace.meta.expected_stats = None;
+            }
+            apply(&mut trace, &calls[..1]);
+            let split = names(&trace)[3] == "end_allocate_to_pool";
+            assert_eq!(split, want_guessed, "{:?}", names(&trace));
+            assert_eq!(trace.warnings.iter().any(|w| w.starts_with("guessed")), want_guessed);
+        }
     }
 
     #[test]
