@@ -50,7 +50,38 @@ fn slim_read_agrees(path: &std::path::Path, whole: &Trace) -> u64 {
         let program = [K::Alloc, K::FreeRequested];
         assert!(t.recorded.iter().all(|r| !program.contains(&r.kind)), "{:?}", t.recorded);
     }
+    packed_read_agrees(path, whole);
     bytes.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Read with the ops packed and the events counted (what `allocsim info` and `capacity` read,
+/// `ReadOptions::packed_ops`), `path` gives the ops, distinct stacks and warnings of `whole`,
+/// and its recording's count of each kind of event.
+fn packed_read_agrees(path: &std::path::Path, whole: &Trace) {
+    let opts = ReadOptions {
+        op_stacks: false,
+        times: false,
+        events: false,
+        packed_ops: true,
+        ..ReadOptions::default()
+    };
+    let read = pytorch::read_snapshot_packed(path, &opts).unwrap();
+    let ops = match &read.packed {
+        Some(packed) => {
+            assert!(read.trace.ops.is_empty());
+            packed.to_vec()
+        }
+        None => read.trace.ops.clone(),
+    };
+    assert_eq!(ops, whole.ops);
+    assert_eq!(read.ops_len(), whole.ops.len());
+    assert_eq!((&read.trace.stacks, &read.trace.warnings), (&whole.stacks, &whole.warnings));
+    assert!(read.trace.op_stacks.is_empty() && read.trace.op_times.is_empty());
+    let mut counts = std::collections::BTreeMap::new();
+    for r in &whole.recorded {
+        *counts.entry(r.kind.action()).or_insert(0u64) += 1;
+    }
+    assert_eq!(read.recorded_counts, counts);
 }
 
 fn read_err(root: &Value) -> String {

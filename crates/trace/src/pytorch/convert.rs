@@ -43,10 +43,10 @@ use super::stacks::Stacks;
 use crate::addr_map::{AddrMap, BuildAddrHasher};
 use crate::error::TraceError;
 use allocsim_core::{
-    AllocId, BlockState, MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind,
+    AllocId, BlockState, MemPoolId, Op, PackedOps, Pool, PoolAction, RecordedEvent, RecordedKind,
     SnapshotBlock, SnapshotSegment, StartState, StreamId, MIB,
 };
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 /// The stream of the `RecordStream` inferred for a deferred free: the recording does not say
 /// which stream used the block, only that one did.
@@ -64,26 +64,85 @@ pub struct Keep {
     pub max_built_bytes: u64,
     /// Each op's stack (`ReadOptions::stacks`).
     pub stacks: bool,
+    /// Which op each stack came from (`ReadOptions::op_stacks`).
+    pub op_stacks: bool,
     /// Each op's time (`ReadOptions::times`).
     pub times: bool,
     /// Every recorded event (`ReadOptions::events`).
     pub events: bool,
+    /// The ops packed (`ReadOptions::packed_ops`).
+    pub packed: bool,
 }
 
 impl Keep {
     pub fn of(opts: &crate::ReadOptions, path: &std::path::Path) -> Keep {
         let max_built_bytes = crate::built::Built::for_file(path, opts).limit();
-        Keep { max_built_bytes, stacks: opts.stacks, times: opts.times, events: opts.events }
+        let (stacks, times, events) = (opts.stacks, opts.times, opts.events);
+        let (op_stacks, packed) = (opts.op_stacks, opts.packed_ops);
+        Keep { max_built_bytes, stacks, op_stacks, times, events, packed }
+    }
+}
+
+/// A conversion's ops: as `Op`s, or packed ([`Keep::packed`]).
+#[derive(Debug)]
+pub enum OpList {
+    Plain(Vec<Op>),
+    Packed(PackedOps),
+}
+
+impl OpList {
+    pub fn len(&self) -> usize {
+        match self {
+            OpList::Plain(ops) => ops.len(),
+            OpList::Packed(ops) => ops.len(),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, op: Op) {
+        match self {
+            OpList::Plain(ops) => ops.push(op),
+            OpList::Packed(ops) => ops.push(op),
+        }
+    }
+
+    /// What the ops hold, for [`Keep::max_built_bytes`].
+    fn bytes(&self) -> usize {
+        match self {
+            OpList::Plain(ops) => ops.len() * size_of::<Op>(),
+            OpList::Packed(ops) => ops.heap_bytes(),
+        }
+    }
+
+    /// The ops as `Op`s, unpacked here if they were packed.
+    pub fn plain(&mut self) -> &mut Vec<Op> {
+        if let OpList::Packed(ops) = self {
+            *self = OpList::Plain(ops.to_vec());
+        }
+        match self {
+            OpList::Plain(ops) => ops,
+            OpList::Packed(_) => unreachable!("unpacked above"),
+        }
+    }
+
+    /// The ops as `Op`s, and the packed ones as they are.
+    pub fn split(self) -> (Vec<Op>, Option<PackedOps>) {
+        match self {
+            OpList::Plain(ops) => (ops, None),
+            OpList::Packed(ops) => (Vec::new(), Some(ops)),
+        }
     }
 }
 
 pub struct Converted {
     pub start: Option<StartState>,
-    pub ops: Vec<Op>,
+    pub ops: OpList,
     /// The recorded events, all of them or those [`Keep::events`] leaves.
     pub recorded: Vec<RecordedEvent>,
     /// How many events the recording has, kept or not.
     pub recorded_len: u64,
+    /// How many of each kind the recording has, kept or not, by [`RecordedKind::action`].
+    pub recorded_counts: BTreeMap<&'static str, u64>,
     /// Where the device events (segment allocations, frees, maps and unmaps) are in
     /// `recorded`: a few hundred of its hundreds of thousands, for those that read only them.
     pub device_events: Vec<u32>,
@@ -242,7 +301,7 @@ struct Completion {
 
 struct Builder<'a> {
     ctx: Ctx<'a>,
-    ops: Vec<Op>,
+    ops: OpList,
     recorded: Vec<RecordedEvent>,
     /// See [`Converted::device_events`].
     device_events: Vec<u32>,
@@ -250,11 +309,15 @@ struct Builder<'a> {
     op_times: Vec<(u64, i64)>,
     /// Whether `op_times` is kept ([`Keep::times`]).
     times: bool,
+    /// Whether `op_stacks` is kept ([`Keep::op_stacks`]).
+    keep_op_stacks: bool,
     /// Whether every recorded event is kept ([`Keep::events`]), and how many were not.
     events: bool,
     /// [`Keep::max_built_bytes`].
     max_built_bytes: u64,
     events_left_out: u64,
+    /// The events left out by kind: allocations, free requests, free completions.
+    left_out_by_kind: [u64; 3],
     /// The annotations entries refer to ([`Entry::annotation`]).
     annotations: Vec<allocsim_core::Annotation>,
     /// The annotated entries' annotations, by entry index, for the op each becomes.
@@ -624,7 +687,7 @@ impl<'a> StreamConvert<'a> {
     /// The ops converted so far and the recorded events whose op is settled, from the start:
     /// later entries only append to both. `None` once the history shows it starts mid-run (its
     /// ids are renumbered at the end).
-    pub fn settled(&self) -> Option<(&[Op], &[RecordedEvent])> {
+    pub fn settled(&self) -> Option<(&OpList, &[RecordedEvent])> {
         if !self.finder.out.is_empty() {
             return None;
         }
@@ -672,7 +735,7 @@ impl<'a> StreamConvert<'a> {
             let renumber = |id: &mut AllocId| {
                 id.0 = if id.0 & SYNTHETIC_ID != 0 { id.0 & !SYNTHETIC_ID } else { id.0 + first };
             };
-            converted.ops.iter_mut().filter_map(Op::id_mut).for_each(renumber);
+            converted.ops.plain().iter_mut().filter_map(Op::id_mut).for_each(renumber);
         }
         Some(converted)
     }
@@ -689,15 +752,20 @@ impl<'a> Builder<'a> {
     fn new(ctx: Ctx<'a>, entries: usize, keep: Keep) -> Self {
         Builder {
             ctx,
-            ops: Vec::with_capacity(entries / 2),
+            ops: match keep.packed {
+                true => OpList::Packed(PackedOps::new()),
+                false => OpList::Plain(Vec::with_capacity(entries / 2)),
+            },
             recorded: Vec::with_capacity(if keep.events { entries } else { 0 }),
             device_events: Vec::new(),
             op_stacks: Vec::new(),
             op_times: Vec::with_capacity(if keep.times { entries / 2 } else { 0 }),
             times: keep.times,
+            keep_op_stacks: keep.op_stacks,
             events: keep.events,
             max_built_bytes: keep.max_built_bytes,
             events_left_out: 0,
+            left_out_by_kind: [0; 3],
             annotations: Vec::new(),
             entry_annotations: AddrMap::default(),
             op_annotations: Vec::new(),
@@ -773,10 +841,20 @@ impl<'a> Builder<'a> {
                 self.misplaced_device_events
             ));
         }
+        let mut recorded_counts = BTreeMap::new();
+        for r in &self.recorded {
+            *recorded_counts.entry(r.kind.action()).or_default() += 1;
+        }
+        let program =
+            [RecordedKind::Alloc, RecordedKind::FreeRequested, RecordedKind::FreeCompleted];
+        for (kind, n) in program.into_iter().zip(self.left_out_by_kind).filter(|&(_, n)| n > 0) {
+            *recorded_counts.entry(kind.action()).or_default() += n;
+        }
         Ok(Converted {
             start: start.map(|(state, _)| state),
             ops: self.ops,
             recorded_len: self.recorded.len() as u64 + self.events_left_out,
+            recorded_counts,
             recorded: self.recorded,
             device_events: self.device_events,
             stacks: self.stacks.map(|s| s.stacks).unwrap_or_default(),
@@ -791,7 +869,7 @@ impl<'a> Builder<'a> {
     /// What the trace holds so far against [`Keep::max_built_bytes`].
     fn check_built(&self) -> Result<(), TraceError> {
         let pairs = self.op_stacks.len() + self.op_times.len() + self.op_annotations.len();
-        let bytes = self.ops.len() * size_of::<Op>()
+        let bytes = self.ops.bytes()
             + self.recorded.len() * size_of::<RecordedEvent>()
             + self.device_events.len() * size_of::<u32>()
             + pairs * 16
@@ -817,6 +895,11 @@ impl<'a> Builder<'a> {
             || (kind == RecordedKind::FreeCompleted && op != UNTAGGED);
         if program && !self.events {
             self.events_left_out += 1;
+            self.left_out_by_kind[match kind {
+                RecordedKind::Alloc => 0,
+                RecordedKind::FreeRequested => 1,
+                _ => 2,
+            }] += 1;
             return;
         }
         let (addr, size, stream) = (e.addr, e.size, e.stream);
@@ -844,7 +927,7 @@ impl<'a> Builder<'a> {
                 Frames::Listed(list) => stacks.intern(self.ctx, list, i)?,
                 &Frames::Interned(theirs) => Some(stacks.adopt(theirs)),
             };
-            if let Some(s) = stack {
+            if let Some(s) = stack.filter(|_| self.keep_op_stacks) {
                 self.op_stacks.push((index, s));
             }
         }
@@ -1175,9 +1258,11 @@ mod tests {
             },
         ];
         let all = Entries { list: list.clone(), ..Entries::default() };
-        let keep = Keep { max_built_bytes: u64::MAX, stacks: false, times: true, events: true };
+        let (stacks, op_stacks, times, events, packed) = (false, false, true, true, false);
+        let keep = Keep { max_built_bytes: u64::MAX, stacks, op_stacks, times, events, packed };
         let listed = convert(ctx, &all, &last, keep).unwrap();
-        let mut conv = StreamConvert::new(ctx, keep);
+        // The streamed conversion packs its ops: the same ops.
+        let mut conv = StreamConvert::new(ctx, Keep { packed: true, ..keep });
         for (i, e) in list.into_iter().enumerate() {
             assert!(conv.push(i, e, None, None), "entry {i}");
         }
@@ -1185,7 +1270,7 @@ mod tests {
         let start = streamed.start.as_ref().expect("starts mid-run");
         assert_eq!(start.ids.len(), 3, "{start:?}");
         assert_eq!(streamed.start, listed.start);
-        assert_eq!(streamed.ops, listed.ops);
+        assert_eq!(streamed.ops.plain(), listed.ops.plain());
         assert_eq!(streamed.recorded, listed.recorded);
         assert_eq!(streamed.warnings, listed.warnings);
     }
