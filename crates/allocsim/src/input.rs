@@ -79,7 +79,7 @@ pub fn read_snapshot_replaying<R>(
         stacks: false,
         times: false,
         events: false,
-        packed_ops: true,
+        packed_ops: Some(allocsim_trace::PACK_OPS_FROM),
         ..cx.read.clone()
     };
     let mut read = with_read_bar(path, opts, cx.progress, |opts| {
@@ -113,7 +113,7 @@ pub fn read_snapshot_packed(
         op_stacks: false,
         times: false,
         events: false,
-        packed_ops: true,
+        packed_ops: Some(allocsim_trace::PACK_OPS_FROM),
         ..cx.read.clone()
     };
     let mut read = with_read_bar(path, opts, cx.progress, |opts| {

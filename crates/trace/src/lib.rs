@@ -102,11 +102,12 @@ pub struct ReadOptions {
     /// completions: a few hundred of hundreds of thousands) and saves 40 bytes an entry; its
     /// reader tells how many events the recording has (`pytorch::Replayed::recorded_len`).
     pub events: bool,
-    /// Hold a snapshot's ops packed while converting, a few bytes each instead of an `Op`'s
-    /// 40 ([`allocsim_core::PackedOps`]): [`pytorch::read_snapshot_packed`] and
+    /// Hold a snapshot's ops packed while converting, once there are more than this many
+    /// ([`PACK_OPS_FROM`] for the commands): a few bytes each instead of an `Op`'s 40
+    /// ([`allocsim_core::PackedOps`]). [`pytorch::read_snapshot_packed`] and
     /// [`pytorch::read_snapshot_replaying`] then hand them over packed, and leave
-    /// `Trace::ops` empty; every other reader unpacks them at the end.
-    pub packed_ops: bool,
+    /// `Trace::ops` empty; every other reader unpacks them at the end. `None`: never.
+    pub packed_ops: Option<usize>,
     /// Bounds for the pickle reader.
     pub limits: pickle::Limits,
     /// Read a snapshot's entries straight from the pickle stream (the fast path; the result
@@ -128,7 +129,7 @@ impl Default for ReadOptions {
             op_stacks: true,
             times: true,
             events: true,
-            packed_ops: false,
+            packed_ops: None,
             limits: pickle::Limits::default(),
             streaming: true,
             cuda_device: None,
@@ -136,6 +137,11 @@ impl Default for ReadOptions {
         }
     }
 }
+
+/// The ops a snapshot's conversion holds as `Op`s before it packs them, where
+/// [`ReadOptions::packed_ops`] asks (40 MB of them): packing and unpacking costs the reading of
+/// a smaller snapshot about a twentieth more time, and saves memory only where it matters.
+pub const PACK_OPS_FROM: usize = 1 << 20;
 
 impl ReadOptions {
     /// Defaults without the sidecar: the file alone.

@@ -70,8 +70,8 @@ pub struct Keep {
     pub times: bool,
     /// Every recorded event (`ReadOptions::events`).
     pub events: bool,
-    /// The ops packed (`ReadOptions::packed_ops`).
-    pub packed: bool,
+    /// The ops packed past this many (`ReadOptions::packed_ops`).
+    pub packed: Option<usize>,
 }
 
 impl Keep {
@@ -103,6 +103,14 @@ impl OpList {
         match self {
             OpList::Plain(ops) => ops.push(op),
             OpList::Packed(ops) => ops.push(op),
+        }
+    }
+
+    /// The ops packed from here on, if they were not.
+    #[cold]
+    fn pack(&mut self) {
+        if let OpList::Plain(ops) = self {
+            *self = OpList::Packed(ops.drain(..).collect());
         }
     }
 
@@ -302,6 +310,8 @@ struct Completion {
 struct Builder<'a> {
     ctx: Ctx<'a>,
     ops: OpList,
+    /// [`Keep::packed`].
+    pack_from: Option<usize>,
     recorded: Vec<RecordedEvent>,
     /// See [`Converted::device_events`].
     device_events: Vec<u32>,
@@ -753,9 +763,10 @@ impl<'a> Builder<'a> {
         Builder {
             ctx,
             ops: match keep.packed {
-                true => OpList::Packed(PackedOps::new()),
-                false => OpList::Plain(Vec::with_capacity(entries / 2)),
+                Some(0) => OpList::Packed(PackedOps::new()),
+                _ => OpList::Plain(Vec::with_capacity(entries / 2)),
             },
+            pack_from: keep.packed,
             recorded: Vec::with_capacity(if keep.events { entries } else { 0 }),
             device_events: Vec::new(),
             op_stacks: Vec::new(),
@@ -916,6 +927,11 @@ impl<'a> Builder<'a> {
             self.check_built()?;
         }
         self.ops.push(op);
+        if let (OpList::Plain(ops), Some(n)) = (&self.ops, self.pack_from) {
+            if ops.len() > n {
+                self.ops.pack();
+            }
+        }
         if self.times && at.time_us != super::entries::NO_TIME {
             self.op_times.push((index, at.time_us));
         }
@@ -1258,15 +1274,15 @@ mod tests {
             },
         ];
         let all = Entries { list: list.clone(), ..Entries::default() };
-        let (stacks, op_stacks, times, events, packed) = (false, false, true, true, false);
+        let (stacks, op_stacks, times, events, packed) = (false, false, true, true, None);
         let keep = Keep { max_built_bytes: u64::MAX, stacks, op_stacks, times, events, packed };
-        let listed = convert(ctx, &all, &last, keep).unwrap();
+        let mut listed = convert(ctx, &all, &last, keep).unwrap();
         // The streamed conversion packs its ops: the same ops.
-        let mut conv = StreamConvert::new(ctx, Keep { packed: true, ..keep });
+        let mut conv = StreamConvert::new(ctx, Keep { packed: Some(3), ..keep });
         for (i, e) in list.into_iter().enumerate() {
             assert!(conv.push(i, e, None, None), "entry {i}");
         }
-        let streamed = conv.finish(&last, Vec::new()).expect("converts as it streams");
+        let mut streamed = conv.finish(&last, Vec::new()).expect("converts as it streams");
         let start = streamed.start.as_ref().expect("starts mid-run");
         assert_eq!(start.ids.len(), 3, "{start:?}");
         assert_eq!(streamed.start, listed.start);

@@ -107,8 +107,9 @@ pub(super) struct Feeder {
     chunks: SyncSender<Option<Chunk>>,
     spare: Receiver<Chunk>,
     ops_sent: usize,
-    /// Where the packed ops sent end.
-    packed_sent: Position,
+    /// Where the packed ops sent end, once some were sent packed (the conversion packs its
+    /// ops once there are many: `ReadOptions::packed_ops`).
+    packed_sent: Option<Position>,
     recorded_sent: usize,
     /// The device events sent, in the order sent (few: a trace's segment calls).
     pub(super) device_events: Vec<RecordedEvent>,
@@ -132,7 +133,7 @@ pub(super) fn feed(meta: TraceMeta) -> (Overlap, Feeder, Rc<Cell<bool>>) {
         chunks: send,
         spare: reuse,
         ops_sent: 0,
-        packed_sent: Position::default(),
+        packed_sent: None,
         recorded_sent: 0,
         device_events: vec![],
     };
@@ -153,9 +154,12 @@ impl Feeder {
         match ops {
             OpList::Plain(ops) => chunk.ops.extend_from_slice(&ops[self.ops_sent..]),
             OpList::Packed(ops) => {
-                let mut new = Iter::resume(ops, self.packed_sent);
+                let mut new = match self.packed_sent {
+                    Some(at) => Iter::resume(ops, at),
+                    None => ops.iter_from(self.ops_sent),
+                };
                 chunk.ops.extend(new.by_ref());
-                self.packed_sent = new.position();
+                self.packed_sent = Some(new.position());
             }
         }
         let device = recorded[self.recorded_sent..].iter().filter(|e| e.kind.is_segment_event());
