@@ -108,6 +108,7 @@ impl Packed {
 const MAX_PACKED_BYTES: usize = BLOCK * size_of::<u32>();
 
 /// A `Vec<u32>` of slot numbers, the full blocks packed.
+#[derive(Default)]
 pub struct Keys {
     packed: Vec<Packed>,
     packer: Packer,
@@ -115,12 +116,6 @@ pub struct Keys {
     packed_bytes: usize,
     /// The keys after the packed blocks: fewer than `BLOCK` after every call.
     open: Vec<u32>,
-}
-
-impl Default for Keys {
-    fn default() -> Self {
-        Keys { packed: Vec::new(), packer: Packer::default(), packed_bytes: 0, open: Vec::new() }
-    }
 }
 
 impl Keys {
