@@ -4,7 +4,9 @@
 use crate::output::{bytes, outln, parse_size};
 use allocsim_core::text::quoted;
 use allocsim_core::Trace;
-use allocsim_run::{capacity, run_trace, Capacity, CapacityOptions, DeviceChoice, RunOptions};
+use allocsim_run::{
+    capacity, capacity_of, run_trace, Capacity, CapacityOptions, DeviceChoice, RunOptions, Runs,
+};
 use rayon::prelude::*;
 use serde_json::json;
 
@@ -57,19 +59,42 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         })?;
         return crate::per_rank::capacity(&job, outs);
     }
-    let trace = cx.trace(&args.trace)?;
+    // A snapshot's ops are held packed and replayed from there (the offline policy is planned
+    // from the whole trace): its memory grows with the distinct stacks, not the entries.
+    let packs = cx.preloaded(&args.trace).is_none()
+        && crate::input::is_snapshot(&args.trace)
+        && args.policy != allocsim_run::OFFLINE;
+    let (trace, packed) = match packs {
+        true => {
+            let read = crate::input::read_snapshot_packed(&args.trace, cx, false)?;
+            let packed = read.packed.map(|ops| (ops, read.recorded_len));
+            (std::borrow::Cow::Owned(read.trace), packed)
+        }
+        false => (cx.trace(&args.trace)?, None),
+    };
+    let runs = match &packed {
+        Some((ops, recorded_len)) => {
+            Runs::Packed { head: &trace, ops, recorded_len: *recorded_len }
+        }
+        None => Runs::Whole(&trace),
+    };
     let (outside, source) = args.model.outside(&trace);
     let conf = args.alloc_conf.clone();
     // The trace's own settings are PyTorch's, and apply to the PyTorch policy only.
     let own = trace.meta.alloc_conf.clone().filter(|_| args.policy == "pytorch");
     let shown_conf = conf.clone().or(own).unwrap_or_default();
-    let c = capacity(&trace, &options(&args.policy, conf, outside))?;
+    let c = capacity_of(runs, &options(&args.policy, conf, outside))?;
     let mut j = capacity_json(&c);
     j["trace"] = json!(args.trace.display().to_string());
     j["policy"] = json!(args.policy);
     j["alloc_conf"] = json!(shown_conf);
     j["outside_allocator_source"] = json!(source);
-    let why = c.capacity_bytes.is_none().then(|| why_not(&trace, outside, c.searched_up_to_bytes));
+    let why = c.capacity_bytes.is_none().then(|| {
+        let whole = packed
+            .as_ref()
+            .map(|(ops, _)| Trace { ops: ops.to_vec(), ..trace.clone().into_owned() });
+        why_not(whole.as_ref().unwrap_or(&trace), outside, c.searched_up_to_bytes)
+    });
     j["does_not_fit_because"] = json!(why);
     let mut out = String::new();
     outln!(out, "allocsim capacity {}", args.trace.display());

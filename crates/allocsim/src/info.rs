@@ -28,13 +28,42 @@ struct Summary {
     pools: BTreeMap<MemPoolId, (u64, bool)>,
 }
 
-fn summarise(trace: &Trace) -> Summary {
-    let mut s = Summary::default();
-    for op in &trace.ops {
-        *s.ops_by_action.entry(op.action()).or_default() += 1;
+/// What `info` reads of a trace: the trace, and where its ops and the recording's counts are
+/// when a snapshot was read packed (`crate::input::read_snapshot_packed`).
+struct Read<'t> {
+    trace: &'t Trace,
+    packed: Option<&'t allocsim_core::PackedOps>,
+    /// The recording's events by kind and in all, where `trace.recorded` holds only some.
+    recorded: Option<(&'t BTreeMap<&'static str, u64>, u64)>,
+}
+
+impl Read<'_> {
+    fn ops_len(&self) -> usize {
+        self.packed.map_or(self.trace.ops.len(), allocsim_core::PackedOps::len)
     }
-    for r in &trace.recorded {
-        *s.recorded_by_action.entry(r.kind.action()).or_default() += 1;
+
+    fn recorded_len(&self) -> u64 {
+        self.recorded.map_or(self.trace.recorded.len() as u64, |(_, len)| len)
+    }
+}
+
+fn summarise(read: &Read<'_>) -> Summary {
+    match read.packed {
+        Some(ops) => summarise_ops(read, ops),
+        None => summarise_ops(read, read.trace.ops.iter().cloned()),
+    }
+}
+
+fn summarise_ops(read: &Read<'_>, ops: impl IntoIterator<Item = Op>) -> Summary {
+    let trace = read.trace;
+    let mut s = Summary::default();
+    match read.recorded {
+        Some((counts, _)) => s.recorded_by_action = counts.clone(),
+        None => {
+            for r in &trace.recorded {
+                *s.recorded_by_action.entry(r.kind.action()).or_default() += 1;
+            }
+        }
     }
     // Live bytes as the program saw them: allocations that the recording shows failing never
     // become live.
@@ -51,8 +80,9 @@ fn summarise(trace: &Trace) -> Summary {
         }
     }
     s.peak_live_bytes = live_bytes;
-    for (i, op) in trace.ops.iter().enumerate() {
-        match *op {
+    for (i, op) in ops.into_iter().enumerate() {
+        *s.ops_by_action.entry(op.action()).or_default() += 1;
+        match op {
             Op::Alloc { id, size, stream } | Op::AllocAt { id, size, stream, .. } => {
                 s.streams.insert(stream.0);
                 if failed.contains(&(i as u64)) {
@@ -105,15 +135,30 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         })?;
         return crate::per_rank::info(&job, outs);
     }
-    let trace = cx.trace(&args.trace)?;
-    let s = summarise(&trace);
+    // A snapshot is read with its ops packed and its events counted: its memory then grows
+    // with the distinct stacks, not with the entries (issue 52).
+    let (loaded, packed) = match cx.preloaded(&args.trace) {
+        None if crate::input::is_snapshot(&args.trace) => {
+            let read = crate::input::read_snapshot_packed(&args.trace, cx, true)?;
+            let counts = (read.recorded_counts, read.recorded_len);
+            (std::borrow::Cow::Owned(read.trace), Some((read.packed, counts)))
+        }
+        _ => (cx.trace(&args.trace)?, None),
+    };
+    let trace = &*loaded;
+    let read = Read {
+        trace,
+        packed: packed.as_ref().and_then(|(p, _)| p.as_ref()),
+        recorded: packed.as_ref().map(|(_, (counts, len))| (counts, *len)),
+    };
+    let s = summarise(&read);
     let m = &trace.meta;
     let json = serde_json::json!({
             "trace": args.trace.display().to_string(),
             "format": m.source_format,
-            "ops": trace.ops.len(),
+            "ops": read.ops_len(),
             "ops_by_action": s.ops_by_action,
-            "recorded_events": trace.recorded.len(),
+            "recorded_events": read.recorded_len(),
             "recorded_by_action": s.recorded_by_action,
             "streams": s.streams,
             "peak_live_bytes": s.peak_live_bytes,
@@ -154,12 +199,12 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         let stats = if m.stats_at_start.is_some() { "known" } else { "unknown" };
         outln!(out, "  memory_stats at history start: {stats}");
     }
-    outln!(out, "  ops: {}", trace.ops.len());
+    outln!(out, "  ops: {}", read.ops_len());
     for (action, n) in &s.ops_by_action {
         outln!(out, "    {action:<24} {n:>10}");
     }
-    if !trace.recorded.is_empty() {
-        outln!(out, "  recorded events: {}", trace.recorded.len());
+    if read.recorded_len() > 0 {
+        outln!(out, "  recorded events: {}", read.recorded_len());
         for (action, n) in &s.recorded_by_action {
             outln!(out, "    {action:<24} {n:>10}");
         }

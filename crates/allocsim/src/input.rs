@@ -67,8 +67,9 @@ fn with_read_bar<T>(
 
 /// Read a PyTorch snapshot as the command line says, but with only what a replay reads (no
 /// stacks: interning them was a twentieth of the reading; no times; the device events alone
-/// of the recording: a 40-byte event an entry, most of the trace's memory), replaying it as
-/// it is read ([`allocsim_trace::pytorch::read_snapshot_replaying`]).
+/// of the recording: a 40-byte event an entry, most of the trace's memory; the ops packed, a
+/// few bytes each: `Replayed::packed`), replaying it as it is read
+/// ([`allocsim_trace::pytorch::read_snapshot_replaying`]).
 pub fn read_snapshot_replaying<R>(
     path: &Path,
     cx: &Context,
@@ -78,10 +79,45 @@ pub fn read_snapshot_replaying<R>(
         stacks: false,
         times: false,
         events: false,
+        packed_ops: Some(allocsim_trace::PACK_OPS_FROM),
         ..cx.read.clone()
     };
     let mut read = with_read_bar(path, opts, cx.progress, |opts| {
         allocsim_trace::pytorch::read_snapshot_replaying(path, opts, replay)
+    })
+    .map_err(with_hint)?;
+    read.trace.warnings.extend(version_note(&read.trace.meta));
+    Ok(read)
+}
+
+/// Whether `path` is read as a PyTorch snapshot (by its name).
+pub fn is_snapshot(path: &Path) -> bool {
+    use allocsim_trace::Format;
+    let format = Format::from_path(path);
+    matches!(format, Some(Format::PytorchSnapshot | Format::PytorchSnapshotGz))
+}
+
+/// Read a PyTorch snapshot as the command line says, for a command that reads its ops in
+/// order, once or a few times, and the recording's events only by kind: its ops packed, a few
+/// bytes each (`Replayed::packed`); no times, no stack per op (the distinct stacks listed
+/// where `stacks`); of the recording, the device events, OOMs and deferred completions, the
+/// rest counted (`Replayed::recorded_counts`). Its memory grows with the distinct stacks and
+/// the ops' few bytes, not with 40-byte ops and events.
+pub fn read_snapshot_packed(
+    path: &Path,
+    cx: &Context,
+    stacks: bool,
+) -> anyhow::Result<allocsim_trace::pytorch::Replayed<()>> {
+    let opts = allocsim_trace::ReadOptions {
+        stacks,
+        op_stacks: false,
+        times: false,
+        events: false,
+        packed_ops: Some(allocsim_trace::PACK_OPS_FROM),
+        ..cx.read.clone()
+    };
+    let mut read = with_read_bar(path, opts, cx.progress, |opts| {
+        allocsim_trace::pytorch::read_snapshot_packed(path, opts)
     })
     .map_err(with_hint)?;
     read.trace.warnings.extend(version_note(&read.trace.meta));

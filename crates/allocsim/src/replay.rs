@@ -197,6 +197,8 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     let mut overlapped = None;
     // Events the recording has, where the snapshot's trace holds only its device events.
     let mut recorded_len = None;
+    // The snapshot's ops, packed (`trace.ops` is then empty).
+    let mut packed = None;
     let mut trace = match stream.as_mut() {
         Some(s) => std::borrow::Cow::Owned(std::mem::take(&mut s.head)),
         None if overlaps => {
@@ -205,6 +207,7 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
                 allocsim_run::run_trace_fed(&head, o.recorded, o.ops, &opts, &mut [], |_| {})
             })?;
             (overlapped, recorded_len) = (read.replay.flatten(), Some(read.recorded_len));
+            packed = read.packed;
             std::borrow::Cow::Owned(read.trace)
         }
         None => cx.trace(&args.trace)?,
@@ -246,7 +249,11 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
             allocsim_core::text::excerpt(&opts.policy)
         )
     };
-    let ops_len = stream.as_ref().map_or(trace.ops.len() as u64, |s| s.ops.total());
+    let ops_len = match (&stream, &packed) {
+        (Some(s), _) => s.ops.total(),
+        (None, Some(p)) => p.len() as u64,
+        (None, None) => trace.ops.len() as u64,
+    };
     let progress = crate::input::progress_bar(cx, "replay", ops_len);
     let mut cuda_lines = Vec::new();
     let report = if let Some(report) = overlapped {
@@ -259,6 +266,8 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
             return Err(e.into());
         }
         report
+    } else if let (Some(len), Some(ops)) = (recorded_len, &packed) {
+        run_trace_streamed(&trace, len, ops, &opts, &mut extra, progress).with_context(setup)?
     } else if let Some(len) = recorded_len {
         run_trace_streamed(&trace, len, &trace.ops, &opts, &mut extra, progress)
             .with_context(setup)?

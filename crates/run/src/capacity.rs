@@ -16,8 +16,8 @@
 //!   with less than any placement the model has (`validation/README.md`); and above by
 //!   [`TRANSIENT_OUTSIDE_BYTES`], what libraries take outside the allocator for a moment.
 
-use crate::{run_trace, DeviceChoice, RunOptions};
-use allocsim_core::{ConfigError, Trace};
+use crate::{run_trace, run_trace_streamed, DeviceChoice, RunOptions, RunReport};
+use allocsim_core::{ConfigError, PackedOps, Trace};
 use allocsim_sim::{Placement, PAGE_BYTES};
 use rayon::prelude::*;
 
@@ -114,9 +114,30 @@ pub(crate) fn bisect(
     Ok(hi)
 }
 
+/// A trace that runs again and again: whole, or its head (the trace without ops) and its ops
+/// packed (`allocsim_trace::pytorch::read_snapshot_packed`: a few bytes an op instead of 40),
+/// of a recording of `recorded_len` events. Runs that may stream their ops run either.
+#[derive(Debug, Clone, Copy)]
+pub enum Runs<'t> {
+    Whole(&'t Trace),
+    Packed { head: &'t Trace, ops: &'t PackedOps, recorded_len: u64 },
+}
+
+impl Runs<'_> {
+    /// One run, no observers besides the run's own.
+    pub fn run(self, opts: &RunOptions) -> Result<RunReport, ConfigError> {
+        match self {
+            Runs::Whole(trace) => run_trace(trace, opts, &mut [], |_| {}),
+            Runs::Packed { head, ops, recorded_len } => {
+                run_trace_streamed(head, recorded_len, ops, opts, &mut [], |_| {})
+            }
+        }
+    }
+}
+
 /// Whether `trace` completes without an OOM on the modelled device as `run` sets it up; the
 /// run stops at its first OOM. Every bisection's question (here and in the grid).
-pub(crate) fn completes(trace: &Trace, run: RunOptions) -> Result<bool, ConfigError> {
+pub(crate) fn completes(trace: Runs<'_>, run: RunOptions) -> Result<bool, ConfigError> {
     let run = RunOptions {
         device: DeviceChoice::Sim,
         check: false,
@@ -124,12 +145,12 @@ pub(crate) fn completes(trace: &Trace, run: RunOptions) -> Result<bool, ConfigEr
         until_oom: true,
         ..run
     };
-    Ok(run_trace(trace, &run, &mut [], |_| {})?.metrics.ooms.is_empty())
+    Ok(trace.run(&run)?.metrics.ooms.is_empty())
 }
 
 /// Whether `trace` completes without an OOM with `free_bytes` free at the start.
 fn fits(
-    trace: &Trace,
+    trace: Runs<'_>,
     opts: &CapacityOptions,
     placement: Placement,
     free_bytes: u64,
@@ -141,18 +162,18 @@ fn fits(
 /// The capacity of `trace` under `opts`: one bisection per placement, the jittered ones in
 /// parallel.
 pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, ConfigError> {
-    let base = run_trace(
-        trace,
-        &RunOptions {
-            device: DeviceChoice::Sim,
-            placement: Placement::Driver,
-            check: false,
-            fidelity: false,
-            ..opts.run.clone()
-        },
-        &mut [],
-        |_| {},
-    )?;
+    capacity_of(Runs::Whole(trace), opts)
+}
+
+/// [`capacity`] of a trace whole or with its ops packed.
+pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, ConfigError> {
+    let base = trace.run(&RunOptions {
+        device: DeviceChoice::Sim,
+        placement: Placement::Driver,
+        check: false,
+        fidelity: false,
+        ..opts.run.clone()
+    })?;
     let device_free = base.device_free_bytes.saturating_add(opts.outside_bytes);
     // Nothing fits below what is live at once, plus the outside memory. With as much free as
     // the unconstrained run reserved, no reservation is refused, so the run fits: the bracket

@@ -20,7 +20,7 @@ pub struct GridCell {
 fn fits(trace: &Trace, opts: &RunOptions, capacity: u64) -> Result<bool, ConfigError> {
     let size = Some(capacity);
     let run = RunOptions { device_total_bytes: size, device_free_bytes: size, ..opts.clone() };
-    crate::capacity::completes(trace, run)
+    crate::capacity::completes(crate::capacity::Runs::Whole(trace), run)
 }
 
 /// The smallest capacity on which `trace` runs without OOM under `opts`, found by bisection

@@ -10,7 +10,7 @@ mod run;
 mod session;
 
 pub use capacity::{
-    capacity, Capacity, CapacityOptions, PlacementThreshold, BAND_MARGIN_BYTES,
+    capacity, capacity_of, Capacity, CapacityOptions, PlacementThreshold, Runs, BAND_MARGIN_BYTES,
     CAPACITY_RESOLUTION_BYTES, OUTSIDE_ALLOCATOR_BYTES, TRANSIENT_OUTSIDE_BYTES,
 };
 pub use grid::{column_options, compare, min_feasible_capacity, GridCell};

@@ -262,3 +262,44 @@ fn the_timeline_samples_every_power_of_two_th_op() {
         assert_eq!(got, expected, "{n} ops");
     }
 }
+
+/// The capacity of a snapshot read with its ops packed from the first (`allocsim capacity`:
+/// each run of the bisections streams them) is the capacity of the whole trace.
+#[test]
+fn capacity_over_packed_ops_is_the_whole_traces() {
+    use allocsim_run::{capacity, capacity_of, CapacityOptions, Runs};
+    use allocsim_trace::{pytorch, ReadOptions};
+    let mut packed_runs = 0;
+    for name in [
+        "pytorch-2.11-h100/gpt2_train.pickle.gz",
+        "pytorch-2.11-h100/synthetic_oom.pickle.gz",
+        "pytorch-2.11-h100-extra/varlen_train_tuned.pickle.gz",
+    ] {
+        let path = traces().join(name);
+        // Without the sidecar: its free memory at the start has the ops unpacked (for the
+        // `empty_cache` inference).
+        let whole = allocsim_trace::read_trace_with(&path, &ReadOptions::without_sidecar());
+        let whole = whole.unwrap();
+        let opts = ReadOptions {
+            sidecar: false,
+            stacks: false,
+            times: false,
+            events: false,
+            packed_ops: Some(0),
+            ..ReadOptions::default()
+        };
+        let read = pytorch::read_snapshot_packed(&path, &opts).unwrap();
+        let run = RunOptions { policy: "pytorch".to_string(), ..RunOptions::default() };
+        let options = CapacityOptions { run, outside_bytes: 0, jitters: 2 };
+        let packed = match &read.packed {
+            Some(ops) => {
+                packed_runs += 1;
+                let runs = Runs::Packed { head: &read.trace, ops, recorded_len: read.recorded_len };
+                capacity_of(runs, &options).unwrap()
+            }
+            None => capacity(&read.trace, &options).unwrap(),
+        };
+        assert_eq!(packed, capacity(&whole, &options).unwrap(), "{name}");
+    }
+    assert!(packed_runs > 0, "some trace's ops came packed");
+}

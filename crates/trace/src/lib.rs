@@ -91,6 +91,9 @@ pub struct ReadOptions {
     pub sidecar: bool,
     /// Keep call stacks (`frames`); skipping them saves time on traces recorded with stacks.
     pub stacks: bool,
+    /// With `stacks`, keep which op each came from (`Trace::op_stacks`, 16 bytes an op); off,
+    /// `Trace::stacks` still lists the distinct stacks.
+    pub op_stacks: bool,
     /// Keep each op's recorded time (`Trace::op_times`), which reports and written snapshots
     /// show; a replay reads none, and skipping them saves 16 bytes an op.
     pub times: bool,
@@ -99,6 +102,12 @@ pub struct ReadOptions {
     /// completions: a few hundred of hundreds of thousands) and saves 40 bytes an entry; its
     /// reader tells how many events the recording has (`pytorch::Replayed::recorded_len`).
     pub events: bool,
+    /// Hold a snapshot's ops packed while converting, once there are more than this many
+    /// ([`PACK_OPS_FROM`] for the commands): a few bytes each instead of an `Op`'s 40
+    /// ([`allocsim_core::PackedOps`]). [`pytorch::read_snapshot_packed`] and
+    /// [`pytorch::read_snapshot_replaying`] then hand them over packed, and leave
+    /// `Trace::ops` empty; every other reader unpacks them at the end. `None`: never.
+    pub packed_ops: Option<usize>,
     /// Bounds for the pickle reader.
     pub limits: pickle::Limits,
     /// Read a snapshot's entries straight from the pickle stream (the fast path; the result
@@ -117,8 +126,10 @@ impl Default for ReadOptions {
         ReadOptions {
             sidecar: true,
             stacks: true,
+            op_stacks: true,
             times: true,
             events: true,
+            packed_ops: None,
             limits: pickle::Limits::default(),
             streaming: true,
             cuda_device: None,
@@ -126,6 +137,11 @@ impl Default for ReadOptions {
         }
     }
 }
+
+/// The ops a snapshot's conversion holds as `Op`s before it packs them, where
+/// [`ReadOptions::packed_ops`] asks (40 MB of them): packing and unpacking costs the reading of
+/// a smaller snapshot about a twentieth more time, and saves memory only where it matters.
+pub const PACK_OPS_FROM: usize = 1 << 20;
 
 impl ReadOptions {
     /// Defaults without the sidecar: the file alone.

@@ -14,6 +14,7 @@
 mod budget;
 mod inplace;
 mod input;
+mod keys;
 mod lists;
 mod memo;
 mod opcodes;

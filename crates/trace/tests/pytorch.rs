@@ -33,12 +33,19 @@ fn slim_read_agrees(path: &std::path::Path, whole: &Trace) -> u64 {
         stacks: false,
         times: false,
         events: false,
+        // Packed from the third op on: the replay is handed ops sent plain, then packed.
+        packed_ops: Some(2),
         bytes_read: Some(bytes.clone()),
         ..ReadOptions::default()
     };
-    let read = pytorch::read_snapshot_replaying(path, &slim, |_| ()).unwrap();
+    let read = pytorch::read_snapshot_replaying(path, &slim, |o| o.ops.collect::<Vec<_>>());
+    let read = read.unwrap();
+    let ops = read.packed.as_ref().map_or_else(|| read.trace.ops.clone(), |p| p.to_vec());
+    if let Some(fed) = &read.replay {
+        assert_eq!(fed, &whole.ops, "the replay beside the reading got every op");
+    }
     let t = read.trace;
-    assert_eq!((&t.ops, &t.start, &t.warnings), (&whole.ops, &whole.start, &whole.warnings));
+    assert_eq!((&ops, &t.start, &t.warnings), (&whole.ops, &whole.start, &whole.warnings));
     assert_eq!(read.recorded_len, whole.recorded.len() as u64);
     let pools = whole.ops.iter().any(|op| matches!(op, Op::Pool { .. }));
     if pools {
@@ -50,7 +57,39 @@ fn slim_read_agrees(path: &std::path::Path, whole: &Trace) -> u64 {
         let program = [K::Alloc, K::FreeRequested];
         assert!(t.recorded.iter().all(|r| !program.contains(&r.kind)), "{:?}", t.recorded);
     }
+    packed_read_agrees(path, whole);
     bytes.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Read with the ops packed and the events counted (what `allocsim info` and `capacity` read,
+/// `ReadOptions::packed_ops`), `path` gives the ops, distinct stacks and warnings of `whole`,
+/// and its recording's count of each kind of event.
+fn packed_read_agrees(path: &std::path::Path, whole: &Trace) {
+    let opts = ReadOptions {
+        op_stacks: false,
+        times: false,
+        events: false,
+        // Packed from the third op on: the ops before are sent plain.
+        packed_ops: Some(2),
+        ..ReadOptions::default()
+    };
+    let read = pytorch::read_snapshot_packed(path, &opts).unwrap();
+    let ops = match &read.packed {
+        Some(packed) => {
+            assert!(read.trace.ops.is_empty());
+            packed.to_vec()
+        }
+        None => read.trace.ops.clone(),
+    };
+    assert_eq!(ops, whole.ops);
+    assert_eq!(read.ops_len(), whole.ops.len());
+    assert_eq!((&read.trace.stacks, &read.trace.warnings), (&whole.stacks, &whole.warnings));
+    assert!(read.trace.op_stacks.is_empty() && read.trace.op_times.is_empty());
+    let mut counts = std::collections::BTreeMap::new();
+    for r in &whole.recorded {
+        *counts.entry(r.kind.action()).or_insert(0u64) += 1;
+    }
+    assert_eq!(read.recorded_counts, counts);
 }
 
 fn read_err(root: &Value) -> String {

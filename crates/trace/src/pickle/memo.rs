@@ -5,11 +5,13 @@
 //! ([`Memo::OnStack`]); it holds the finished `Value` from then on. Keys are dense in every
 //! pickle CPython writes, so they index a `Vec`; a sparse map takes any others.
 //!
-//! A snapshot memoizes two things per trace entry, so the dense table is as long as the trace
-//! is: each key takes a `u32` naming a slot (a value or a marker; runs of keys holding the
-//! same marker or string share one) and a byte of nesting depth, which only containers have
-//! (an overflow map holds depths that do not fit one).
+//! A snapshot memoizes one or two things per trace entry, so the dense table is as long as
+//! the trace is: each key names a slot (a value or a marker, with its nesting depth; runs of
+//! keys holding the same marker or string share one, and so do the keys of one stack's
+//! frames list), and the keys are packed in blocks by the few slots they name (`keys.rs`:
+//! about a byte a key), so the memo grows with the distinct values, not with the entries.
 
+use super::keys::Keys;
 use super::Value;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -60,8 +62,6 @@ pub struct Mark {
     slots: usize,
 }
 
-/// Depths of this and more are kept in the overflow map.
-const DEEP: u8 = u8::MAX;
 /// `dense` entry of a key never stored.
 const EMPTY: u32 = 0;
 
@@ -74,11 +74,10 @@ const LIST_SLOT_BITS: u32 = 12;
 /// all its entries: `lists.rs`), which share one slot too.
 pub struct MemoTable {
     /// Per dense key: 1 + its index in `slots`, or `EMPTY`.
-    dense: Vec<u32>,
-    /// The depth of each dense value (0 for the others), `DEEP` meaning "see `deep`".
-    depth: Vec<u8>,
+    dense: Keys,
     slots: Vec<Slot>,
-    deep: HashMap<usize, u32>,
+    /// The nesting depth of each slot's value (0 for the others).
+    depths: Vec<u32>,
     sparse: HashMap<u64, Memo>,
     len: usize,
     /// The slot (1 + index) last given to a list, by the list's address: checked against the
@@ -94,10 +93,9 @@ pub struct MemoTable {
 impl Default for MemoTable {
     fn default() -> Self {
         MemoTable {
-            dense: Vec::new(),
-            depth: Vec::new(),
+            dense: Keys::default(),
             slots: Vec::new(),
-            deep: HashMap::new(),
+            depths: Vec::new(),
             sparse: HashMap::new(),
             len: 0,
             list_slots: vec![(0, EMPTY); 1 << LIST_SLOT_BITS],
@@ -120,10 +118,10 @@ impl MemoTable {
 
     #[inline(always)]
     pub fn get(&self, key: u64) -> Option<MemoRef<'_>> {
-        match usize::try_from(key).ok().and_then(|i| self.dense.get(i).map(|&s| (i, s))) {
-            Some((_, EMPTY)) => None,
-            Some((i, slot)) => Some(match &self.slots[slot as usize - 1] {
-                Slot::Value(v) => MemoRef::Value(v, self.depth_at(i)),
+        match usize::try_from(key).ok().and_then(|i| self.dense.get(i)) {
+            Some(EMPTY) => None,
+            Some(slot) => Some(match &self.slots[slot as usize - 1] {
+                Slot::Value(v) => MemoRef::Value(v, self.depths[slot as usize - 1]),
                 &Slot::OnStack(at) => MemoRef::OnStack(at),
                 Slot::Streamed => MemoRef::Streamed,
             }),
@@ -136,16 +134,8 @@ impl MemoTable {
         }
     }
 
-    #[inline(always)]
-    fn depth_at(&self, i: usize) -> u32 {
-        match self.depth[i] {
-            DEEP => self.deep.get(&i).copied().unwrap_or(u32::from(DEEP)),
-            d => u32::from(d),
-        }
-    }
-
     /// `set(len(), memo)`, as `MEMOIZE` does, in the record streamer's case: the next dense
-    /// key and a shallow entry, most often the marker or the string of one of the last two
+    /// key and a finished entry, most often the marker or the string of one of the last two
     /// slots, which then only appends a key. `None`, storing nothing, in any other case.
     /// Entries stored this way can be taken back with [`MemoTable::rollback`].
     /// `inline(always)`: not inlined, its calls from the record streamer cost the Llama
@@ -160,13 +150,11 @@ impl MemoTable {
             Memo::Streamed => (Slot::Streamed, 0),
             Memo::OnStack(_) => return None,
         };
-        let depth = u8::try_from(depth).ok().filter(|&d| d != DEEP)?;
         if self.slots.len() >= u32::MAX as usize - 1 {
             return None;
         }
-        let index = self.slot_for(slot);
+        let index = self.slot_for(slot, depth);
         self.dense.push(index);
-        self.depth.push(depth);
         self.len += 1;
         Some(())
     }
@@ -174,7 +162,7 @@ impl MemoTable {
     /// The slot (1 + its index) of the key stored last, for [`MemoTable::append_again`].
     #[inline]
     pub fn last_slot(&self) -> u32 {
-        self.dense.last().copied().unwrap_or(EMPTY)
+        self.dense.last().unwrap_or(EMPTY)
     }
 
     /// [`MemoTable::append`] of the marker `Streamed` (`string` None) or of `string` at depth
@@ -197,36 +185,39 @@ impl MemoTable {
             return false;
         }
         self.dense.push(slot);
-        self.depth.push(0);
         self.len += 1;
         true
     }
 
-    /// The `dense` entry for `slot`: one of the last two slots if it is the same marker or
-    /// string (a snapshot's entries alternate a dict marker and a string), the slot of the
-    /// same list if it has one, else a new one. `inline(always)`: with `inline` alone the
+    /// The `dense` entry for `slot` at `depth`: one of the last two slots if it is the same
+    /// marker or string (a snapshot's entries alternate a dict marker and a string), the slot
+    /// of the same list if it has one, else a new one. `inline(always)`: with `inline` alone the
     /// pickle thread took 4% more instructions (callgrind, 312 -> 324 M).
     #[inline(always)]
-    fn slot_for(&mut self, slot: Slot) -> u32 {
+    fn slot_for(&mut self, slot: Slot, depth: u32) -> u32 {
         if let Slot::Value(Value::List(list)) = &slot {
             let addr = Rc::as_ptr(list) as usize;
             let at = (addr as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - LIST_SLOT_BITS);
             let entry = &mut self.list_slots[at as usize];
-            let held = entry.1.checked_sub(1).and_then(|i| self.slots.get(i as usize));
+            let i = entry.1.checked_sub(1).map(|i| i as usize);
+            let held = i.and_then(|i| self.slots.get(i).zip(self.depths.get(i)));
             if entry.0 == addr
-                && matches!(held, Some(Slot::Value(Value::List(l))) if Rc::ptr_eq(l, list))
+                && matches!(held, Some((Slot::Value(Value::List(l)), &d)) if Rc::ptr_eq(l, list) && d == depth)
             {
                 return entry.1;
             }
             self.slots.push(slot);
+            self.depths.push(depth);
             *entry = (addr, self.slots.len() as u32);
             return entry.1;
         }
         let start = self.slots.len().saturating_sub(2);
-        match self.slots[start..].iter().rposition(|s| s.same_as(&slot)) {
+        let same = |(s, &d): (&Slot, &u32)| s.same_as(&slot) && d == depth;
+        match self.slots[start..].iter().zip(&self.depths[start..]).rposition(same) {
             Some(at) => (start + at + 1) as u32,
             None => {
                 self.slots.push(slot);
+                self.depths.push(depth);
                 self.slots.len() as u32
             }
         }
@@ -244,8 +235,8 @@ impl MemoTable {
     /// GETs no key of its own record, `ListsByBytes`).
     pub fn rollback(&mut self, mark: Mark) {
         self.dense.truncate(mark.dense);
-        self.depth.truncate(mark.dense);
         self.slots.truncate(mark.slots);
+        self.depths.truncate(mark.slots);
         self.len = mark.len;
     }
 
@@ -264,21 +255,13 @@ impl MemoTable {
             Memo::OnStack(at) => (Slot::OnStack(at), 0),
             Memo::Streamed => (Slot::Streamed, 0),
         };
-        let index = self.slot_for(slot);
-        let byte = u8::try_from(depth).unwrap_or(DEEP);
-        if byte == DEEP {
-            self.deep.insert(i, depth);
-        }
+        let index = self.slot_for(slot, depth);
         if i == self.dense.len() {
             self.dense.push(index);
-            self.depth.push(byte);
             self.len += 1;
         } else {
-            if self.depth[i] == DEEP && byte != DEEP {
-                self.deep.remove(&i);
-            }
-            self.depth[i] = byte;
-            let old = std::mem::replace(&mut self.dense[i], index);
+            let old = self.dense.get(i).unwrap_or(EMPTY);
+            self.dense.set(i, index);
             let fresh = old == EMPTY;
             self.len += usize::from(fresh);
             // An open container finished (`OnStack` to its value) changes nothing a reader of
@@ -291,11 +274,11 @@ impl MemoTable {
 
     /// The memory the table holds, by capacity.
     pub fn heap_bytes(&self) -> u64 {
-        let vecs = self.dense.capacity() * size_of::<u32>()
-            + self.depth.capacity()
+        let vecs = self.dense.heap_bytes()
             + self.slots.capacity() * size_of::<Slot>()
+            + self.depths.capacity() * size_of::<u32>()
             + self.list_slots.capacity() * size_of::<(usize, u32)>();
-        let maps = map_bytes(&self.deep) + map_bytes(&self.sparse);
+        let maps = map_bytes(&self.sparse);
         (vecs + maps) as u64
     }
 
@@ -308,7 +291,7 @@ impl MemoTable {
                 2 * map_bytes(m).max(64)
             }
         }
-        self.append_growth_bytes(n) + (map(&self.deep, n) + map(&self.sparse, n)) as u64
+        self.append_growth_bytes(n) + map(&self.sparse, n) as u64
     }
 
     /// [`MemoTable::growth_bytes`] of `n` more [`MemoTable::append`]s, which never touch the
@@ -320,7 +303,7 @@ impl MemoTable {
             let grown = if need <= v.capacity() { 0 } else { need.max(2 * v.capacity()) };
             grown * size_of::<T>()
         }
-        (vec(&self.dense, n) + vec(&self.depth, n) + vec(&self.slots, n)) as u64
+        (self.dense.growth_bytes(n) + vec(&self.slots, n) + vec(&self.depths, n)) as u64
     }
 }
 
@@ -397,10 +380,13 @@ mod tests {
             let streamed = |m: &MemoTable| matches!(m.get(key), Some(MemoRef::Streamed));
             assert_eq!(streamed(&appended), streamed(&set));
         }
-        // Not the next dense key, or not shallow: refused, nothing stored.
+        // An open container, or not the next dense key: refused, nothing stored.
         assert!(appended.append(Memo::OnStack(0)).is_none());
-        assert!(appended.append(Memo::Value(na, 300)).is_none());
         assert_eq!(appended.len(), 3);
+        // A deep value's depth is its slot's.
+        appended.append(Memo::Value(Value::list(vec![na]), 300)).unwrap();
+        assert!(matches!(appended.get(3), Some(MemoRef::Value(_, 300))));
+        appended.rollback(mark);
         appended.set(10, Memo::Streamed);
         assert!(appended.append(Memo::Streamed).is_none());
     }
@@ -415,7 +401,7 @@ mod tests {
             m.append(Memo::Streamed).unwrap();
             m.append(Memo::Value(Value::Str(na.clone()), 0)).unwrap();
         }
-        let (marker, string) = (again.dense[0], again.last_slot());
+        let (marker, string) = (again.dense.get(0).unwrap(), again.last_slot());
         for _ in 0..3 {
             assert!(again.append_again(marker, None));
             assert!(again.append_again(string, Some(&na)));

@@ -503,13 +503,17 @@ impl Template {
         if self.dict_memoized {
             append_again(slots.next()?, memo, None, || Memo::Streamed)?;
         }
+        // A string appended into the slot that holds it is no new memory (a fresh `"N/A"` in
+        // every entry, as CPython writes PyTorch's: charged each time, it was 43 bytes an
+        // entry the reader did not hold); one given a slot of its own is charged.
         for &at in &self.puts {
             let (pair, arg) = (&self.pairs[at], args[at]);
             match &pair.shape {
                 Shape::Str(s, _) => {
-                    cost += str_bytes(s);
                     let make = || Memo::Value(Value::Str(s.clone()), 0);
-                    append_again(slots.next()?, memo, Some(s), make)?;
+                    if append_again(slots.next()?, memo, Some(s), make)? {
+                        cost += str_bytes(s);
+                    }
                 }
                 Shape::Int => memo.append(Memo::Value(Value::Int(arg as i64), 0))?,
                 Shape::Get => {
@@ -531,19 +535,21 @@ impl Template {
 }
 
 /// Append the marker (`string` None) or `string` to the memo in `slot`, the slot of the
-/// last record's entry, or else as `make` makes it, and remember its slot.
+/// last record's entry, or else as `make` makes it, and remember its slot. Whether `make`
+/// made it.
 #[inline(always)]
 fn append_again(
     slot: &mut u32,
     memo: &mut MemoTable,
     string: Option<&Rc<String>>,
     make: impl FnOnce() -> Memo,
-) -> Option<()> {
-    if !memo.append_again(*slot, string) {
-        memo.append(make())?;
-        *slot = memo.last_slot();
+) -> Option<bool> {
+    if memo.append_again(*slot, string) {
+        return Some(false);
     }
-    Some(())
+    memo.append(make())?;
+    *slot = memo.last_slot();
+    Some(true)
 }
 
 /// The value of `NONE`, `NEWTRUE` or `NEWFALSE`.

@@ -43,10 +43,10 @@ use super::stacks::Stacks;
 use crate::addr_map::{AddrMap, BuildAddrHasher};
 use crate::error::TraceError;
 use allocsim_core::{
-    AllocId, BlockState, MemPoolId, Op, Pool, PoolAction, RecordedEvent, RecordedKind,
+    AllocId, BlockState, MemPoolId, Op, PackedOps, Pool, PoolAction, RecordedEvent, RecordedKind,
     SnapshotBlock, SnapshotSegment, StartState, StreamId, MIB,
 };
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 /// The stream of the `RecordStream` inferred for a deferred free: the recording does not say
 /// which stream used the block, only that one did.
@@ -64,26 +64,93 @@ pub struct Keep {
     pub max_built_bytes: u64,
     /// Each op's stack (`ReadOptions::stacks`).
     pub stacks: bool,
+    /// Which op each stack came from (`ReadOptions::op_stacks`).
+    pub op_stacks: bool,
     /// Each op's time (`ReadOptions::times`).
     pub times: bool,
     /// Every recorded event (`ReadOptions::events`).
     pub events: bool,
+    /// The ops packed past this many (`ReadOptions::packed_ops`).
+    pub packed: Option<usize>,
 }
 
 impl Keep {
     pub fn of(opts: &crate::ReadOptions, path: &std::path::Path) -> Keep {
         let max_built_bytes = crate::built::Built::for_file(path, opts).limit();
-        Keep { max_built_bytes, stacks: opts.stacks, times: opts.times, events: opts.events }
+        let (stacks, times, events) = (opts.stacks, opts.times, opts.events);
+        let (op_stacks, packed) = (opts.op_stacks, opts.packed_ops);
+        Keep { max_built_bytes, stacks, op_stacks, times, events, packed }
+    }
+}
+
+/// A conversion's ops: as `Op`s, or packed ([`Keep::packed`]).
+#[derive(Debug)]
+pub enum OpList {
+    Plain(Vec<Op>),
+    Packed(PackedOps),
+}
+
+impl OpList {
+    pub fn len(&self) -> usize {
+        match self {
+            OpList::Plain(ops) => ops.len(),
+            OpList::Packed(ops) => ops.len(),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, op: Op) {
+        match self {
+            OpList::Plain(ops) => ops.push(op),
+            OpList::Packed(ops) => ops.push(op),
+        }
+    }
+
+    /// The ops packed from here on, if they were not.
+    #[cold]
+    fn pack(&mut self) {
+        if let OpList::Plain(ops) = self {
+            *self = OpList::Packed(ops.drain(..).collect());
+        }
+    }
+
+    /// What the ops count for [`Keep::max_built_bytes`]: as `Op`s, packed or not. Packed ones
+    /// may be unpacked (a pass that needs every op, a reader that hands a whole trace), and a
+    /// file's bound, a ratio to its size that real snapshots stay far under, stays what it was
+    /// (45 M identical entries in 5 MB are refused as before, though they pack into 180 MB).
+    fn bytes(&self) -> usize {
+        self.len() * size_of::<Op>()
+    }
+
+    /// The ops as `Op`s, unpacked here if they were packed.
+    pub fn plain(&mut self) -> &mut Vec<Op> {
+        if let OpList::Packed(ops) = self {
+            *self = OpList::Plain(ops.to_vec());
+        }
+        match self {
+            OpList::Plain(ops) => ops,
+            OpList::Packed(_) => unreachable!("unpacked above"),
+        }
+    }
+
+    /// The ops as `Op`s, and the packed ones as they are.
+    pub fn split(self) -> (Vec<Op>, Option<PackedOps>) {
+        match self {
+            OpList::Plain(ops) => (ops, None),
+            OpList::Packed(ops) => (Vec::new(), Some(ops)),
+        }
     }
 }
 
 pub struct Converted {
     pub start: Option<StartState>,
-    pub ops: Vec<Op>,
+    pub ops: OpList,
     /// The recorded events, all of them or those [`Keep::events`] leaves.
     pub recorded: Vec<RecordedEvent>,
     /// How many events the recording has, kept or not.
     pub recorded_len: u64,
+    /// How many of each kind the recording has, kept or not, by [`RecordedKind::action`].
+    pub recorded_counts: BTreeMap<&'static str, u64>,
     /// Where the device events (segment allocations, frees, maps and unmaps) are in
     /// `recorded`: a few hundred of its hundreds of thousands, for those that read only them.
     pub device_events: Vec<u32>,
@@ -242,7 +309,9 @@ struct Completion {
 
 struct Builder<'a> {
     ctx: Ctx<'a>,
-    ops: Vec<Op>,
+    ops: OpList,
+    /// [`Keep::packed`].
+    pack_from: Option<usize>,
     recorded: Vec<RecordedEvent>,
     /// See [`Converted::device_events`].
     device_events: Vec<u32>,
@@ -250,11 +319,17 @@ struct Builder<'a> {
     op_times: Vec<(u64, i64)>,
     /// Whether `op_times` is kept ([`Keep::times`]).
     times: bool,
+    /// Whether `op_stacks` is kept ([`Keep::op_stacks`]).
+    keep_op_stacks: bool,
     /// Whether every recorded event is kept ([`Keep::events`]), and how many were not.
     events: bool,
     /// [`Keep::max_built_bytes`].
     max_built_bytes: u64,
     events_left_out: u64,
+    /// The events left out by kind: allocations, free requests, free completions.
+    left_out_by_kind: [u64; 3],
+    /// The times and stack pairs left out ([`Keep::times`], [`Keep::op_stacks`]).
+    pairs_left_out: u64,
     /// The annotations entries refer to ([`Entry::annotation`]).
     annotations: Vec<allocsim_core::Annotation>,
     /// The annotated entries' annotations, by entry index, for the op each becomes.
@@ -624,7 +699,7 @@ impl<'a> StreamConvert<'a> {
     /// The ops converted so far and the recorded events whose op is settled, from the start:
     /// later entries only append to both. `None` once the history shows it starts mid-run (its
     /// ids are renumbered at the end).
-    pub fn settled(&self) -> Option<(&[Op], &[RecordedEvent])> {
+    pub fn settled(&self) -> Option<(&OpList, &[RecordedEvent])> {
         if !self.finder.out.is_empty() {
             return None;
         }
@@ -672,7 +747,7 @@ impl<'a> StreamConvert<'a> {
             let renumber = |id: &mut AllocId| {
                 id.0 = if id.0 & SYNTHETIC_ID != 0 { id.0 & !SYNTHETIC_ID } else { id.0 + first };
             };
-            converted.ops.iter_mut().filter_map(Op::id_mut).for_each(renumber);
+            converted.ops.plain().iter_mut().filter_map(Op::id_mut).for_each(renumber);
         }
         Some(converted)
     }
@@ -689,15 +764,22 @@ impl<'a> Builder<'a> {
     fn new(ctx: Ctx<'a>, entries: usize, keep: Keep) -> Self {
         Builder {
             ctx,
-            ops: Vec::with_capacity(entries / 2),
+            ops: match keep.packed {
+                Some(0) => OpList::Packed(PackedOps::new()),
+                _ => OpList::Plain(Vec::with_capacity(entries / 2)),
+            },
+            pack_from: keep.packed,
             recorded: Vec::with_capacity(if keep.events { entries } else { 0 }),
             device_events: Vec::new(),
             op_stacks: Vec::new(),
             op_times: Vec::with_capacity(if keep.times { entries / 2 } else { 0 }),
             times: keep.times,
+            keep_op_stacks: keep.op_stacks,
             events: keep.events,
             max_built_bytes: keep.max_built_bytes,
             events_left_out: 0,
+            left_out_by_kind: [0; 3],
+            pairs_left_out: 0,
             annotations: Vec::new(),
             entry_annotations: AddrMap::default(),
             op_annotations: Vec::new(),
@@ -773,10 +855,20 @@ impl<'a> Builder<'a> {
                 self.misplaced_device_events
             ));
         }
+        let mut recorded_counts = BTreeMap::new();
+        for r in &self.recorded {
+            *recorded_counts.entry(r.kind.action()).or_default() += 1;
+        }
+        let program =
+            [RecordedKind::Alloc, RecordedKind::FreeRequested, RecordedKind::FreeCompleted];
+        for (kind, n) in program.into_iter().zip(self.left_out_by_kind).filter(|&(_, n)| n > 0) {
+            *recorded_counts.entry(kind.action()).or_default() += n;
+        }
         Ok(Converted {
             start: start.map(|(state, _)| state),
             ops: self.ops,
             recorded_len: self.recorded.len() as u64 + self.events_left_out,
+            recorded_counts,
             recorded: self.recorded,
             device_events: self.device_events,
             stacks: self.stacks.map(|s| s.stacks).unwrap_or_default(),
@@ -788,21 +880,26 @@ impl<'a> Builder<'a> {
         })
     }
 
-    /// What the trace holds so far against [`Keep::max_built_bytes`].
+    /// What the trace holds so far against [`Keep::max_built_bytes`]: the trace the file
+    /// describes, with the events, times and stack pairs left out counted as if kept, so a
+    /// file is refused where it was whatever a command keeps of it (45 M identical entries in
+    /// 5 MB, which `info` now holds in 60 MB, would take it seconds more to refuse).
     fn check_built(&self) -> Result<(), TraceError> {
-        let pairs = self.op_stacks.len() + self.op_times.len() + self.op_annotations.len();
-        let bytes = self.ops.len() * size_of::<Op>()
-            + self.recorded.len() * size_of::<RecordedEvent>()
-            + self.device_events.len() * size_of::<u32>()
-            + pairs * 16
-            + (self.ids.len() + self.synthetic_ids.len()) * 32;
-        if bytes as u64 <= self.max_built_bytes {
+        let pairs = self.op_stacks.len() as u64
+            + self.op_times.len() as u64
+            + self.op_annotations.len() as u64
+            + self.pairs_left_out;
+        let events = self.recorded.len() as u64 + self.events_left_out;
+        let ids = self.ids.len() + self.synthetic_ids.len();
+        let bytes = (self.ops.bytes() + self.device_events.len() * size_of::<u32>() + ids * 32)
+            as u64
+            + events * size_of::<RecordedEvent>() as u64
+            + pairs * 16;
+        if bytes <= self.max_built_bytes {
             return Ok(());
         }
         let built = crate::built::Built::with_limit(self.ctx.path, self.max_built_bytes);
-        built.check(bytes as u64, || {
-            format!("{} ops and {} recorded events so far", self.ops.len(), self.recorded.len())
-        })
+        built.check(bytes, || format!("{} ops and {events} recorded events so far", self.ops.len()))
     }
 
     fn fresh_id(&mut self) -> AllocId {
@@ -817,6 +914,11 @@ impl<'a> Builder<'a> {
             || (kind == RecordedKind::FreeCompleted && op != UNTAGGED);
         if program && !self.events {
             self.events_left_out += 1;
+            self.left_out_by_kind[match kind {
+                RecordedKind::Alloc => 0,
+                RecordedKind::FreeRequested => 1,
+                _ => 2,
+            }] += 1;
             return;
         }
         let (addr, size, stream) = (e.addr, e.size, e.stream);
@@ -833,8 +935,16 @@ impl<'a> Builder<'a> {
             self.check_built()?;
         }
         self.ops.push(op);
-        if self.times && at.time_us != super::entries::NO_TIME {
-            self.op_times.push((index, at.time_us));
+        if let (OpList::Plain(ops), Some(n)) = (&self.ops, self.pack_from) {
+            if ops.len() > n {
+                self.ops.pack();
+            }
+        }
+        if at.time_us != super::entries::NO_TIME {
+            match self.times {
+                true => self.op_times.push((index, at.time_us)),
+                false => self.pairs_left_out += 1,
+            }
         }
         if let Some(&a) = self.entry_annotations.get(&i) {
             self.op_annotations.push((index, a));
@@ -844,8 +954,10 @@ impl<'a> Builder<'a> {
                 Frames::Listed(list) => stacks.intern(self.ctx, list, i)?,
                 &Frames::Interned(theirs) => Some(stacks.adopt(theirs)),
             };
-            if let Some(s) = stack {
-                self.op_stacks.push((index, s));
+            match stack {
+                Some(s) if self.keep_op_stacks => self.op_stacks.push((index, s)),
+                Some(_) => self.pairs_left_out += 1,
+                None => {}
             }
         }
         Ok(index)
@@ -1175,17 +1287,19 @@ mod tests {
             },
         ];
         let all = Entries { list: list.clone(), ..Entries::default() };
-        let keep = Keep { max_built_bytes: u64::MAX, stacks: false, times: true, events: true };
-        let listed = convert(ctx, &all, &last, keep).unwrap();
-        let mut conv = StreamConvert::new(ctx, keep);
+        let (stacks, op_stacks, times, events, packed) = (false, false, true, true, None);
+        let keep = Keep { max_built_bytes: u64::MAX, stacks, op_stacks, times, events, packed };
+        let mut listed = convert(ctx, &all, &last, keep).unwrap();
+        // The streamed conversion packs its ops: the same ops.
+        let mut conv = StreamConvert::new(ctx, Keep { packed: Some(3), ..keep });
         for (i, e) in list.into_iter().enumerate() {
             assert!(conv.push(i, e, None, None), "entry {i}");
         }
-        let streamed = conv.finish(&last, Vec::new()).expect("converts as it streams");
+        let mut streamed = conv.finish(&last, Vec::new()).expect("converts as it streams");
         let start = streamed.start.as_ref().expect("starts mid-run");
         assert_eq!(start.ids.len(), 3, "{start:?}");
         assert_eq!(streamed.start, listed.start);
-        assert_eq!(streamed.ops, listed.ops);
+        assert_eq!(streamed.ops.plain(), listed.ops.plain());
         assert_eq!(streamed.recorded, listed.recorded);
         assert_eq!(streamed.warnings, listed.warnings);
     }

@@ -27,8 +27,9 @@ use crate::error::TraceError;
 use crate::inflate::Inflater;
 use crate::pickle::{self, Value};
 use crate::ReadOptions;
-use allocsim_core::{Trace, TraceMeta};
+use allocsim_core::{PackedOps, Trace, TraceMeta};
 use entries::Ctx;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -49,7 +50,18 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// including every error, makes the file be read again the generic way, which gives the same
 /// trace or the same error.
 pub fn read_snapshot(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
-    Ok(read(path, opts, None)?.0.trace)
+    let Replayed { mut trace, packed, .. } = read(path, opts, None)?.0;
+    if let Some(packed) = packed {
+        trace.ops = packed.to_vec();
+    }
+    Ok(trace)
+}
+
+/// [`read_snapshot`], its ops packed where [`ReadOptions::packed_ops`] asks (then
+/// `trace.ops` is empty and [`Replayed::packed`] holds them), and the recording's events
+/// counted by kind where [`ReadOptions::events`] leaves most out.
+pub fn read_snapshot_packed(path: &Path, opts: &ReadOptions) -> Result<Replayed<()>, TraceError> {
+    Ok(read(path, opts, None)?.0)
 }
 
 /// What [`read_snapshot_replaying`] gives.
@@ -61,6 +73,17 @@ pub struct Replayed<R> {
     /// How many events the recording has: `trace.recorded.len()`, or more where
     /// [`ReadOptions::events`] is off.
     pub recorded_len: u64,
+    /// How many of each kind ([`allocsim_core::RecordedKind::action`]), kept or not.
+    pub recorded_counts: BTreeMap<&'static str, u64>,
+    /// The ops, where [`ReadOptions::packed_ops`] kept them packed; `trace.ops` is then empty.
+    pub packed: Option<PackedOps>,
+}
+
+impl<R> Replayed<R> {
+    /// How many ops the trace has, packed or not.
+    pub fn ops_len(&self) -> usize {
+        self.trace.ops.len() + self.packed.as_ref().map_or(0, PackedOps::len)
+    }
 }
 
 /// [`read_snapshot`], with `replay` run on this thread while the file is read, over the ops
@@ -73,8 +96,10 @@ pub fn read_snapshot_replaying<R>(
 ) -> Result<Replayed<R>, TraceError> {
     let (mut replay, mut result) = (Some(replay), None);
     let mut run = |overlap: Overlap| result = replay.take().map(|f| f(overlap));
-    let (Replayed { trace, recorded_len, .. }, faithful) = read(path, opts, Some(&mut run))?;
-    Ok(Replayed { trace, replay: result.filter(|_| faithful), recorded_len })
+    let (read, faithful) = read(path, opts, Some(&mut run))?;
+    let Replayed { trace, recorded_len, recorded_counts, packed, .. } = read;
+    let replay = result.filter(|_| faithful);
+    Ok(Replayed { trace, replay, recorded_len, recorded_counts, packed })
 }
 
 /// [`read_snapshot`], and whether `replay` (if given, and if the file came through the
@@ -93,7 +118,15 @@ fn read(
         true => streaming(path, opts, replay.map(|r| (meta.clone(), r)))?,
         false => (None, None),
     };
-    let Assembled { mut trace, device_events, recorded_len, needs_events, .. } = match streamed {
+    let Assembled {
+        mut trace,
+        mut packed,
+        device_events,
+        recorded_len,
+        recorded_counts,
+        needs_events,
+        ..
+    } = match streamed {
         Some(assembled) => assembled,
         None => {
             let root = parse(open(path, opts)?, path, opts)?;
@@ -108,6 +141,10 @@ fn read(
         true => sidecar::apply(path, &mut trace.meta)?,
         false => None,
     };
+    // What follows reads the ops only with the sidecar's calls or its free memory at the start.
+    if calls.is_some() || trace.meta.device_free_bytes.is_some() {
+        unpack(&mut trace, &mut packed);
+    }
     // The calls the capture recorded say which runs of frees were `empty_cache`; without them,
     // the free memory at the start says which could not have been a retry path.
     let placed = calls.as_deref().and_then(|c| calls::apply(&mut trace, c));
@@ -135,10 +172,17 @@ fn read(
             && read_as_empty_cache == 0
             && placed.unwrap_or(0) == 0
             && trace.start.is_none()
-            && sent.ops == trace.ops.len()
+            && sent.ops == trace.ops.len() + packed.as_ref().map_or(0, PackedOps::len)
             && trace.meta == meta
     });
-    Ok((Replayed { trace, replay: None, recorded_len }, faithful))
+    Ok((Replayed { trace, replay: None, recorded_len, recorded_counts, packed }, faithful))
+}
+
+/// The ops of `packed`, if any, as `trace.ops`.
+fn unpack(trace: &mut Trace, packed: &mut Option<PackedOps>) {
+    if let Some(packed) = packed.take() {
+        trace.ops = packed.to_vec();
+    }
 }
 
 /// The decompressed pickle stream of a snapshot file.
@@ -609,6 +653,10 @@ fn finish_streamed(
 /// A snapshot's trace as converted.
 struct Assembled {
     trace: Trace,
+    /// The ops, where they were kept packed ([`convert::Keep::packed`]; `trace.ops` is empty).
+    packed: Option<PackedOps>,
+    /// [`Replayed::recorded_counts`].
+    recorded_counts: BTreeMap<&'static str, u64>,
     /// Where the device events are in `trace.recorded` (see
     /// [`convert::Converted::device_events`]).
     device_events: Vec<u32>,
@@ -632,7 +680,7 @@ fn trace_of(head: Head, converted: convert::Converted) -> Assembled {
             alloc_conf: head.alloc_conf,
             ..TraceMeta::default()
         },
-        ops: converted.ops,
+        ops: Vec::new(),
         start: converted.start,
         recorded: converted.recorded,
         stacks: converted.stacks,
@@ -642,12 +690,18 @@ fn trace_of(head: Head, converted: convert::Converted) -> Assembled {
         op_annotations: converted.op_annotations,
         warnings,
     };
+    let (ops, mut packed) = converted.ops.split();
+    trace.ops = ops;
     let mut device_events = converted.device_events;
-    let recorded_len = converted.recorded_len;
+    let (recorded_len, recorded_counts) = (converted.recorded_len, converted.recorded_counts);
     let all_events = trace.recorded.len() as u64 == recorded_len;
-    let Some(notes) = pools::infer_pools(&mut trace, &device_events, &head.last, all_events) else {
+    let inferred =
+        pools::infer_pools(&mut trace, &mut packed, &device_events, &head.last, all_events);
+    let Some(notes) = inferred else {
         return Assembled {
             trace,
+            packed,
+            recorded_counts,
             device_events,
             pools_inferred: false,
             recorded_len,
@@ -661,7 +715,15 @@ fn trace_of(head: Head, converted: convert::Converted) -> Assembled {
         let device = trace.recorded.iter().enumerate().filter(|(_, e)| e.kind.is_segment_event());
         device_events = device.map(|(r, _)| r as u32).collect();
     }
-    Assembled { trace, device_events, pools_inferred, recorded_len, needs_events: false }
+    Assembled {
+        trace,
+        packed,
+        recorded_counts,
+        device_events,
+        pools_inferred,
+        recorded_len,
+        needs_events: false,
+    }
 }
 
 fn convert_root(

@@ -12,6 +12,8 @@
 //!
 //! [`read_snapshot_replaying`]: super::read_snapshot_replaying
 
+use super::convert::OpList;
+use allocsim_core::packed::{Iter, Position};
 use allocsim_core::{Op, RecordedEvent, TraceMeta};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -105,6 +107,9 @@ pub(super) struct Feeder {
     chunks: SyncSender<Option<Chunk>>,
     spare: Receiver<Chunk>,
     ops_sent: usize,
+    /// Where the packed ops sent end, once some were sent packed (the conversion packs its
+    /// ops once there are many: `ReadOptions::packed_ops`).
+    packed_sent: Option<Position>,
     recorded_sent: usize,
     /// The device events sent, in the order sent (few: a trace's segment calls).
     pub(super) device_events: Vec<RecordedEvent>,
@@ -124,15 +129,21 @@ pub(super) fn feed(meta: TraceMeta) -> (Overlap, Feeder, Rc<Cell<bool>>) {
         recorded: recorded.clone(),
         complete: complete.clone(),
     };
-    let feeder =
-        Feeder { chunks: send, spare: reuse, ops_sent: 0, recorded_sent: 0, device_events: vec![] };
+    let feeder = Feeder {
+        chunks: send,
+        spare: reuse,
+        ops_sent: 0,
+        packed_sent: None,
+        recorded_sent: 0,
+        device_events: vec![],
+    };
     (Overlap { meta, ops, recorded }, feeder, complete)
 }
 
 impl Feeder {
     /// Send `ops[sent..]` and the device events of `recorded[sent..]` (whose ops are all
     /// settled), sorted by op as `RecordedDevice` sorts them. False once the replay is gone.
-    pub(super) fn send(&mut self, ops: &[Op], recorded: &[RecordedEvent]) -> bool {
+    pub(super) fn send(&mut self, ops: &OpList, recorded: &[RecordedEvent]) -> bool {
         if ops.len() == self.ops_sent && recorded.len() == self.recorded_sent {
             return true;
         }
@@ -140,7 +151,17 @@ impl Feeder {
             .spare
             .try_recv()
             .unwrap_or_else(|_| Chunk { ops: Vec::new(), recorded: Vec::new() });
-        chunk.ops.extend_from_slice(&ops[self.ops_sent..]);
+        match ops {
+            OpList::Plain(ops) => chunk.ops.extend_from_slice(&ops[self.ops_sent..]),
+            OpList::Packed(ops) => {
+                let mut new = match self.packed_sent {
+                    Some(at) => Iter::resume(ops, at),
+                    None => ops.iter_from(self.ops_sent),
+                };
+                chunk.ops.extend(new.by_ref());
+                self.packed_sent = Some(new.position());
+            }
+        }
         let device = recorded[self.recorded_sent..].iter().filter(|e| e.kind.is_segment_event());
         chunk.recorded.extend(device);
         chunk.recorded.sort_by_key(|e| e.op);

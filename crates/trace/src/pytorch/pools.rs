@@ -311,9 +311,11 @@ fn scan(trace: &Trace, device_events: &[u32], detail: Detail) -> Scan {
 /// events are in `trace.recorded`. Returns what was inferred and what had to be guessed, for
 /// the trace's warnings; nothing when no private pool shows. `None`, changing nothing, when
 /// a private pool shows but `trace.recorded` holds only the device events and deferred
-/// completions (`all_events` false): the allocations' events are needed.
+/// completions (`all_events` false): the allocations' events are needed. Ops kept `packed`
+/// are unpacked into `trace.ops` where a pool shows (the rest reads the recording only).
 pub fn infer_pools(
     trace: &mut Trace,
+    packed: &mut Option<allocsim_core::PackedOps>,
     device_events: &[u32],
     last: &[SnapshotSegment],
     all_events: bool,
@@ -359,6 +361,9 @@ pub fn infer_pools(
         }
         break (instances, alloc_in, freed, sites, released);
     };
+    if let Some(packed) = packed.take() {
+        trace.ops = packed.to_vec();
+    }
     let restored = place_restored_blocks(trace, &sites, &instances);
     let pool_of_op = |op: u64| match alloc_in.binary_search_by_key(&op, |&(o, _)| o) {
         Ok(at) => instances[alloc_in[at].1].pool.unwrap_or(MemPoolId::DEFAULT),
