@@ -6,8 +6,8 @@ WORKLOAD is `llama_ft` (the d_llama_ft workload of traces/pytorch-2.11-h100-user
 capture_user_patterns.py, step for step), `gpt2_train` (GPT-2 small, 8 steps of varied shapes),
 or one of the programs held out from the model (recorded and bisected on an H200 after it was
 built): `vit_train` (timm ViT-S/16), `bert_mlm` (BERT masked LM), `llama_generate` (Llama
-greedy decoding with a KV cache), `resnet_train` (timm ResNet-50, channels-last convolutions)
-and `t5_train` (T5 encoder-decoder training).
+greedy decoding with a KV cache) and `resnet_train` (timm ResNet-50, channels-last
+convolutions).
 
 1. Records the workload once with all the card's free memory: OUTDIR/NAME.pickle.gz (the
    snapshot, `_record_memory_history(context=None)`) and OUTDIR/NAME.json (the sidecar allocsim
@@ -169,31 +169,8 @@ def resnet_train(step_done):
         x = y = loss = None
 
 
-def t5_train(step_done):
-    from transformers import T5Config, T5ForConditionalGeneration
-    torch.manual_seed(46)
-    rng = random.Random(46)
-    cfg = T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128)
-    model = T5ForConditionalGeneration(cfg).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for step in range(8):
-        b, s, t = rng.choice([16, 24, 32]), rng.choice([128, 256, 512]), rng.choice([32, 64, 128])
-        src = torch.randint(0, 32128, (b, s), device="cuda")
-        tgt = torch.randint(0, 32128, (b, t), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=src, labels=tgt).loss
-        loss.backward()
-        step_done()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        step_done()
-        src = tgt = loss = None
-
-
 WORKLOADS = {"llama_ft": llama_ft, "gpt2_train": gpt2_train, "vit_train": vit_train,
-             "bert_mlm": bert_mlm, "llama_generate": llama_generate, "resnet_train": resnet_train,
-             "t5_train": t5_train}
+             "bert_mlm": bert_mlm, "llama_generate": llama_generate, "resnet_train": resnet_train}
 
 
 def one_try(workload, target, snapshot_path, out):
