@@ -1,7 +1,8 @@
 //! `allocsim diff A [B]`: two runs, or two settings of one run, side by side: the peaks,
 //! fragmentation, OOMs and capacity of each and the change; the allocations, grouped by
 //! stack, whose live bytes at the reserved peak changed most; the segments at each peak; and
-//! the first op where the two op streams part.
+//! the first op where the two op streams part. Two jobs of per-rank traces are diffed rank by
+//! rank, with the job's answer over the ranks.
 
 use crate::output::{bytes, outln, parse_size};
 use allocsim_core::text::quoted;
@@ -9,6 +10,7 @@ use allocsim_core::{AllocId, MemPoolId, Op, Pool, Trace};
 use allocsim_replay::{State, StateAt};
 use allocsim_run::{capacity, run_trace, Capacity, RunOptions, RunReport, StartedFrom};
 use anyhow::Context as _;
+use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -23,12 +25,13 @@ pub(crate) const FRAMES_IN_TEXT: usize = 4;
 /// What groups the allocations no stack names (none recorded, or alive when the run began).
 pub const NO_STACK: &str = "(no stack)";
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The first run's trace (any format `replay` reads).
+    /// The first run's trace (any format `replay` reads), or a job's: a folder of per-rank
+    /// traces or a quoted pattern (`'run/fsdp2_rank*.pickle.gz'`), diffed rank by rank.
     pub a: PathBuf,
-    /// The second run's trace. Default: A again, so that `--b-alloc-conf` or `--b-policy`
-    /// makes B a what-if of the recording A.
+    /// The second run's trace, or job. Default: A again, so that `--b-alloc-conf` or
+    /// `--b-policy` makes B a what-if of the recording A.
     pub b: Option<PathBuf>,
     /// The policy of both runs (B's unless --b-policy).
     #[arg(long, default_value = "pytorch")]
@@ -50,7 +53,8 @@ pub struct Args {
     #[arg(long)]
     pub no_capacity: bool,
     /// Also write the diff as one self-contained HTML page here: both timelines on one scale,
-    /// the segment maps at each peak, the stack groups and the parting op.
+    /// the segment maps at each peak, the stack groups and the parting op (for two jobs, a
+    /// page a rank: `OUT_rank{N}.html`).
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<PathBuf>,
 }
@@ -118,6 +122,140 @@ pub(crate) fn side<'t>(
 }
 
 pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
+    let a_job = crate::job::paths(&args.a, &[])?;
+    let b_job = match &args.b {
+        Some(b) => crate::job::paths(b, &[])?,
+        None => a_job.clone(),
+    };
+    match (a_job, b_job) {
+        (None, None) => pair(args, cx),
+        (Some(a), Some(b)) => jobs(args, &a, &b, cx),
+        _ => anyhow::bail!(
+            "{} and {}: one names a job of per-rank traces (a folder or a pattern), the other \
+             one trace; diff two traces, or two jobs rank by rank",
+            args.a.display(),
+            args.b_path().display()
+        ),
+    }
+}
+
+/// `diff` of two jobs, rank by rank: the ranks paired by number (the jobs must have the same
+/// ranks), each pair diffed as two traces are, and the job's answer: each rank's change of
+/// peak reserved and of the free memory it needs, the rank whose peak changed most, and the
+/// job's need before and after (the most any rank needs: that rank decides).
+fn jobs(
+    args: &Args,
+    a: &[PathBuf],
+    b: &[PathBuf],
+    cx: &crate::Context,
+) -> anyhow::Result<crate::Output> {
+    let a_job = crate::job::load(a, cx)?;
+    let b_job = if a == b { None } else { Some(crate::job::load(b, cx)?) };
+    let b_ranks = b_job.as_ref().map_or(&a_job.ranks, |j| &j.ranks);
+    let numbers = |ranks: &[crate::job::Rank]| ranks.iter().map(|r| r.rank).collect::<Vec<_>>();
+    if numbers(&a_job.ranks) != numbers(b_ranks) {
+        anyhow::bail!(
+            "{} has ranks {:?}, {} ranks {:?}: two jobs are diffed rank by rank, so they need \
+             the same ranks",
+            args.a.display(),
+            numbers(&a_job.ranks),
+            args.b_path().display(),
+            numbers(b_ranks)
+        );
+    }
+    // One context that holds both jobs' traces, each read once.
+    let mut both = a_job.cx.clone();
+    if let Some(j) = &b_job {
+        both.loaded.extend(j.cx.loaded.iter().cloned());
+    }
+    let outs: Vec<crate::Output> = a_job
+        .ranks
+        .par_iter()
+        .zip(b_ranks.par_iter())
+        .map(|(ra, rb)| {
+            let html = args.html.as_deref().map(|p| rank_page(p, ra.rank));
+            let one = Args { a: ra.path.clone(), b: Some(rb.path.clone()), html, ..args.clone() };
+            pair(&one, &both)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(job_answer(&a_job, &outs))
+}
+
+/// `OUT.html` of rank `rank`: `OUT_rank{rank}.html`.
+fn rank_page(out: &Path, rank: u32) -> PathBuf {
+    let stem = out.file_stem().unwrap_or_default().to_string_lossy();
+    out.with_file_name(format!("{stem}_rank{rank}.html"))
+}
+
+/// The job's answer over its ranks' diffs (their JSON, in rank order).
+fn job_answer(job: &crate::job::Job, outs: &[crate::Output]) -> crate::Output {
+    let at = |v: &Value, path: &[&str]| path.iter().fold(v, |v, k| &v[*k]).as_u64();
+    let rows: Vec<Value> = job
+        .ranks
+        .iter()
+        .zip(outs)
+        .map(|(r, o)| {
+            let mut j = o.json.clone().unwrap_or_default();
+            j["rank"] = json!(r.rank);
+            j
+        })
+        .collect();
+    let need = |side: &str| {
+        crate::job::Spread::of(rows.iter().filter_map(|j| {
+            Some((at(j, &["rank"])? as u32, at(j, &[side, "capacity", "capacity_bytes"])?))
+        }))
+    };
+    let changed = rows
+        .iter()
+        .filter_map(|j| Some((at(j, &["rank"])?, j["change"]["peak_reserved_bytes"].as_i64()?)))
+        .max_by_key(|&(rank, change)| (change.unsigned_abs(), std::cmp::Reverse(rank)));
+    let need_json = |s: Option<crate::job::Spread>| {
+        s.map(|s| json!({ "capacity_bytes": s.top_bytes, "deciding_rank": s.top_rank }))
+    };
+    let job_json = json!({
+        "ranks": job.ranks.len(),
+        "a": need_json(need("a")),
+        "b": need_json(need("b")),
+        "most_changed_rank": changed.map(|(rank, _)| rank),
+        "most_changed_peak_reserved_bytes": changed.map(|(_, change)| change),
+    });
+    let mut text = String::new();
+    outln!(text, "allocsim diff: {}, rank by rank", job.heading());
+    for (r, o) in job.ranks.iter().zip(outs) {
+        outln!(text, "rank {}", r.rank);
+        text.push_str(&crate::job::indented(&o.text));
+    }
+    if let Some((rank, change)) = changed {
+        let sign = if change < 0 { "-" } else { "+" };
+        outln!(
+            text,
+            "job: the peak reserved changed most on rank {rank} ({sign}{})",
+            bytes(change.unsigned_abs())
+        );
+    }
+    if let (Some(a), Some(b)) = (need("a"), need("b")) {
+        outln!(
+            text,
+            "job: needs free at start on every rank's GPU: A {} (rank {} decides), B {} (rank {} \
+             decides): {}",
+            bytes(a.top_bytes),
+            a.top_rank,
+            bytes(b.top_bytes),
+            b.top_rank,
+            change_text(a.top_bytes, b.top_bytes)
+        );
+    }
+    let notes = outs.iter().flat_map(|o| o.notes.clone()).collect();
+    crate::Output {
+        json: Some(json!({ "job": job_json, "ranks": rows })),
+        text,
+        notes,
+        failed: outs.iter().any(|o| o.failed),
+    }
+}
+
+/// `diff` of two traces.
+fn pair(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     if let Some(path) = &args.html {
         crate::output::check_output(path, &[&args.a, args.b_path()])?;
     }

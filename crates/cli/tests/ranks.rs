@@ -383,3 +383,41 @@ fn explain_oom_on_a_job_says_which_ranks_have_ooms() {
         .collect();
     assert_eq!(listed, with);
 }
+
+/// `diff` of two jobs, rank by rank (issue 51): each rank's diff is `diff` of that rank's two
+/// traces; the job needs before and after what the rank needing most needs; the rank whose
+/// peak reserved changed most is named. Mismatched inputs are refused naming both.
+#[test]
+fn diff_of_two_jobs_is_each_ranks_diff_and_the_jobs_answer() {
+    let (ddp, fsdp2) = (ranks("ddp"), ranks("fsdp2"));
+    let j = json_of(&["diff", &pattern("ddp"), &pattern("fsdp2"), "--json"]);
+    let rows = j["ranks"].as_array().unwrap();
+    assert_eq!(rows.len(), ddp.len());
+    let mut needs = (Vec::new(), Vec::new());
+    for (i, row) in rows.iter().enumerate() {
+        let mut alone = json_of(&["diff", &ddp[i], &fsdp2[i], "--json"]);
+        alone["rank"] = Value::from(i as u64);
+        assert_eq!(row, &alone, "rank {i}");
+        needs.0.push(u64_of(&row["a"]["capacity"]["capacity_bytes"]));
+        needs.1.push(u64_of(&row["b"]["capacity"]["capacity_bytes"]));
+    }
+    let job = &j["job"];
+    assert_eq!(u64_of(&job["a"]["capacity_bytes"]), *needs.0.iter().max().unwrap());
+    assert_eq!(u64_of(&job["b"]["capacity_bytes"]), *needs.1.iter().max().unwrap());
+    let change = |r: &Value| r["change"]["peak_reserved_bytes"].as_i64().unwrap().unsigned_abs();
+    let most = rows.iter().max_by_key(|r| change(r)).unwrap();
+    assert_eq!(job["most_changed_rank"], most["rank"]);
+    // A what-if of the job, as two runs of one rank are a what-if of one trace.
+    let what_if = ["--b-alloc-conf", "expandable_segments:True", "--no-capacity", "--json"];
+    let j = json_of(&[&["diff", &pattern("ddp")][..], &what_if[..]].concat());
+    for (i, row) in j["ranks"].as_array().unwrap().iter().enumerate() {
+        let alone = json_of(&[&["diff", &ddp[i]][..], &what_if[..]].concat());
+        assert_eq!(row["change"], alone["change"], "rank {i}");
+    }
+    assert_refused(&["diff", &pattern("ddp"), &ddp[0]], "ddp_rank0", "two jobs rank by rank");
+    assert_refused(&["diff", &pattern("ddp"), &pattern("nothing")], "nothing_rank*", "no trace");
+    let one = tempfile::tempdir().unwrap();
+    copy(&ddp[0], &one.path().join("ddp_rank0.pickle.gz"));
+    let o = one.path().to_string_lossy().into_owned();
+    assert_refused(&["diff", &pattern("ddp"), &o], &o, "the same ranks");
+}
