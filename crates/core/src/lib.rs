@@ -19,6 +19,7 @@ mod start;
 mod stats;
 pub mod text;
 mod trace;
+pub mod varint;
 
 pub use allocator::{Allocator, ConfigError, DynAllocator, Emit, Env, FreeSpace, Granted, OomInfo};
 pub use device::{CallKind, CallStats, Device, DeviceCalls, DeviceError, DynDevice, MemInfo};

@@ -6,6 +6,7 @@
 //! differences, an op takes about five bytes. Ops of other kinds (settings, pool contexts,
 //! `empty_cache`) are rare and kept whole beside.
 
+use crate::varint::{put, unzigzag, zigzag};
 use crate::{AllocId, Op, StreamId};
 
 const ALLOC: u8 = 0;
@@ -193,23 +194,6 @@ impl Iterator for Iter<'_> {
             }
         })
     }
-}
-
-fn zigzag(v: i64) -> u64 {
-    ((v << 1) ^ (v >> 63)) as u64
-}
-
-fn unzigzag(v: u64) -> i64 {
-    ((v >> 1) as i64) ^ -((v & 1) as i64)
-}
-
-#[inline]
-fn put(bytes: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        bytes.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    bytes.push(v as u8);
 }
 
 /// A varint written by [`put`], and the bytes it took.

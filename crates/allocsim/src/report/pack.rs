@@ -4,6 +4,7 @@
 //! HTML or JSON parser treats specially. A million allocations take a few MB where JSON
 //! arrays took tens.
 
+use allocsim_core::varint;
 use serde_json::{json, Value};
 use std::io::Write;
 
@@ -64,18 +65,14 @@ pub struct Col<'a> {
 
 impl Col<'_> {
     /// One value, as a LEB128 varint.
-    pub fn push(&mut self, mut v: u64) {
+    pub fn push(&mut self, v: u64) {
         *self.rows += 1;
-        while v >= 0x80 {
-            self.bytes.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.bytes.push(v as u8);
+        varint::put(self.bytes, v);
     }
 
     /// A signed value, zigzag-encoded (small magnitudes stay short).
     pub fn push_signed(&mut self, v: i64) {
-        self.push(((v << 1) ^ (v >> 63)) as u64);
+        self.push(varint::zigzag(v));
     }
 }
 

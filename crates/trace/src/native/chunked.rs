@@ -31,6 +31,7 @@ use super::{
 };
 use crate::built::{self, Built};
 use crate::error::TraceError;
+use allocsim_core::varint::{put, unzigzag, zigzag};
 use allocsim_core::{AllocId, MemPoolId, Op, OpSource, RecordedEvent, Stack, StreamId, Trace};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -80,22 +81,6 @@ impl NativeHeader {
     }
 }
 
-fn zigzag(delta: i64) -> u64 {
-    ((delta << 1) ^ (delta >> 63)) as u64
-}
-
-fn unzigzag(z: u64) -> i64 {
-    ((z >> 1) as i64) ^ -((z & 1) as i64)
-}
-
-fn put_varint(out: &mut Vec<u8>, mut x: u64) {
-    while x >= 0x80 {
-        out.push(x as u8 | 0x80);
-        x >>= 7;
-    }
-    out.push(x as u8);
-}
-
 /// Writes a trace in this layout, its ops one at a time (see the module doc).
 #[derive(Debug)]
 pub struct NativeWriter<W: Write> {
@@ -130,10 +115,10 @@ impl<W: Write> NativeWriter<W> {
         for r in &trace.recorded {
             let n = recorded_out(r);
             w.chunk.push(n.kind as u8);
-            put_varint(&mut w.chunk, zigzag(n.op.wrapping_sub(last_op) as i64));
+            put(&mut w.chunk, zigzag(n.op.wrapping_sub(last_op) as i64));
             last_op = n.op;
             for x in [n.addr, n.size, n.stream] {
-                put_varint(&mut w.chunk, x);
+                put(&mut w.chunk, x);
             }
             w.item(RECORDED, OPS_PER_CHUNK)?;
         }
@@ -202,15 +187,15 @@ impl<W: Write> NativeWriter<W> {
         self.ops_left -= 1;
         let c = &mut self.chunk;
         let mut id = |c: &mut Vec<u8>, id: u64| {
-            put_varint(c, zigzag(id.wrapping_sub(self.last_id) as i64));
+            put(c, zigzag(id.wrapping_sub(self.last_id) as i64));
             self.last_id = id;
         };
         match op {
             Op::Alloc { id: i, size, stream } => {
                 c.push(0);
                 id(c, i.0);
-                put_varint(c, *size);
-                put_varint(c, stream.0);
+                put(c, *size);
+                put(c, stream.0);
             }
             Op::FreeRequested { id: i } => {
                 c.push(1);
@@ -223,7 +208,7 @@ impl<W: Write> NativeWriter<W> {
             Op::RecordStream { id: i, stream } => {
                 c.push(3);
                 id(c, i.0);
-                put_varint(c, stream.0);
+                put(c, stream.0);
             }
             Op::EmptyCache => c.push(4),
             Op::SetMemoryFraction { fraction } => {
@@ -232,21 +217,21 @@ impl<W: Write> NativeWriter<W> {
             }
             Op::SetAllocatorSettings { conf } => {
                 c.push(6);
-                put_varint(c, conf.len() as u64);
+                put(c, conf.len() as u64);
                 c.extend_from_slice(conf.as_bytes());
             }
             Op::AllocAt { id: i, size, stream, addr } => {
                 c.push(8);
                 id(c, i.0);
-                put_varint(c, *size);
-                put_varint(c, stream.0);
-                put_varint(c, *addr);
+                put(c, *size);
+                put(c, stream.0);
+                put(c, *addr);
             }
             Op::Pool { pool, action } => {
                 c.push(7);
                 c.push(super::pool_action_tag(*action));
-                put_varint(c, pool.0);
-                put_varint(c, pool.1);
+                put(c, pool.0);
+                put(c, pool.1);
             }
         }
         self.item(OPS, OPS_PER_CHUNK)
@@ -855,7 +840,7 @@ mod tests {
         for bits in 0..64 {
             for x in [1u64 << bits, (1u64 << bits) - 1, (1u64 << bits) | 0x55] {
                 let mut v = Vec::new();
-                put_varint(&mut v, x);
+                put(&mut v, x);
                 cases.push(v);
             }
         }
