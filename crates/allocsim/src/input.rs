@@ -75,17 +75,35 @@ pub fn read_snapshot_replaying<R>(
     cx: &Context,
     replay: impl FnOnce(allocsim_trace::pytorch::Overlap) -> R,
 ) -> anyhow::Result<allocsim_trace::pytorch::Replayed<R>> {
-    let opts = allocsim_trace::ReadOptions {
-        stacks: false,
+    let opts = allocsim_trace::ReadOptions { stacks: false, ..packed_reading(cx) };
+    read_snapshot_as(path, cx, opts, |opts| {
+        allocsim_trace::pytorch::read_snapshot_replaying(path, opts, replay)
+    })
+}
+
+/// The command line's reading, for a command that reads the ops in order and not the
+/// recording's every event: no times, the device events alone, the ops packed past
+/// [`allocsim_trace::PACK_OPS_FROM`].
+fn packed_reading(cx: &Context) -> allocsim_trace::ReadOptions {
+    allocsim_trace::ReadOptions {
         times: false,
         events: false,
         packed_ops: Some(allocsim_trace::PACK_OPS_FROM),
         ..cx.read.clone()
-    };
-    let mut read = with_read_bar(path, opts, cx.progress, |opts| {
-        allocsim_trace::pytorch::read_snapshot_replaying(path, opts, replay)
-    })
-    .map_err(with_hint)?;
+    }
+}
+
+/// `read` of the snapshot `path` under `opts`, with a bar of bytes read, the hint for a limit
+/// reached and the note of another PyTorch version.
+fn read_snapshot_as<R>(
+    path: &Path,
+    cx: &Context,
+    opts: allocsim_trace::ReadOptions,
+    read: impl FnOnce(
+        &allocsim_trace::ReadOptions,
+    ) -> Result<allocsim_trace::pytorch::Replayed<R>, allocsim_trace::TraceError>,
+) -> anyhow::Result<allocsim_trace::pytorch::Replayed<R>> {
+    let mut read = with_read_bar(path, opts, cx.progress, read).map_err(with_hint)?;
     read.trace.warnings.extend(version_note(&read.trace.meta));
     Ok(read)
 }
@@ -108,20 +126,10 @@ pub fn read_snapshot_packed(
     cx: &Context,
     stacks: bool,
 ) -> anyhow::Result<allocsim_trace::pytorch::Replayed<()>> {
-    let opts = allocsim_trace::ReadOptions {
-        stacks,
-        op_stacks: false,
-        times: false,
-        events: false,
-        packed_ops: Some(allocsim_trace::PACK_OPS_FROM),
-        ..cx.read.clone()
-    };
-    let mut read = with_read_bar(path, opts, cx.progress, |opts| {
+    let opts = allocsim_trace::ReadOptions { stacks, op_stacks: false, ..packed_reading(cx) };
+    read_snapshot_as(path, cx, opts, |opts| {
         allocsim_trace::pytorch::read_snapshot_packed(path, opts)
     })
-    .map_err(with_hint)?;
-    read.trace.warnings.extend(version_note(&read.trace.meta));
-    Ok(read)
 }
 
 /// A reader's error, with what to do about a memory limit reached.
