@@ -212,10 +212,11 @@ fn job_answer(job: &crate::job::Job, outs: &[crate::Output]) -> crate::Output {
     let need_json = |s: Option<crate::job::Spread>| {
         s.map(|s| json!({ "capacity_bytes": s.top_bytes, "deciding_rank": s.top_rank }))
     };
+    let (need_a, need_b) = (need("a"), need("b"));
     let job_json = json!({
         "ranks": job.ranks.len(),
-        "a": need_json(need("a")),
-        "b": need_json(need("b")),
+        "a": need_json(need_a),
+        "b": need_json(need_b),
         "most_changed_rank": changed.map(|(rank, _)| rank),
         "most_changed_peak_reserved_bytes": changed.map(|(_, change)| change),
     });
@@ -233,7 +234,7 @@ fn job_answer(job: &crate::job::Job, outs: &[crate::Output]) -> crate::Output {
             bytes(change.unsigned_abs())
         );
     }
-    if let (Some(a), Some(b)) = (need("a"), need("b")) {
+    if let (Some(a), Some(b)) = (need_a, need_b) {
         outln!(
             text,
             "job: needs free at start on every rank's GPU: A {} (rank {} decides), B {} (rank {} \
