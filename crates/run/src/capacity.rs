@@ -25,9 +25,6 @@ use rayon::prelude::*;
 /// 2.11 and CUDA 13 (the largest of the validation workloads: 246 MiB; see `docs/capacity.md`).
 pub const OUTSIDE_ALLOCATOR_BYTES: u64 = 257_949_696;
 
-/// Jittered placements are first bisected within 1/NEAR (1.25 %) of the driver placement's threshold.
-const NEAR: u64 = 80;
-
 /// Bisection stops when the bracket is this narrow: the driver's page.
 pub const CAPACITY_RESOLUTION_BYTES: u64 = PAGE_BYTES;
 
@@ -114,6 +111,42 @@ pub(crate) fn bisect(
     Ok(hi)
 }
 
+/// The smallest `x` in `(lo, hi]` with `fits(x)`, searched outwards from `start`: down from
+/// it while it fits, else up to `hi` (`None` if even `hi` does not fit), in steps that double
+/// from [`CAPACITY_RESOLUTION_BYTES`], then [`bisect`]ed within the last step.
+pub(crate) fn gallop(
+    start: u64,
+    lo: u64,
+    hi: u64,
+    mut fits: impl FnMut(u64) -> Result<bool, ConfigError>,
+) -> Result<Option<u64>, ConfigError> {
+    let start = start.max(lo + 1).min(hi);
+    let mut step = CAPACITY_RESOLUTION_BYTES;
+    if fits(start)? {
+        let mut fit = start;
+        loop {
+            let x = start.saturating_sub(step).max(lo);
+            if x == lo || !fits(x)? {
+                return bisect(x, fit, &mut fits).map(Some);
+            }
+            fit = x;
+            step *= 2;
+        }
+    }
+    let mut failed = start;
+    loop {
+        let x = start.saturating_add(step).min(hi);
+        if fits(x)? {
+            return bisect(failed, x, &mut fits).map(Some);
+        }
+        if x == hi {
+            return Ok(None);
+        }
+        failed = x;
+        step *= 2;
+    }
+}
+
 /// A trace that runs again and again: whole, or its head (the trace without ops) and its ops
 /// packed (`allocsim_trace::pytorch::read_snapshot_packed`: a few bytes an op instead of 40),
 /// of a recording of `recorded_len` events. Runs that may stream their ops run either.
@@ -123,7 +156,15 @@ pub enum Runs<'t> {
     Packed { head: &'t Trace, ops: &'t PackedOps, recorded_len: u64 },
 }
 
-impl Runs<'_> {
+impl<'t> Runs<'t> {
+    /// The trace, or its head: everything but the ops.
+    pub fn head(self) -> &'t Trace {
+        match self {
+            Runs::Whole(trace) => trace,
+            Runs::Packed { head, .. } => head,
+        }
+    }
+
     /// One run, no observers besides the run's own.
     pub fn run(self, opts: &RunOptions) -> Result<RunReport, ConfigError> {
         match self {
@@ -180,16 +221,20 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
     // starts there (and at the whole device for a placement that reserves more).
     let lower = (base.metrics.peak_requested_bytes + opts.outside_bytes).saturating_sub(1);
     let reserved = base.stats.reserved_bytes.all.peak.max(0) as u64 + opts.outside_bytes;
-    let uppers = [reserved.min(device_free), device_free];
+    // Under the driver placement and as much free as that run reserved, the run is that run
+    // again when it had no OOM: no need to run it. Not so for a run from a mid-run state,
+    // which the base run seeds as recorded and the searched runs lay out (a what-if).
+    let base_fits = base.metrics.ooms.is_empty() && trace.head().start.is_none();
     let threshold = |placement, lower: u64, upper: u64| -> Result<Option<u64>, ConfigError> {
-        if !fits(trace, opts, placement, upper)? {
+        let known = base_fits && placement == Placement::Driver && upper == reserved;
+        if !known && !fits(trace, opts, placement, upper)? {
             return Ok(None);
         }
         bisect(lower.min(upper), upper, |x| fits(trace, opts, placement, x)).map(Some)
     };
     // Over the whole bracket, falling back to the whole device.
     let whole = |placement| -> Result<Option<u64>, ConfigError> {
-        for upper in uppers {
+        for upper in [reserved.min(device_free), device_free] {
             if let Some(t) = threshold(placement, lower, upper)? {
                 return Ok(Some(t));
             }
@@ -197,22 +242,19 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         Ok(None)
     };
     let point = whole(Placement::Driver)?;
-    // Jittered placements land near it: bisect within 1/NEAR of it when both ends of that
-    // bracket say so (one run each), else over the whole bracket.
+    // Jittered placements land at the point or a few pages from it: search outwards from it in
+    // doubling steps, then bisect the last step. A run that fits is a whole run and one that
+    // does not stops at its first OOM, so this costs about one whole run a placement where a
+    // bisection of a fixed bracket around the point took two or more.
     let jittered = (0..u64::from(opts.jitters))
         .into_par_iter()
         .map(|seed| {
             let placement = Placement::Jittered { seed };
-            let near =
-                point.filter(|p| p + p / NEAR <= device_free).map(|p| (p - p / NEAR, p + p / NEAR));
-            if let Some((near_lo, near_hi)) = near {
-                if !fits(trace, opts, placement, near_lo)? {
-                    if let Some(t) = threshold(placement, near_lo, near_hi)? {
-                        return Ok(PlacementThreshold { placement, capacity_bytes: Some(t) });
-                    }
-                }
-            }
-            Ok(PlacementThreshold { placement, capacity_bytes: whole(placement)? })
+            let capacity_bytes = match point {
+                Some(p) => gallop(p, lower, device_free, |x| fits(trace, opts, placement, x))?,
+                None => whole(placement)?,
+            };
+            Ok(PlacementThreshold { placement, capacity_bytes })
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
     let placements: Vec<PlacementThreshold> =
@@ -230,4 +272,52 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         searched_up_to_bytes: device_free,
         placements,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const PAGE: u64 = CAPACITY_RESOLUTION_BYTES;
+
+    proptest! {
+        /// Searched from anywhere, a monotone threshold is found to within the resolution, at
+        /// or above it, as bisecting the whole bracket finds it; and beyond the bracket's top,
+        /// not at all.
+        #[test]
+        fn gallop_finds_what_bisection_finds(
+            lo in 0u64..1 << 40,
+            threshold in 1u64..1 << 36,
+            start in 0u64..1 << 37,
+            span in 1u64..1 << 36,
+        ) {
+            let hi = lo + span;
+            let threshold = lo + threshold;
+            let mut runs = 0;
+            let found = gallop(lo + start, lo, hi, |x| { runs += 1; Ok(x >= threshold) }).unwrap();
+            if threshold > hi {
+                prop_assert_eq!(found, None);
+            } else {
+                let found = found.unwrap();
+                prop_assert!(found >= threshold && found < threshold + PAGE, "{found}");
+                let bisected = bisect(lo, hi, |x| Ok(x >= threshold)).unwrap();
+                prop_assert!(bisected >= threshold && bisected < threshold + PAGE);
+            }
+            prop_assert!(runs <= 2 * 64 + 2, "{runs} runs");
+        }
+    }
+
+    /// At the point, the common case costs a run that fits and one that fails.
+    #[test]
+    fn gallop_at_the_threshold_takes_two_runs() {
+        let threshold = 5 << 30;
+        let mut asked = vec![];
+        let found = gallop(threshold, 1 << 30, 80 << 30, |x| {
+            asked.push(x);
+            Ok(x >= threshold)
+        });
+        assert_eq!(found.unwrap(), Some(threshold));
+        assert_eq!(asked, [threshold, threshold - PAGE]);
+    }
 }

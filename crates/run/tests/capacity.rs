@@ -1,0 +1,63 @@
+//! What the capacity search takes for known without running it holds: a run from an empty
+//! device with as much free memory as the unconstrained run reserved at its peak is that run
+//! again, so it fits.
+
+use allocsim_core::Trace;
+use allocsim_run::{run_trace, DeviceChoice, RunOptions};
+use std::path::{Path, PathBuf};
+
+fn snapshots(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            snapshots(&p, out);
+        } else if p.to_string_lossy().ends_with(".pickle.gz") {
+            out.push(p);
+        }
+    }
+}
+
+fn run(trace: &Trace, conf: &str, free: Option<u64>) -> allocsim_run::RunReport {
+    let opts = RunOptions {
+        policy: "pytorch".to_string(),
+        alloc_conf: Some(conf.to_string()),
+        device: DeviceChoice::Sim,
+        device_free_bytes: free,
+        ..RunOptions::default()
+    };
+    run_trace(trace, &opts, &mut [], |_| {}).unwrap()
+}
+
+#[test]
+fn the_unconstrained_runs_reserved_peak_is_enough() {
+    let mut paths = vec![];
+    snapshots(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces"), &mut paths);
+    paths.sort();
+    assert!(paths.len() > 30, "the bundled snapshots");
+    let confs = [
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:64",
+        "garbage_collection_threshold:0.6,max_split_size_mb:128",
+        "roundup_power2_divisions:4",
+    ];
+    let mut checked = 0;
+    for path in &paths {
+        let trace = allocsim_trace::read_trace(path).unwrap();
+        if trace.start.is_some() {
+            continue;
+        }
+        for conf in confs {
+            let base = run(&trace, conf, None);
+            if !base.metrics.ooms.is_empty() {
+                continue;
+            }
+            let peak = base.stats.reserved_bytes.all.peak.max(0) as u64;
+            let again = run(&trace, conf, Some(peak));
+            assert!(again.metrics.ooms.is_empty(), "{}, {conf:?}", path.display());
+            assert_eq!(again.metrics, base.metrics, "{}, {conf:?}", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 60, "{checked} runs");
+}
