@@ -8,6 +8,7 @@
 
 use crate::varint::{put, unzigzag, zigzag};
 use crate::{AllocId, Op, StreamId};
+use std::cell::Cell;
 
 const ALLOC: u8 = 0;
 /// An allocation on another stream than the last allocation's.
@@ -17,6 +18,10 @@ const FREE_COMPLETED: u8 = 3;
 const RECORD_STREAM: u8 = 4;
 /// The next of the ops kept whole.
 const OTHER: u8 = 5;
+
+/// Every `MARK`th op's position is kept, so an op is found by its index after decoding fewer
+/// than `MARK` others ([`Reader`]): 32 bytes each, less than a hundredth of a byte an op.
+const MARK: usize = 4096;
 
 /// What encoding and decoding both track: each id is written as its difference from the last
 /// allocation's, each allocation's stream only when it changes.
@@ -34,6 +39,8 @@ pub struct PackedOps {
     other: Vec<Op>,
     len: usize,
     at: Context,
+    /// The position of op `MARK * i`, for each `i`.
+    marks: Vec<Position>,
 }
 
 impl PackedOps {
@@ -51,6 +58,10 @@ impl PackedOps {
 
     #[inline]
     pub fn push(&mut self, op: Op) {
+        if self.len.is_multiple_of(MARK) {
+            let at = Position { byte: self.bytes.len(), other: self.other.len(), at: self.at };
+            self.marks.push(at);
+        }
         self.len += 1;
         let id_delta = |at: &Context, id: AllocId| zigzag(id.0.wrapping_sub(at.last_id) as i64);
         match op {
@@ -103,9 +114,53 @@ impl PackedOps {
         ops
     }
 
+    /// Ops read by their index, in any order (cheapest going forwards).
+    pub fn reader(&self) -> Reader<'_> {
+        Reader { ops: self, next: Cell::new((0, Position::default())) }
+    }
+
     /// The memory held, by capacity.
     pub fn heap_bytes(&self) -> usize {
-        self.bytes.capacity() + self.other.capacity() * size_of::<Op>()
+        self.bytes.capacity()
+            + self.other.capacity() * size_of::<Op>()
+            + self.marks.capacity() * size_of::<Position>()
+    }
+}
+
+/// [`PackedOps::reader`]: the op at an index, decoded from where the last one read ended when
+/// that is at most `MARK` ops before it, else from the last mark before it. Passes that look
+/// at ops here and there, mostly forwards, read packed ops so without unpacking them.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    ops: &'a PackedOps,
+    /// The index of the op after the last one read, and its position.
+    next: Cell<(usize, Position)>,
+}
+
+impl Reader<'_> {
+    pub fn len(&self) -> usize {
+        self.ops.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.len == 0
+    }
+
+    /// The op at index `k`, `None` past the end.
+    pub fn get(&self, k: usize) -> Option<Op> {
+        if k >= self.ops.len {
+            return None;
+        }
+        let (mut at, mut position) = self.next.get();
+        if k < at || k - at > MARK {
+            at = k / MARK * MARK;
+            position = self.ops.marks[k / MARK];
+        }
+        let mut iter = Iter::resume(self.ops, position);
+        iter.by_ref().take(k - at).for_each(drop);
+        let op = iter.next();
+        self.next.set((k + 1, iter.position()));
+        op
     }
 }
 
@@ -244,6 +299,27 @@ mod tests {
         iter.by_ref().take(5).for_each(drop);
         let resumed = Iter::resume(&packed, iter.position());
         assert_eq!(resumed.collect::<Vec<_>>(), ops[5..]);
+    }
+
+    /// Ops read by index, forwards, backwards and by jumps across marks, are the ops pushed.
+    #[test]
+    fn a_reader_finds_any_op_by_its_index() {
+        let ops: Vec<Op> = (0..3 * MARK as u64 + 17)
+            .map(|i| match i % 7 {
+                0 => Op::EmptyCache,
+                1 | 4 => Op::FreeRequested { id: AllocId(i / 2) },
+                _ => Op::Alloc { id: AllocId(i), size: i * 512, stream: StreamId(i % 3) },
+            })
+            .collect();
+        let packed: PackedOps = ops.iter().cloned().collect();
+        let reader = packed.reader();
+        let n = ops.len();
+        let order = (0..n).chain((0..n).rev()).chain((0..n).map(|i| i * 7919 % n));
+        for k in order {
+            assert_eq!(reader.get(k).as_ref(), Some(&ops[k]), "op {k}");
+        }
+        assert_eq!(reader.get(n), None);
+        assert_eq!(reader.len(), n);
     }
 
     /// Allocations in sequence on one stream and their frees take a few bytes each (an `Op` 40).

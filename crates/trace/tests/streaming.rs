@@ -692,3 +692,60 @@ fn many_entries_sharing_stacks_read_within_a_memo_bound() {
     assert!(packed.heap_bytes() < 8 * packed.len(), "{} bytes", packed.heap_bytes());
     assert_eq!(read.recorded_len, entries as u64);
 }
+
+/// The passes that read a sidecar's calls and free memory into the ops (`empty_cache` calls
+/// placed by the allocator's counts, runs of frees read as `empty_cache`) give the same trace
+/// on packed ops as on `Op`s, on every bundled and validation snapshot with a sidecar: the
+/// ops, the recorded events' ops, the times and the notes.
+#[test]
+fn the_sidecar_passes_give_the_same_trace_on_packed_ops() {
+    fn snapshots(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                snapshots(&p, out);
+            } else if p.to_string_lossy().ends_with(".pickle.gz") {
+                out.push(p);
+            }
+        }
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut paths = vec![];
+    snapshots(&root.join("traces"), &mut paths);
+    snapshots(&root.join("validation"), &mut paths);
+    paths.retain(|p| pytorch::sidecar_path(p).is_some_and(|s| s.exists()));
+    paths.sort();
+    use allocsim_core::Op;
+    let (mut with_calls, mut with_free, mut stayed_packed, mut edited_packed) = (0, 0, 0, 0);
+    for path in &paths {
+        let read = |packed_ops| {
+            let opts = ReadOptions { packed_ops, ..ReadOptions::default() };
+            pytorch::read_snapshot_packed(path, &opts).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (plain, packed) = (read(None), read(Some(0)));
+        let name = path.display();
+        assert!(plain.packed.is_none(), "{name}");
+        // A history that starts mid-run has its ops unpacked for the start's inference.
+        let ops = match &packed.packed {
+            Some(ops) => ops.to_vec(),
+            None => packed.trace.ops.clone(),
+        };
+        stayed_packed += usize::from(packed.packed.is_some());
+        let called = |o: &Op| matches!(o, Op::EmptyCache | Op::SetMemoryFraction { .. });
+        edited_packed += usize::from(packed.packed.is_some() && ops.iter().any(called));
+        assert_eq!(ops, plain.trace.ops, "{name}");
+        assert_eq!(packed.trace.recorded, plain.trace.recorded, "{name}");
+        assert_eq!(packed.trace.op_times, plain.trace.op_times, "{name}");
+        assert_eq!(packed.trace.warnings, plain.trace.warnings, "{name}");
+        assert_eq!(packed.trace.meta, plain.trace.meta, "{name}");
+        with_calls += usize::from(plain.trace.meta.calls_recorded);
+        with_free += usize::from(plain.trace.meta.device_free_bytes.is_some());
+    }
+    let counts = format!(
+        "{with_calls} with calls, {with_free} with free, {stayed_packed} packed, \
+         {edited_packed} of them with calls among their ops"
+    );
+    eprintln!("{counts}");
+    assert!(with_calls >= 10 && with_free >= 30 && stayed_packed >= 30, "{counts}");
+    assert!(edited_packed >= 5, "{counts}");
+}

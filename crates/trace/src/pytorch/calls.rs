@@ -7,6 +7,7 @@
 //! the trace's successful `alloc`s and its `free_requested`s.
 
 use super::edits::Edits;
+use super::ops::{OpList, OpReader};
 use allocsim_core::{MemPoolId, Op, PoolAction, RecordedKind, Trace};
 use std::collections::{BTreeMap, HashSet};
 
@@ -41,10 +42,11 @@ struct Placed<'c> {
 /// `EmptyCache` at its place (or the frees that open the next allocation's run, which
 /// otherwise read as that allocation's retry path); one that freed nothing becomes an
 /// `EmptyCache` of its own; a fraction becomes `SetMemoryFraction`, or the fraction at the
-/// start when it came before a history that starts later. Returns how many ops were added or
-/// split off, or `None` when the calls cannot be placed (a trace that starts mid-run without
-/// the statistics at its end).
-pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
+/// start when it came before a history that starts later. `ops` are the trace's ops, held
+/// beside it. Returns how many ops were added or split off, or `None` when the calls cannot be
+/// placed (a trace that starts mid-run without the statistics at its end).
+pub fn apply(trace: &mut Trace, ops: &mut OpList, calls: &[Call]) -> Option<usize> {
+    let reader = ops.reader();
     let failed: HashSet<u64> =
         trace.recorded.iter().filter(|r| r.kind == RecordedKind::Oom).map(|r| r.op).collect();
     let counts = |k: usize, op: &Op| match op {
@@ -52,11 +54,8 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
         Op::FreeRequested { .. } => (0, 1),
         _ => (0, 0),
     };
-    let (allocs, frees) = trace
-        .ops
-        .iter()
-        .enumerate()
-        .map(|(k, op)| counts(k, op))
+    let (allocs, frees) = (reader.from(0).enumerate())
+        .map(|(k, op)| counts(k, &op))
         .fold((0, 0), |(a, f), (x, y)| (a + x, f + y));
     // The counts before the trace's first entry.
     let stat = |key: &str| {
@@ -82,14 +81,14 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
             }
             continue;
         };
-        while (a < want.0 || f < want.1) && at < trace.ops.len() {
-            let (x, y) = counts(at, &trace.ops[at]);
+        while (a < want.0 || f < want.1) && at < reader.len() {
+            let (x, y) = counts(at, &reader.at(at));
             (a, f) = (a + x, f + y);
             at += 1;
         }
         // A failed allocation counts neither way: the call comes after those at its place (a
         // program that catches an OOM acts after it).
-        while at < trace.ops.len() && failed.contains(&(at as u64)) {
+        while at < reader.len() && failed.contains(&(at as u64)) {
             at += 1;
         }
         let mut takes_run_of = None;
@@ -97,9 +96,9 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
             in_history += 1;
             // The ops up to the next allocation or free: the call's own `EmptyCache` if the
             // conversion inferred one, else the allocation whose run its frees open.
-            let next = (at..trace.ops.len()).find(|&k| counts(k, &trace.ops[k]) != (0, 0));
-            let inferred = (at..next.unwrap_or(trace.ops.len()))
-                .find(|&k| matches!(trace.ops[k], Op::EmptyCache) && !claimed.contains(&k));
+            let next = (at..reader.len()).find(|&k| counts(k, &reader.at(k)) != (0, 0));
+            let inferred = (at..next.unwrap_or(reader.len()))
+                .find(|&k| matches!(reader.at(k), Op::EmptyCache) && !claimed.contains(&k));
             if let Some(k) = inferred {
                 // A later call at the same place comes after this one.
                 claimed.insert(k);
@@ -108,7 +107,7 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
             }
             // An allocation's run opens with the frees of one `empty_cache` at most.
             takes_run_of =
-                next.filter(|&k| counts(k, &trace.ops[k]) == (1, 0) && runs_taken.insert(k));
+                next.filter(|&k| counts(k, &reader.at(k)) == (1, 0) && runs_taken.insert(k));
         }
         placed.push(Placed { call, at, takes_run_of, frees: Vec::new() });
     }
@@ -128,9 +127,11 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
         }
     }
     let mut edits = Edits::default();
-    let last = trace.ops.len().saturating_sub(1);
+    // Calls into a trace with no ops at all: its ops.
+    let mut pushed = Vec::new();
+    let last = reader.len().saturating_sub(1);
     let mut added = 0;
-    let mut between = Between::new(trace, &placed, in_history);
+    let mut between = Between::new(trace, &reader, &placed, in_history);
     for p in &placed {
         let op = match p.call.kind {
             CallKind::EmptyCache => Op::EmptyCache,
@@ -141,22 +142,24 @@ pub fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
             // Right before the allocation and the pool contexts begun for it: the program
             // empties the cache, then enters them (a pool dropped before stays before).
             Some(k) if !p.frees.is_empty() => {
-                let contexts = trace.ops[..k]
-                    .iter()
+                let contexts = (0..k)
                     .rev()
-                    .take_while(|o| matches!(o, Op::Pool { action: PoolAction::BeginAllocate, .. }))
+                    .take_while(|&k| {
+                        matches!(reader.at(k), Op::Pool { action: PoolAction::BeginAllocate, .. })
+                    })
                     .count();
                 edits.split(k - contexts, op, p.frees.clone())
             }
-            _ if between.take(p, &op, &trace.ops, &mut edits) => {}
-            _ if p.at < trace.ops.len() => edits.before(p.at, op),
-            _ if trace.ops.is_empty() => trace.ops.push(op),
+            _ if between.take(p, &op, &reader, &mut edits) => {}
+            _ if p.at < reader.len() => edits.before(p.at, op),
+            _ if reader.is_empty() => pushed.push(op),
             _ => edits.after(last, op),
         }
     }
     if added > 0 {
         between.close(&mut edits);
-        edits.apply(trace);
+        edits.apply_to(trace, ops);
+        pushed.into_iter().for_each(|op| ops.push(op));
     }
     trace.warnings.extend(between.note());
     Some(added)
@@ -184,11 +187,11 @@ struct Between {
 }
 
 impl Between {
-    fn new(trace: &Trace, placed: &[Placed], in_history: usize) -> Between {
-        let contexts = contexts(&trace.ops);
+    fn new(trace: &Trace, ops: &OpReader, placed: &[Placed], in_history: usize) -> Between {
+        let contexts = contexts(ops);
         let inside = |p: &&Placed| moves(p) && context_at(&contexts, p.at).is_some();
         let inside = placed.iter().filter(inside).count();
-        let in_contexts = calls_in_contexts(trace, in_history);
+        let in_contexts = calls_in_contexts(trace, ops, in_history);
         // Without the statistics, every call moves, as PyTorch's own calls come.
         let to_move = inside.saturating_sub(in_contexts.unwrap_or(0));
         Between { contexts, to_move, guessed: in_contexts.is_none(), gap: None, moved: 0 }
@@ -196,7 +199,7 @@ impl Between {
 
     /// Put `op`, the call `p` (calls come in the order of their places), between contexts if
     /// it is one to move; false if it is not.
-    fn take(&mut self, p: &Placed, op: &Op, ops: &[Op], edits: &mut Edits) -> bool {
+    fn take(&mut self, p: &Placed, op: &Op, ops: &OpReader, edits: &mut Edits) -> bool {
         let context = context_at(&self.contexts, p.at).filter(|_| moves(p) && self.to_move > 0);
         let Some((_, end, pool)) = context else {
             self.close(edits);
@@ -204,7 +207,7 @@ impl Between {
         };
         self.to_move -= 1;
         self.moved += 1;
-        if ops[p.at..end].iter().all(|o| matches!(o, Op::Pool { .. })) {
+        if (p.at..end).all(|k| matches!(ops.at(k), Op::Pool { .. })) {
             edits.after(end, op.clone());
             return true;
         }
@@ -249,11 +252,11 @@ fn moves(p: &Placed) -> bool {
 }
 
 /// The private-pool contexts of `ops`: (`BeginAllocate` op, `EndAllocate` op, pool), by start.
-fn contexts(ops: &[Op]) -> Vec<(usize, usize, MemPoolId)> {
+fn contexts(ops: &OpReader) -> Vec<(usize, usize, MemPoolId)> {
     let mut open: Vec<(usize, MemPoolId)> = Vec::new();
     let mut contexts = Vec::new();
-    for (k, op) in ops.iter().enumerate() {
-        match *op {
+    for (k, op) in ops.from(0).enumerate() {
+        match op {
             Op::Pool { pool, action: PoolAction::BeginAllocate } => open.push((k, pool)),
             Op::Pool { pool, action: PoolAction::EndAllocate } => {
                 if let Some(i) = open.iter().rposition(|&(_, p)| p == pool) {
@@ -280,7 +283,7 @@ fn context_at(
 /// statistics: it synchronizes all streams once for a call with no context open, once for each
 /// retry path (`num_alloc_retries`) and once for each pool's release, and for nothing else.
 /// `None` when the statistics of the history's start or end are not known.
-fn calls_in_contexts(trace: &Trace, calls: usize) -> Option<usize> {
+fn calls_in_contexts(trace: &Trace, ops: &OpReader, calls: usize) -> Option<usize> {
     let value = |stats: &Option<Vec<(String, i64)>>, key: &str| {
         let stats = stats.as_ref()?;
         stats.iter().find(|(k, _)| k == key).map(|&(_, v)| v)
@@ -293,7 +296,7 @@ fn calls_in_contexts(trace: &Trace, calls: usize) -> Option<usize> {
         let end = value(&trace.meta.expected_stats, key)?;
         u64::try_from(end.checked_sub(start)?).ok()
     };
-    let releases = (trace.ops.iter())
+    let releases = (ops.from(0))
         .filter(|op| matches!(op, Op::Pool { action: PoolAction::Release, .. }))
         .count() as u64;
     let syncs = counted("num_sync_all_streams")?;
@@ -341,6 +344,14 @@ mod tests {
 
     fn call(kind: CallKind, allocations: u64, frees: u64) -> Call {
         Call { kind, allocations, frees }
+    }
+
+    /// [`apply`] to a trace that holds its ops.
+    fn apply(trace: &mut Trace, calls: &[Call]) -> Option<usize> {
+        let mut ops = OpList::Plain(std::mem::take(&mut trace.ops));
+        let added = super::apply(trace, &mut ops, calls);
+        (trace.ops, _) = ops.split();
+        added
     }
 
     fn names(trace: &Trace) -> Vec<&'static str> {

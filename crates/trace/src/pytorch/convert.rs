@@ -39,6 +39,7 @@
 use super::edits::Edits;
 use super::entries::{segment_pool, Action, Ctx, Entries, Entry};
 use super::mapped::{self, MapEvent};
+use super::ops::OpList;
 use super::stacks::Stacks;
 use crate::addr_map::{AddrMap, BuildAddrHasher};
 use crate::error::TraceError;
@@ -80,65 +81,6 @@ impl Keep {
         let (stacks, times, events) = (opts.stacks, opts.times, opts.events);
         let (op_stacks, packed) = (opts.op_stacks, opts.packed_ops);
         Keep { max_built_bytes, stacks, op_stacks, times, events, packed }
-    }
-}
-
-/// A conversion's ops: as `Op`s, or packed ([`Keep::packed`]).
-#[derive(Debug)]
-pub enum OpList {
-    Plain(Vec<Op>),
-    Packed(PackedOps),
-}
-
-impl OpList {
-    pub fn len(&self) -> usize {
-        match self {
-            OpList::Plain(ops) => ops.len(),
-            OpList::Packed(ops) => ops.len(),
-        }
-    }
-
-    #[inline]
-    fn push(&mut self, op: Op) {
-        match self {
-            OpList::Plain(ops) => ops.push(op),
-            OpList::Packed(ops) => ops.push(op),
-        }
-    }
-
-    /// The ops packed from here on, if they were not.
-    #[cold]
-    fn pack(&mut self) {
-        if let OpList::Plain(ops) = self {
-            *self = OpList::Packed(ops.drain(..).collect());
-        }
-    }
-
-    /// What the ops count for [`Keep::max_built_bytes`]: as `Op`s, packed or not. Packed ones
-    /// may be unpacked (a pass that needs every op, a reader that hands a whole trace), and a
-    /// file's bound, a ratio to its size that real snapshots stay far under, stays what it was
-    /// (45 M identical entries in 5 MB are refused as before, though they pack into 180 MB).
-    fn bytes(&self) -> usize {
-        self.len() * size_of::<Op>()
-    }
-
-    /// The ops as `Op`s, unpacked here if they were packed.
-    pub fn plain(&mut self) -> &mut Vec<Op> {
-        if let OpList::Packed(ops) = self {
-            *self = OpList::Plain(ops.to_vec());
-        }
-        match self {
-            OpList::Plain(ops) => ops,
-            OpList::Packed(_) => unreachable!("unpacked above"),
-        }
-    }
-
-    /// The ops as `Op`s, and the packed ones as they are.
-    pub fn split(self) -> (Vec<Op>, Option<PackedOps>) {
-        match self {
-            OpList::Plain(ops) => (ops, None),
-            OpList::Packed(ops) => (Vec::new(), Some(ops)),
-        }
     }
 }
 
@@ -1169,9 +1111,13 @@ const RETRY_HEADROOM_BYTES: u64 = 2 << 30;
 /// the frees before it were no retry path but an `empty_cache` the program called right before
 /// (the recording shows the two alike). Each such allocation gets an `Op::EmptyCache` before
 /// it (and before the pool contexts begun right before it), which takes the run's frees and the
-/// completions before them. `device_events`: where the device events are in
-/// `trace.recorded`, ascending. Returns how many.
-pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace, device_events: &[u32]) -> usize {
+/// completions before them. `ops`: the trace's ops, held beside it; `device_events`: where
+/// the device events are in `trace.recorded`, ascending. Returns how many.
+pub fn split_empty_cache_runs(
+    trace: &mut allocsim_core::Trace,
+    ops: &mut OpList,
+    device_events: &[u32],
+) -> usize {
     let Some(free_at_start) = trace.meta.device_free_bytes else { return 0 };
     // Under a memory fraction the cap refuses before the driver does, and garbage collection
     // frees segments before an allocation that then reserves one: leave those runs as they are.
@@ -1184,6 +1130,7 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace, device_events: &
     let mut edits = Edits::default();
     let mut splits = 0;
     let recorded = &trace.recorded;
+    let reader = ops.reader();
     // Runs of one op's events that hold a device call (most hold none: the program's own
     // events alone), found from their device calls.
     let mut next = 0;
@@ -1204,7 +1151,7 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace, device_events: &
             run.iter().find(|r| r.kind != RecordedKind::FreeCompleted).is_some_and(|r| {
                 matches!(r.kind, RecordedKind::SegmentFree | RecordedKind::SegmentUnmap)
             });
-        let is_alloc = matches!(trace.ops.get(op as usize), Some(Op::Alloc { .. }));
+        let is_alloc = matches!(reader.get(op as usize), Some(Op::Alloc { .. }));
         if let (Some(k), true, true) = (first_reserve, opens_with_free, is_alloc) {
             if free_at_start.saturating_sub(reserved).saturating_sub(run[k].size)
                 > RETRY_HEADROOM_BYTES
@@ -1212,10 +1159,11 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace, device_events: &
                 // The `EmptyCache` takes the frees (and completions) before the reservation,
                 // and goes before the pool contexts begun right before the allocation: the
                 // program empties the cache, then enters them.
-                let contexts = trace.ops[..op as usize]
-                    .iter()
+                let contexts = (0..op as usize)
                     .rev()
-                    .take_while(|o| matches!(o, Op::Pool { action: PoolAction::BeginAllocate, .. }))
+                    .take_while(|&k| {
+                        matches!(reader.at(k), Op::Pool { action: PoolAction::BeginAllocate, .. })
+                    })
                     .count();
                 edits.split(op as usize - contexts, Op::EmptyCache, (i..i + k).collect());
                 splits += 1;
@@ -1232,7 +1180,7 @@ pub fn split_empty_cache_runs(trace: &mut allocsim_core::Trace, device_events: &
         }
     }
     if splits > 0 {
-        edits.apply(trace);
+        edits.apply_to(trace, ops);
     }
     splits
 }

@@ -3,8 +3,9 @@
 //! its op. An added op takes the recorded time of the op it goes with, so that a snapshot
 //! written from the trace keeps a clock that never goes back.
 
-use allocsim_core::{Op, Trace};
-use std::collections::BTreeMap;
+use super::ops::OpList;
+use allocsim_core::{Op, PackedOps, Trace};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Ops to add to a trace, by the op index they go with, applied in one pass.
 #[derive(Default)]
@@ -29,13 +30,23 @@ impl Edits {
         self.splits.entry(k).or_default().push((op, recorded));
     }
 
-    /// Rebuild the ops; every recorded event and stack follows its op to the op's new index,
-    /// and events taken by a split go to the op that took them.
+    /// Rebuild the trace's ops; every recorded event and stack follows its op to the op's new
+    /// index, and events taken by a split go to the op that took them.
     pub(super) fn apply(self, trace: &mut Trace) {
-        let old = std::mem::take(&mut trace.ops);
-        let mut new_index = Vec::with_capacity(old.len());
+        let mut ops = OpList::Plain(std::mem::take(&mut trace.ops));
+        self.apply_to(trace, &mut ops);
+        (trace.ops, _) = ops.split();
+    }
+
+    /// [`Edits::apply`] to `ops`, the trace's ops held beside it (packed, say), rebuilt as they
+    /// are held.
+    pub(super) fn apply_to(self, trace: &mut Trace, ops: &mut OpList) {
+        let old = std::mem::replace(ops, OpList::Plain(Vec::new()));
+        *ops = match &old {
+            OpList::Plain(o) => OpList::Plain(Vec::with_capacity(o.len() + self.len())),
+            OpList::Packed(_) => OpList::Packed(PackedOps::new()),
+        };
         let mut taken: BTreeMap<usize, u64> = BTreeMap::new();
-        let mut ops = Vec::with_capacity(old.len() + self.before.len() + self.after.len());
         // The added ops' times: those of the ops they go with.
         let mut added_times = Vec::new();
         let op_times = &trace.op_times;
@@ -43,7 +54,17 @@ impl Edits {
             let at = op_times.binary_search_by_key(&(k as u64), |&(op, _)| op).ok()?;
             Some(op_times[at].1)
         };
-        for (k, op) in old.into_iter().enumerate() {
+        let keys: BTreeSet<usize> = self
+            .splits
+            .keys()
+            .chain(self.before.keys())
+            .chain(self.after.keys())
+            .copied()
+            .collect();
+        let mut put = |k: usize, op: Op| {
+            if !keys.contains(&k) {
+                return ops.push(op);
+            }
             let first_added = ops.len();
             for (split, recorded) in self.splits.get(&k).into_iter().flatten() {
                 for &r in recorded {
@@ -51,34 +72,58 @@ impl Edits {
                 }
                 ops.push(split.clone());
             }
-            ops.extend(self.before.get(&k).into_iter().flatten().cloned());
-            new_index.push(ops.len() as u64);
+            self.before.get(&k).into_iter().flatten().for_each(|op| ops.push(op.clone()));
+            let new = ops.len();
             ops.push(op);
-            ops.extend(self.after.get(&k).into_iter().flatten().cloned());
-            if ops.len() > first_added + 1 {
-                if let Some(time) = time_of(k) {
-                    let op = new_index[k] as usize;
-                    let added = (first_added..ops.len()).filter(|&i| i != op);
-                    added_times.extend(added.map(|i| (i as u64, time)));
-                }
+            self.after.get(&k).into_iter().flatten().for_each(|op| ops.push(op.clone()));
+            if let Some(time) = time_of(k) {
+                let added = (first_added..ops.len()).filter(|&i| i != new);
+                added_times.extend(added.map(|i| (i as u64, time)));
             }
+        };
+        match old {
+            OpList::Plain(old) => old.into_iter().enumerate().for_each(|(k, op)| put(k, op)),
+            OpList::Packed(old) => old.iter().enumerate().for_each(|(k, op)| put(k, op)),
         }
-        trace.ops = ops;
+        // Op `k`'s new index: `k` and the ops added before it, counted at each edited op.
+        let mut shifts = Vec::with_capacity(keys.len());
+        let mut added = 0u64;
+        for &k in &keys {
+            let count = |m: &BTreeMap<usize, Vec<_>>| m.get(&k).map_or(0, Vec::len) as u64;
+            let before = count(&self.before) + self.splits.get(&k).map_or(0, Vec::len) as u64;
+            shifts.push((k as u64, added + before));
+            added += before + count(&self.after);
+        }
+        let new_index = |k: u64| match shifts.binary_search_by_key(&k, |&(at, _)| at) {
+            Ok(i) => k + shifts[i].1,
+            Err(0) => k,
+            Err(i) => {
+                let (at, shift) = shifts[i - 1];
+                let after = self.after.get(&(at as usize)).map_or(0, Vec::len) as u64;
+                k + shift + after
+            }
+        };
         for (r, e) in trace.recorded.iter_mut().enumerate() {
-            e.op = taken.get(&r).copied().unwrap_or(new_index[e.op as usize]);
+            e.op = taken.get(&r).copied().unwrap_or_else(|| new_index(e.op));
         }
         for (op, _) in &mut trace.op_stacks {
-            *op = new_index[*op as usize];
+            *op = new_index(*op);
         }
         for (op, _) in &mut trace.op_times {
-            *op = new_index[*op as usize];
+            *op = new_index(*op);
         }
         if !added_times.is_empty() {
             trace.op_times.extend(added_times);
             trace.op_times.sort_by_key(|&(op, _)| op);
         }
         for (op, _) in &mut trace.op_annotations {
-            *op = new_index[*op as usize];
+            *op = new_index(*op);
         }
+    }
+
+    /// How many ops are added.
+    fn len(&self) -> usize {
+        let count = |m: &BTreeMap<usize, Vec<Op>>| m.values().map(Vec::len).sum::<usize>();
+        count(&self.before) + count(&self.after) + self.splits.values().map(Vec::len).sum::<usize>()
     }
 }

@@ -10,6 +10,7 @@ mod convert;
 mod edits;
 mod entries;
 mod mapped;
+mod ops;
 mod overlap;
 mod pools;
 mod sidecar;
@@ -141,13 +142,14 @@ fn read(
         true => sidecar::apply(path, &mut trace.meta)?,
         false => None,
     };
-    // What follows reads the ops only with the sidecar's calls or its free memory at the start.
-    if calls.is_some() || trace.meta.device_free_bytes.is_some() {
-        unpack(&mut trace, &mut packed);
-    }
+    // The passes that follow read the ops where they are, packed or not, and add ops to them.
+    let mut ops = match packed.take() {
+        Some(packed) => ops::OpList::Packed(packed),
+        None => ops::OpList::Plain(std::mem::take(&mut trace.ops)),
+    };
     // The calls the capture recorded say which runs of frees were `empty_cache`; without them,
     // the free memory at the start says which could not have been a retry path.
-    let placed = calls.as_deref().and_then(|c| calls::apply(&mut trace, c));
+    let placed = calls.as_deref().and_then(|c| calls::apply(&mut trace, &mut ops, c));
     if calls.is_some() && placed.is_none() {
         trace.warnings.push(
             "the sidecar's empty_cache and memory fraction calls were left out: the history \
@@ -157,8 +159,9 @@ fn read(
     }
     let read_as_empty_cache = match placed {
         Some(_) => 0,
-        None => convert::split_empty_cache_runs(&mut trace, &device_events),
+        None => convert::split_empty_cache_runs(&mut trace, &mut ops, &device_events),
     };
+    (trace.ops, packed) = ops.split();
     if read_as_empty_cache > 0 {
         trace.warnings.push(format!(
             "{read_as_empty_cache} runs of device frees before an allocation were read as \
@@ -176,13 +179,6 @@ fn read(
             && trace.meta == meta
     });
     Ok((Replayed { trace, replay: None, recorded_len, recorded_counts, packed }, faithful))
-}
-
-/// The ops of `packed`, if any, as `trace.ops`.
-fn unpack(trace: &mut Trace, packed: &mut Option<PackedOps>) {
-    if let Some(packed) = packed.take() {
-        trace.ops = packed.to_vec();
-    }
 }
 
 /// The decompressed pickle stream of a snapshot file.

@@ -12,7 +12,7 @@
 //!
 //! [`read_snapshot_replaying`]: super::read_snapshot_replaying
 
-use super::convert::OpList;
+use super::ops::OpList;
 use allocsim_core::packed::{Iter, Position};
 use allocsim_core::{Op, RecordedEvent, TraceMeta};
 use std::cell::{Cell, RefCell};
