@@ -299,8 +299,9 @@ fn capacity_rows(dir: &str, cross: &[&str]) -> Vec<CapacityRow> {
             alloc_conf: conf.map(str::to_string),
             ..RunOptions::default()
         };
-        let c = capacity(&trace, &CapacityOptions { run, outside_bytes: outside, jitters: 16 })
-            .unwrap();
+        let floor_bytes = allocsim_run::driver_floor_bytes(trace.meta.device_total_bytes);
+        let opts = CapacityOptions { run, outside_bytes: outside, floor_bytes, jitters: 16 };
+        let c = capacity(&trace, &opts).unwrap();
         let own = recording == truth;
         CapacityRow {
             name: format!("{recording} -> {truth}"),
@@ -344,12 +345,55 @@ fn capacity_holds_against_the_h100() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// `validation/estimate/`: `capacity` of the three programs estimated without a GPU whose
+/// thresholds were bisected on an H200 lies within 0.05 % of the threshold, as the README says.
+#[test]
+fn capacity_of_estimates_holds_against_the_h200() {
+    use allocsim_run::{capacity, CapacityOptions};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../validation/estimate");
+    for program in ["gpt_amp", "convnet", "lora"] {
+        let bisect = std::fs::read_to_string(dir.join(format!("recorded/{program}.bisect")));
+        let last = bisect.expect("the bisection's tries").lines().last().unwrap().to_string();
+        let summary: serde_json::Value = serde_json::from_str(&last).unwrap();
+        let threshold = summary["threshold"].as_u64().expect("the summary line");
+        let trace = read(&dir.join(format!("estimated/{program}.pickle.gz")));
+        let outside = trace.meta.outside_allocator_bytes.expect("the estimate's sidecar has it");
+        let floor_bytes = allocsim_run::driver_floor_bytes(trace.meta.device_total_bytes);
+        let run = RunOptions { policy: "pytorch".into(), ..RunOptions::default() };
+        let opts = CapacityOptions { run, outside_bytes: outside, floor_bytes, jitters: 16 };
+        let point = capacity(&trace, &opts).unwrap().capacity_bytes.unwrap();
+        let off = point as f64 / threshold as f64 - 1.0;
+        assert!(
+            off.abs() <= 0.0005,
+            "{program}: {point} against {threshold}, {:+.3} %",
+            100.0 * off
+        );
+    }
+}
+
+/// The driver's floor on the H200 is what every fill of `validation/driver_floor.py` left free.
+#[test]
+fn the_h200_drivers_floor_is_what_the_fills_left() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../validation/h200-pytorch-2.11/driver_floor.jsonl");
+    let fills = std::fs::read_to_string(path).expect("driver_floor.jsonl");
+    let mut modes = std::collections::BTreeSet::new();
+    for line in fills.lines() {
+        let fill: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        assert_eq!(fill["free_left"], allocsim_run::H200_DRIVER_FLOOR_BYTES, "{fill}");
+        assert_eq!(fill["total"], allocsim_run::H200_TOTAL_BYTES, "{fill}");
+        modes.insert(format!("{} {}", fill["mode"], fill["conf"]));
+    }
+    assert!(modes.len() >= 4, "cudaMalloc pages and small, PyTorch with and without expandable");
+}
+
 /// Programs held out from the model (ViT, BERT, Llama decoding and ResNet-50, recorded and
 /// bisected on an H200 after the band was set): the real threshold lies in the band under every
 /// setting, as recorded and asked under `expandable_segments:True`, and under another chunk order;
-/// the point within 0.3 % of it and the band at most 1 % wide on the programs of more than 1.5 GB.
-/// On Llama decoding (0.85 GB) both margins are a few MiB the runs take outside the allocator
-/// (cuDNN's attention fails there first), which is more than 1 % of so small a run.
+/// the point within 0.3 % of it (or inside the real bracket, where that is wider); the band at
+/// most 1 % wide on the programs of more than 1.5 GB. On Llama decoding (0.85 GB) the band's
+/// margins, a few MiB the runs take outside the allocator and the bisection's step, are more
+/// than 1 % of so small a run.
 #[test]
 fn capacity_holds_on_programs_held_out_from_the_model() {
     let cross = ["vit_train", "bert_mlm", "llama_generate", "resnet_train"];
@@ -360,15 +404,54 @@ fn capacity_holds_on_programs_held_out_from_the_model() {
     for row in &rows {
         failures.extend(row.misses());
         let (error, width) = row.error_and_width();
-        if row.point > 1_500_000_000 && (error.abs() > 0.003 || width > 0.01) {
-            failures.push(format!(
-                "{row}: point off by {:+.3} %, band {:.2} % wide",
-                100.0 * error,
-                100.0 * width
-            ));
+        let in_bracket = row.real.0 < row.point && row.point <= row.real.1;
+        if error.abs() > 0.003 && !in_bracket {
+            failures.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
+        }
+        if row.point > 1_500_000_000 && width > 0.01 {
+            failures.push(format!("{row}: band {:.2} % wide", 100.0 * width));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// What `docs/capacity.md` says of Llama decoding near its threshold on the H200: every try
+/// there that failed, failed in cuDNN's attention with no allocator OOM, the allocator at the
+/// peak of the unconstrained run, nothing but the driver's floor free and 2-4 MiB of its
+/// memory outside the allocator not yet taken; the tightest try that fitted took all of it and
+/// ended with the floor free too. A kernel module loaded that late gets none of the allocator's
+/// cache.
+#[test]
+fn llama_decoding_fails_near_its_threshold_loading_kernels_beside_a_full_cache() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../validation/h200-pytorch-2.11/heldout/tries.jsonl");
+    let tries: Vec<serde_json::Value> = std::fs::read_to_string(dir)
+        .expect("tries.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .filter(|t: &serde_json::Value| t["workload"] == "llama_generate" && t["perturb"].is_null())
+        .collect();
+    let recording = tries.iter().find(|t| t["target_free"].is_null()).expect("the recording");
+    let (peak, outside) =
+        (&recording["peak_reserved"], recording["outside_allocator_bytes"].as_u64());
+    let near = |t: &&serde_json::Value| {
+        (850_000_000..860_000_000).contains(&t["free_at_start"].as_u64().unwrap())
+    };
+    let (mut failed, mut fitted) = (0, vec![]);
+    for t in tries.iter().filter(near) {
+        if t["fits"] == true {
+            fitted.push(t["free_at_end"].as_u64().unwrap());
+            continue;
+        }
+        failed += 1;
+        assert!(t["failure"].as_str().unwrap().contains("mha_graph.execute"), "{t}");
+        assert_eq!((&t["ooms"], &t["peak_reserved"]), (&serde_json::json!(0), peak), "{t}");
+        assert_eq!(t["free_at_end"], allocsim_run::H200_DRIVER_FLOOR_BYTES, "{t}");
+        assert!(t["outside_allocator_bytes"].as_u64() < outside, "{t}");
+    }
+    assert!(failed >= 10, "{failed} failing tries near the threshold");
+    let floor = allocsim_run::H200_DRIVER_FLOOR_BYTES;
+    assert_eq!(fitted.iter().min(), Some(&floor), "the tightest fit's free memory at its end");
 }
 
 /// The README shows `best_fit.rs` whole (its module doc aside): the example cannot drift.

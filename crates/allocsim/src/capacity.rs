@@ -83,7 +83,7 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     // The trace's own settings are PyTorch's, and apply to the PyTorch policy only.
     let own = trace.meta.alloc_conf.clone().filter(|_| args.policy == "pytorch");
     let shown_conf = conf.clone().or(own).unwrap_or_default();
-    let c = capacity_of(runs, &options(&args.policy, conf, outside))?;
+    let c = capacity_of(runs, &options(&args.policy, conf, outside, &trace))?;
     let mut j = capacity_json(&c);
     j["trace"] = json!(args.trace.display().to_string());
     j["policy"] = json!(args.policy);
@@ -115,6 +115,13 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         }
     }
     outln!(out, "  of which outside the allocator: {} ({source})", bytes(outside));
+    if c.floor_bytes > 0 {
+        outln!(
+            out,
+            "  and never handed out by the driver: {} (measured on an H200: docs/capacity.md)",
+            bytes(c.floor_bytes)
+        );
+    }
     outln!(
         out,
         "  (free at start: what torch.cuda.mem_get_info() reports once the CUDA context exists;"
@@ -243,6 +250,7 @@ fn advise_row(
     let opts = CapacityOptions {
         run: RunOptions { device_free_bytes: None, ..run },
         outside_bytes: outside,
+        floor_bytes: crate::capacity_model::floor_bytes(trace),
         jitters: ADVISE_JITTERS,
     };
     let peak_reserved = report.stats.reserved_bytes.all.peak.max(0) as u64;

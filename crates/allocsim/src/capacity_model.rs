@@ -8,12 +8,23 @@ use serde_json::json;
 /// Seeded jittered placements the band is taken over, besides the driver placement.
 pub(crate) const JITTERS: u32 = 16;
 
-pub(crate) fn options(policy: &str, alloc_conf: Option<String>, outside: u64) -> CapacityOptions {
+pub(crate) fn options(
+    policy: &str,
+    alloc_conf: Option<String>,
+    outside: u64,
+    trace: &Trace,
+) -> CapacityOptions {
     CapacityOptions {
         run: RunOptions { policy: policy.to_string(), alloc_conf, ..RunOptions::default() },
         outside_bytes: outside,
+        floor_bytes: floor_bytes(trace),
         jitters: JITTERS,
     }
+}
+
+/// Free memory the driver never hands out on the recording's device, where it was measured.
+pub(crate) fn floor_bytes(trace: &Trace) -> u64 {
+    allocsim_run::driver_floor_bytes(trace.meta.device_total_bytes)
 }
 
 /// The memory the run takes outside the allocator, and where the figure comes from: the flag,
@@ -33,6 +44,7 @@ pub(crate) fn capacity_json(c: &Capacity) -> serde_json::Value {
         "capacity_low_bytes": c.low_bytes,
         "capacity_high_bytes": c.high_bytes,
         "outside_allocator_bytes": c.outside_bytes,
+        "driver_floor_bytes": c.floor_bytes,
         "searched_up_to_bytes": c.searched_up_to_bytes,
         "per_placement": c.placements.iter().map(|p| json!({
             "placement": p.placement.to_string(),

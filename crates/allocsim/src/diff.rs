@@ -113,7 +113,8 @@ pub(crate) fn side<'t>(
     run_trace(trace, opts, &mut [&mut at], |_| {}).with_context(setup)?;
     let capacity = if with_capacity {
         let (outside, _) = crate::capacity_model::outside_bytes(None, trace);
-        let copts = crate::capacity_model::options(&opts.policy, opts.alloc_conf.clone(), outside);
+        let copts =
+            crate::capacity_model::options(&opts.policy, opts.alloc_conf.clone(), outside, trace);
         Some(capacity(trace, &copts).with_context(setup)?)
     } else {
         None

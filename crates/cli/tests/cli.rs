@@ -746,3 +746,23 @@ fn report_writes_its_page_in_the_current_directory() {
     let beside = PathBuf::from(&trace).with_file_name("synthetic_roundup.html");
     assert!(!beside.exists(), "written beside the trace");
 }
+
+/// `capacity` counts the driver's floor for a recording made on an H200, and says so; for one
+/// made on an H100, where it was not measured, it counts none and says nothing.
+#[test]
+fn capacity_counts_the_drivers_floor_where_it_was_measured() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces");
+    for (trace, floor) in [
+        ("pytorch-2.11-h200-ranks/bs8.pickle.gz", 3_276_800),
+        ("pytorch-2.11-h100-user/d_gpt2_blog.pickle.gz", 0),
+    ] {
+        let path = root.join(trace).display().to_string();
+        let out = allocsim(&["capacity", &path, "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["driver_floor_bytes"], floor, "{trace}");
+        let text = String::from_utf8(allocsim(&["capacity", &path]).stdout).unwrap();
+        let said = text.contains("never handed out by the driver: 3.12 MiB (3276800 B)");
+        assert_eq!(said, floor > 0, "{text}");
+    }
+}

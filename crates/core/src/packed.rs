@@ -98,12 +98,12 @@ impl PackedOps {
         Iter { ops: self, byte: 0, other: 0, at: Context::default() }
     }
 
-    /// The ops from the `n`th on (`n` at most [`PackedOps::len`]), by decoding those before.
+    /// The ops from the `n`th on (`n` at most [`PackedOps::len`]), by decoding those before
+    /// it from the last mark.
     pub fn iter_from(&self, n: usize) -> Iter<'_> {
-        let mut iter = self.iter();
-        for _ in 0..n {
-            iter.next();
-        }
+        let end = Position { byte: self.bytes.len(), other: self.other.len(), at: self.at };
+        let mut iter = Iter::resume(self, self.marks.get(n / MARK).copied().unwrap_or(end));
+        iter.by_ref().take(n % MARK).for_each(drop);
         iter
     }
 
@@ -137,7 +137,12 @@ pub struct Reader<'a> {
     next: Cell<(usize, Position)>,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// The ops from the `k`th on, in order.
+    pub fn iter_from(&self, k: usize) -> Iter<'a> {
+        self.ops.iter_from(k.min(self.ops.len))
+    }
+
     pub fn len(&self) -> usize {
         self.ops.len
     }
@@ -151,13 +156,15 @@ impl Reader<'_> {
         if k >= self.ops.len {
             return None;
         }
-        let (mut at, mut position) = self.next.get();
-        if k < at || k - at > MARK {
-            at = k / MARK * MARK;
-            position = self.ops.marks[k / MARK];
-        }
-        let mut iter = Iter::resume(self.ops, position);
-        iter.by_ref().take(k - at).for_each(drop);
+        let (at, position) = self.next.get();
+        let mut iter = match k >= at && k - at <= MARK {
+            true => {
+                let mut iter = Iter::resume(self.ops, position);
+                iter.by_ref().take(k - at).for_each(drop);
+                iter
+            }
+            false => self.ops.iter_from(k),
+        };
         let op = iter.next();
         self.next.set((k + 1, iter.position()));
         op
@@ -301,7 +308,8 @@ mod tests {
         assert_eq!(resumed.collect::<Vec<_>>(), ops[5..]);
     }
 
-    /// Ops read by index, forwards, backwards and by jumps across marks, are the ops pushed.
+    /// Ops read by index, forwards, backwards and by jumps across marks, and from any index
+    /// on, are the ops pushed.
     #[test]
     fn a_reader_finds_any_op_by_its_index() {
         let ops: Vec<Op> = (0..3 * MARK as u64 + 17)
@@ -320,6 +328,11 @@ mod tests {
         }
         assert_eq!(reader.get(n), None);
         assert_eq!(reader.len(), n);
+        for from in [0, 1, MARK - 1, MARK, MARK + 1, 3 * MARK, n - 1, n] {
+            assert_eq!(packed.iter_from(from).collect::<Vec<_>>(), ops[from..], "from {from}");
+        }
+        let whole: PackedOps = ops[..2 * MARK].iter().cloned().collect();
+        assert_eq!(whole.iter_from(2 * MARK).next(), None, "from the end, a multiple of MARK");
     }
 
     /// Allocations in sequence on one stream and their frees take a few bytes each (an `Op` 40).

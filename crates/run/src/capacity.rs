@@ -25,6 +25,26 @@ use rayon::prelude::*;
 /// 2.11 and CUDA 13 (the largest of the validation workloads: 246 MiB; see `docs/capacity.md`).
 pub const OUTSIDE_ALLOCATOR_BYTES: u64 = 257_949_696;
 
+/// Free memory the driver never hands out: with this much left every `cudaMalloc` fails,
+/// whatever its size, while `mem_get_info()` still counts it free. On an H200 (PyTorch 2.11,
+/// driver 580.159.04) filling the device with `cudaMalloc`s down to 512 bytes, or with
+/// PyTorch's allocator with and without expandable segments, left 3,276,800 bytes free every
+/// time (`validation/driver_floor.py`), and so did the tightest fitting tries of `validation/`.
+pub const H200_DRIVER_FLOOR_BYTES: u64 = 3_276_800;
+
+/// The total memory `mem_get_info()` reports on that H200.
+pub const H200_TOTAL_BYTES: u64 = 150_109_880_320;
+
+/// The driver's floor on a device of `total` bytes, where it was measured (the H200); none
+/// elsewhere: on the H100 a run of `validation/` ended with 2,293,760 bytes free, so its
+/// floor is at most that, and no other device was measured.
+pub fn driver_floor_bytes(total: Option<u64>) -> u64 {
+    match total {
+        Some(H200_TOTAL_BYTES) => H200_DRIVER_FLOOR_BYTES,
+        _ => 0,
+    }
+}
+
 /// Bisection stops when the bracket is this narrow: the driver's page.
 pub const CAPACITY_RESOLUTION_BYTES: u64 = PAGE_BYTES;
 
@@ -64,8 +84,18 @@ pub struct CapacityOptions {
     pub run: RunOptions,
     /// Memory the run takes outside the allocator, counted as taken from the start.
     pub outside_bytes: u64,
+    /// Free memory the driver never hands out ([`driver_floor_bytes`]).
+    pub floor_bytes: u64,
     /// How many seeded jittered placements the band is taken over, besides the driver placement.
     pub jitters: u32,
+}
+
+impl CapacityOptions {
+    /// What free memory at the start the allocator cannot have: the outside memory and the
+    /// driver's floor.
+    fn taken_bytes(&self) -> u64 {
+        self.outside_bytes + self.floor_bytes
+    }
 }
 
 /// The threshold under one placement.
@@ -87,6 +117,7 @@ pub struct Capacity {
     pub low_bytes: Option<u64>,
     pub high_bytes: Option<u64>,
     pub outside_bytes: u64,
+    pub floor_bytes: u64,
     /// The device's free memory at the start, the most that was tried.
     pub searched_up_to_bytes: u64,
     pub placements: Vec<PlacementThreshold>,
@@ -196,7 +227,7 @@ fn fits(
     placement: Placement,
     free_bytes: u64,
 ) -> Result<bool, ConfigError> {
-    let free = free_bytes.saturating_sub(opts.outside_bytes);
+    let free = free_bytes.saturating_sub(opts.taken_bytes());
     completes(trace, RunOptions { device_free_bytes: Some(free), placement, ..opts.run.clone() })
 }
 
@@ -215,12 +246,12 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         fidelity: false,
         ..opts.run.clone()
     })?;
-    let device_free = base.device_free_bytes.saturating_add(opts.outside_bytes);
-    // Nothing fits below what is live at once, plus the outside memory. With as much free as
-    // the unconstrained run reserved, no reservation is refused, so the run fits: the bracket
-    // starts there (and at the whole device for a placement that reserves more).
-    let lower = (base.metrics.peak_requested_bytes + opts.outside_bytes).saturating_sub(1);
-    let reserved = base.stats.reserved_bytes.all.peak.max(0) as u64 + opts.outside_bytes;
+    let device_free = base.device_free_bytes.saturating_add(opts.taken_bytes());
+    // Nothing fits below what is live at once, plus the outside memory and the floor. With as
+    // much free as the unconstrained run reserved, no reservation is refused, so the run fits:
+    // the bracket starts there (and at the whole device for a placement that reserves more).
+    let lower = (base.metrics.peak_requested_bytes + opts.taken_bytes()).saturating_sub(1);
+    let reserved = base.stats.reserved_bytes.all.peak.max(0) as u64 + opts.taken_bytes();
     // Under the driver placement and as much free as that run reserved, the run is that run
     // again when it had no OOM: no need to run it. Not so for a run from a mid-run state,
     // which the base run seeds as recorded and the searched runs lay out (a what-if).
@@ -269,6 +300,7 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         low_bytes: found().min().map(|b| b.saturating_sub(band_margin(point.unwrap_or(b)))),
         high_bytes: if all_fit { found().max().map(|b| b + TRANSIENT_OUTSIDE_BYTES) } else { None },
         outside_bytes: opts.outside_bytes,
+        floor_bytes: opts.floor_bytes,
         searched_up_to_bytes: device_free,
         placements,
     })

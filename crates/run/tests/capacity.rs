@@ -61,3 +61,33 @@ fn the_unconstrained_runs_reserved_peak_is_enough() {
     }
     assert!(checked > 60, "{checked} runs");
 }
+
+/// The driver's floor is free memory the allocator never gets: the answer is the answer
+/// without it, moved up by it (the band's lower margin, a share of the point, with it).
+#[test]
+fn the_drivers_floor_moves_the_answer_up_by_itself() {
+    use allocsim_run::{capacity, CapacityOptions, H200_DRIVER_FLOOR_BYTES};
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../traces/pytorch-2.11-h100/gpt2_train.pickle.gz");
+    let trace = allocsim_trace::read_trace(&path).unwrap();
+    let run = RunOptions { policy: "pytorch".to_string(), ..RunOptions::default() };
+    let opts = |floor_bytes| CapacityOptions {
+        run: run.clone(),
+        outside_bytes: 200 << 20,
+        floor_bytes,
+        jitters: 4,
+    };
+    let (without, with) = (
+        capacity(&trace, &opts(0)).unwrap(),
+        capacity(&trace, &opts(H200_DRIVER_FLOOR_BYTES)).unwrap(),
+    );
+    let up = |b: Option<u64>| b.map(|b| b + H200_DRIVER_FLOOR_BYTES);
+    assert_eq!(with.capacity_bytes, up(without.capacity_bytes));
+    assert_eq!(with.high_bytes, up(without.high_bytes));
+    // The margin below is a share of the point (`ORDER_MARGIN_PER_10K`), which moved too.
+    let low_moved = with.low_bytes.unwrap() - without.low_bytes.unwrap();
+    let margin_moved = H200_DRIVER_FLOOR_BYTES - low_moved;
+    assert!(margin_moved <= H200_DRIVER_FLOOR_BYTES * 35 / 10_000 + 1, "{margin_moved}");
+    assert_eq!(allocsim_run::driver_floor_bytes(Some(allocsim_run::H200_TOTAL_BYTES)), 3_276_800);
+    assert_eq!(allocsim_run::driver_floor_bytes(Some(85_017_493_504)), 0, "not measured");
+}

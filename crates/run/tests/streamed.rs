@@ -290,7 +290,7 @@ fn capacity_over_packed_ops_is_the_whole_traces() {
         };
         let read = pytorch::read_snapshot_packed(&path, &opts).unwrap();
         let run = RunOptions { policy: "pytorch".to_string(), ..RunOptions::default() };
-        let options = CapacityOptions { run, outside_bytes: 0, jitters: 2 };
+        let options = CapacityOptions { run, outside_bytes: 0, floor_bytes: 0, jitters: 2 };
         let packed = match &read.packed {
             Some(ops) => {
                 packed_runs += 1;

@@ -127,8 +127,6 @@ pub fn apply(trace: &mut Trace, ops: &mut OpList, calls: &[Call]) -> Option<usiz
         }
     }
     let mut edits = Edits::default();
-    // Calls into a trace with no ops at all: its ops.
-    let mut pushed = Vec::new();
     let last = reader.len().saturating_sub(1);
     let mut added = 0;
     let mut between = Between::new(trace, &reader, &placed, in_history);
@@ -151,15 +149,14 @@ pub fn apply(trace: &mut Trace, ops: &mut OpList, calls: &[Call]) -> Option<usiz
                 edits.split(k - contexts, op, p.frees.clone())
             }
             _ if between.take(p, &op, &reader, &mut edits) => {}
-            _ if p.at < reader.len() => edits.before(p.at, op),
-            _ if reader.is_empty() => pushed.push(op),
+            // A trace with no ops at all: the calls are its ops.
+            _ if p.at < reader.len() || reader.is_empty() => edits.before(p.at, op),
             _ => edits.after(last, op),
         }
     }
     if added > 0 {
         between.close(&mut edits);
         edits.apply_to(trace, ops);
-        pushed.into_iter().for_each(|op| ops.push(op));
     }
     trace.warnings.extend(between.note());
     Some(added)
@@ -380,6 +377,14 @@ mod tests {
                 "empty_cache"
             ]
         );
+    }
+
+    #[test]
+    fn the_calls_into_a_trace_without_ops_are_its_ops() {
+        let mut trace = Trace::default();
+        let calls = [call(CallKind::MemoryFraction(0.5), 0, 0), call(CallKind::EmptyCache, 0, 0)];
+        assert_eq!(apply(&mut trace, &calls), Some(2));
+        assert_eq!(names(&trace), ["set_memory_fraction", "empty_cache"]);
     }
 
     #[test]

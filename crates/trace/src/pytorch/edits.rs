@@ -18,6 +18,7 @@ pub(super) struct Edits {
 }
 
 impl Edits {
+    /// `op` before op `k`, or at the end when `k` is the number of ops.
     pub(super) fn before(&mut self, k: usize, op: Op) {
         self.before.entry(k).or_default().push(op);
     }
@@ -81,10 +82,13 @@ impl Edits {
                 added_times.extend(added.map(|i| (i as u64, time)));
             }
         };
+        let len = old.len();
         match old {
             OpList::Plain(old) => old.into_iter().enumerate().for_each(|(k, op)| put(k, op)),
             OpList::Packed(old) => old.iter().enumerate().for_each(|(k, op)| put(k, op)),
         }
+        // Ops before the end.
+        self.before.range(len..).flat_map(|(_, added)| added).for_each(|op| ops.push(op.clone()));
         // Op `k`'s new index: `k` and the ops added before it, counted at each edited op.
         let mut shifts = Vec::with_capacity(keys.len());
         let mut added = 0u64;

@@ -36,8 +36,11 @@ impl OpReader<'_> {
     }
 
     /// The ops from `from` on, in order.
-    pub(super) fn from(&self, from: usize) -> impl Iterator<Item = Op> + '_ {
-        (from..self.len()).map(|k| self.at(k))
+    pub(super) fn from(&self, from: usize) -> Box<dyn Iterator<Item = Op> + '_> {
+        match self {
+            OpReader::Plain(ops) => Box::new(ops[from.min(ops.len())..].iter().cloned()),
+            OpReader::Packed(ops) => Box::new(ops.iter_from(from)),
+        }
     }
 }
 
