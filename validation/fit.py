@@ -6,8 +6,9 @@ WORKLOAD is `llama_ft` (the d_llama_ft workload of traces/pytorch-2.11-h100-user
 capture_user_patterns.py, step for step), `gpt2_train` (GPT-2 small, 8 steps of varied shapes),
 or one of the programs held out from the model (recorded and bisected on an H200 after it was
 built): `vit_train` (timm ViT-S/16), `bert_mlm` (BERT masked LM), `llama_generate` (Llama
-greedy decoding with a KV cache) and `resnet_train` (timm ResNet-50, channels-last
-convolutions).
+greedy decoding with a KV cache), `resnet_train` (timm ResNet-50, channels-last
+convolutions) and `convnext_train` (timm ConvNeXt-T with AdamW, written after the driver's
+floor entered the model).
 
 1. Records the workload once with all the card's free memory: OUTDIR/NAME.pickle.gz (the
    snapshot, `_record_memory_history(context=None)`) and OUTDIR/NAME.json (the sidecar allocsim
@@ -169,8 +170,30 @@ def resnet_train(step_done):
         x = y = loss = None
 
 
+def convnext_train(step_done):
+    import timm
+    torch.manual_seed(51)
+    rng = random.Random(51)
+    model = timm.create_model("convnext_tiny", num_classes=1000).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for step in range(6):
+        b, px = rng.choice([32, 48, 64]), rng.choice([160, 192, 224])
+        x = torch.randn(b, 3, px, px, device="cuda").to(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (b,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        step_done()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        step_done()
+        x = y = loss = None
+
+
 WORKLOADS = {"llama_ft": llama_ft, "gpt2_train": gpt2_train, "vit_train": vit_train,
-             "bert_mlm": bert_mlm, "llama_generate": llama_generate, "resnet_train": resnet_train}
+             "bert_mlm": bert_mlm, "llama_generate": llama_generate, "resnet_train": resnet_train,
+             "convnext_train": convnext_train}
 
 
 def one_try(workload, target, snapshot_path, out):
