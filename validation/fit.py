@@ -149,12 +149,13 @@ def llama_generate(step_done):
             ids = None
 
 
-def resnet_train(step_done):
+def timm_train(step_done, name, seed, optimizer):
+    """Six steps of a timm image model with channels-last convolutions under bf16 autocast."""
     import timm
-    torch.manual_seed(45)
-    rng = random.Random(45)
-    model = timm.create_model("resnet50", num_classes=1000).cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = timm.create_model(name, num_classes=1000).cuda().to(memory_format=torch.channels_last)
+    opt = optimizer(model.parameters())
     for step in range(6):
         b, px = rng.choice([32, 48, 64]), rng.choice([160, 192, 224])
         x = torch.randn(b, 3, px, px, device="cuda").to(memory_format=torch.channels_last)
@@ -168,27 +169,14 @@ def resnet_train(step_done):
         torch.cuda.synchronize()
         step_done()
         x = y = loss = None
+
+
+def resnet_train(step_done):
+    timm_train(step_done, "resnet50", 45, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
 
 
 def convnext_train(step_done):
-    import timm
-    torch.manual_seed(51)
-    rng = random.Random(51)
-    model = timm.create_model("convnext_tiny", num_classes=1000).cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for step in range(6):
-        b, px = rng.choice([32, 48, 64]), rng.choice([160, 192, 224])
-        x = torch.randn(b, 3, px, px, device="cuda").to(memory_format=torch.channels_last)
-        y = torch.randint(0, 1000, (b,), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        step_done()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        step_done()
-        x = y = loss = None
+    timm_train(step_done, "convnext_tiny", 51, lambda p: torch.optim.AdamW(p, lr=1e-4))
 
 
 WORKLOADS = {"llama_ft": llama_ft, "gpt2_train": gpt2_train, "vit_train": vit_train,
