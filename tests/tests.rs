@@ -267,8 +267,23 @@ impl std::fmt::Display for CapacityRow {
 /// row's real bracket (a row bisected on from an earlier bracket keeps the last) or, with
 /// `perturb`, the same row's under another chunk order; `cross` names the workloads whose
 /// defaults' recordings are also asked under `expandable_segments:True`.
-fn capacity_rows(dir: &str, cross: &[&str]) -> Vec<CapacityRow> {
+/// `capacity` of a recording with its sidecar as `allocsim capacity` asks it (the outside
+/// memory the sidecar measured, the driver's floor of the recording's device, 16 jittered
+/// placements), under `conf` or the recording's own settings; and the outside memory.
+fn capacity_as_asked(trace: &Trace, conf: Option<&str>) -> (allocsim_run::Capacity, u64) {
     use allocsim_run::{capacity, CapacityOptions};
+    let outside = trace.meta.outside_allocator_bytes.expect("the sidecar measures it");
+    let run = RunOptions {
+        policy: "pytorch".into(),
+        alloc_conf: conf.map(str::to_string),
+        ..RunOptions::default()
+    };
+    let floor_bytes = allocsim_run::driver_floor_bytes(trace.meta.device_total_bytes);
+    let opts = CapacityOptions { run, outside_bytes: outside, floor_bytes, jitters: 16 };
+    (capacity(trace, &opts).unwrap(), outside)
+}
+
+fn capacity_rows(dir: &str, cross: &[&str]) -> Vec<CapacityRow> {
     use std::collections::BTreeMap;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../validation").join(dir);
     let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
@@ -293,15 +308,7 @@ fn capacity_rows(dir: &str, cross: &[&str]) -> Vec<CapacityRow> {
     }
     let row = |(recording, truth, conf): (String, String, Option<&str>)| {
         let trace = read(&dir.join(format!("{recording}.pickle.gz")));
-        let outside = trace.meta.outside_allocator_bytes.expect("the sidecar measures it");
-        let run = RunOptions {
-            policy: "pytorch".into(),
-            alloc_conf: conf.map(str::to_string),
-            ..RunOptions::default()
-        };
-        let floor_bytes = allocsim_run::driver_floor_bytes(trace.meta.device_total_bytes);
-        let opts = CapacityOptions { run, outside_bytes: outside, floor_bytes, jitters: 16 };
-        let c = capacity(&trace, &opts).unwrap();
+        let (c, outside) = capacity_as_asked(&trace, conf);
         let own = recording == truth;
         CapacityRow {
             name: format!("{recording} -> {truth}"),
@@ -349,7 +356,6 @@ fn capacity_holds_against_the_h100() {
 /// thresholds were bisected on an H200 lies within 0.05 % of the threshold, as the README says.
 #[test]
 fn capacity_of_estimates_holds_against_the_h200() {
-    use allocsim_run::{capacity, CapacityOptions};
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../validation/estimate");
     for program in ["gpt_amp", "convnet", "lora"] {
         let bisect = std::fs::read_to_string(dir.join(format!("recorded/{program}.bisect")));
@@ -357,11 +363,7 @@ fn capacity_of_estimates_holds_against_the_h200() {
         let summary: serde_json::Value = serde_json::from_str(&last).unwrap();
         let threshold = summary["threshold"].as_u64().expect("the summary line");
         let trace = read(&dir.join(format!("estimated/{program}.pickle.gz")));
-        let outside = trace.meta.outside_allocator_bytes.expect("the estimate's sidecar has it");
-        let floor_bytes = allocsim_run::driver_floor_bytes(trace.meta.device_total_bytes);
-        let run = RunOptions { policy: "pytorch".into(), ..RunOptions::default() };
-        let opts = CapacityOptions { run, outside_bytes: outside, floor_bytes, jitters: 16 };
-        let point = capacity(&trace, &opts).unwrap().capacity_bytes.unwrap();
+        let point = capacity_as_asked(&trace, None).0.capacity_bytes.unwrap();
         let off = point as f64 / threshold as f64 - 1.0;
         assert!(
             off.abs() <= 0.0005,
