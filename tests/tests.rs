@@ -411,7 +411,7 @@ fn capacity_holds_on_programs_held_out_from_the_model() {
         if error.abs() > 0.003 && !in_bracket {
             failures.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
         }
-        if row.point > 1_500_000_000 && width > 0.01 {
+        if width > 0.01 {
             failures.push(format!("{row}: band {:.2} % wide", 100.0 * width));
         }
     }

@@ -7,8 +7,10 @@ capture_user_patterns.py, step for step), `gpt2_train` (GPT-2 small, 8 steps of 
 or one of the programs held out from the model (recorded and bisected on an H200 after it was
 built): `vit_train` (timm ViT-S/16), `bert_mlm` (BERT masked LM), `llama_generate` (Llama
 greedy decoding with a KV cache), `resnet_train` (timm ResNet-50, channels-last
-convolutions) and `convnext_train` (timm ConvNeXt-T with AdamW, written after the driver's
-floor entered the model).
+convolutions), `convnext_train` (timm ConvNeXt-T with AdamW, written after the driver's
+floor entered the model), `t5_generate` (T5-small encoder-decoder decoding) and
+`gpt2_generate` (GPT-2 small decoding; both written after the band's top was capped at what
+the run takes unconstrained).
 
 1. Records the workload once with all the card's free memory: OUTDIR/NAME.pickle.gz (the
    snapshot, `_record_memory_history(context=None)`) and OUTDIR/NAME.json (the sidecar allocsim
@@ -149,6 +151,42 @@ def llama_generate(step_done):
             ids = None
 
 
+def t5_generate(step_done):
+    """T5-small greedy encoder-decoder decoding (written after the band's top was capped at
+    what the run takes unconstrained, with nothing changed after it)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    torch.manual_seed(52)
+    rng = random.Random(52)
+    cfg = T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128, decoder_start_token_id=0)
+    model = T5ForConditionalGeneration(cfg).to("cuda", torch.bfloat16).eval()
+    with torch.inference_mode():
+        for step in range(5):
+            b, s = rng.choice([16, 32, 48]), rng.randint(64, 384)
+            ids = torch.randint(2, 32128, (b, s), device="cuda")
+            model.generate(ids, max_new_tokens=rng.randint(16, 48), do_sample=False,
+                           pad_token_id=0, eos_token_id=None, decoder_start_token_id=0)
+            torch.cuda.synchronize()
+            step_done()
+            ids = None
+
+
+def gpt2_generate(step_done):
+    """GPT-2 small greedy decoding with a KV cache (written with `t5_generate`)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(53)
+    rng = random.Random(53)
+    model = GPT2LMHeadModel(GPT2Config()).to("cuda", torch.bfloat16).eval()
+    with torch.inference_mode():
+        for step in range(5):
+            b, s = rng.choice([8, 16, 32]), rng.randint(64, 256)
+            ids = torch.randint(0, 50257, (b, s), device="cuda")
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=rng.randint(32, 64),
+                           do_sample=False, pad_token_id=0, eos_token_id=None)
+            torch.cuda.synchronize()
+            step_done()
+            ids = None
+
+
 def timm_train(step_done, name, seed, optimizer):
     """Six steps of a timm image model with channels-last convolutions under bf16 autocast."""
     import timm
@@ -181,7 +219,7 @@ def convnext_train(step_done):
 
 WORKLOADS = {"llama_ft": llama_ft, "gpt2_train": gpt2_train, "vit_train": vit_train,
              "bert_mlm": bert_mlm, "llama_generate": llama_generate, "resnet_train": resnet_train,
-             "convnext_train": convnext_train}
+             "convnext_train": convnext_train, "t5_generate": t5_generate, "gpt2_generate": gpt2_generate}
 
 
 def one_try(workload, target, snapshot_path, out):

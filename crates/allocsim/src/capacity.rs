@@ -137,9 +137,10 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     );
     outln!(
         out,
-        "   {}, what cuDNN takes outside the allocator for a moment: docs/capacity.md)",
+        "   {}, what cuDNN takes outside the allocator for a moment, but not beyond what the",
         bytes(allocsim_run::TRANSIENT_OUTSIDE_BYTES)
     );
+    outln!(out, "   run takes unconstrained: docs/capacity.md)");
     Ok(crate::Output::both(j, out))
 }
 

@@ -73,7 +73,8 @@ pub fn band_margin(point: u64) -> u64 {
 /// (`mha_graph.execute`, `CUDNN_STATUS_INTERNAL_ERROR`, `CUDA error: out of memory`) with no
 /// allocator OOM: on an H200 the Llama `expandable` row needed 9.5-15.8 MB more than the point
 /// for it, the GPT-2 default row 0.9-5 MB (`validation/README.md`). 10 MiB reaches the
-/// first; the programs held out from the model stay inside it.
+/// first; the programs held out from the model stay inside it. It reaches no higher than
+/// [`Capacity::unconstrained_bytes`], what the unconstrained run itself takes: see there.
 pub const TRANSIENT_OUTSIDE_BYTES: u64 = 10 << 20;
 
 /// What a capacity question is asked under.
@@ -112,10 +113,20 @@ pub struct Capacity {
     /// Under the driver placement. `None` if the run does not fit the device at all.
     pub capacity_bytes: Option<u64>,
     /// The least any placement needed less `band_margin`, and the most any needed plus
-    /// [`TRANSIENT_OUTSIDE_BYTES`] (`None` if under some placement the run does not fit the
+    /// [`TRANSIENT_OUTSIDE_BYTES`], but no more than [`Capacity::unconstrained_bytes`] where the
+    /// placements needed less (`None` if under some placement the run does not fit the
     /// device at all).
     pub low_bytes: Option<u64>,
     pub high_bytes: Option<u64>,
+    /// What the run takes unconstrained: its peak reserved, the outside memory and the floor
+    /// (`None` if it had an OOM or starts mid-run). With this much free no reservation is
+    /// refused and every kernel the run loads finds the memory it took when recorded, so the
+    /// run fits, unless a library takes memory outside the allocator for a moment while the
+    /// allocator holds its peak. For a run that caches little (decoding) it is within a page
+    /// or two of the point, and the band's top stops there rather than
+    /// [`TRANSIENT_OUTSIDE_BYTES`] above: on an H200 the tightest fit of Llama decoding took
+    /// exactly this much (`validation/README.md`).
+    pub unconstrained_bytes: Option<u64>,
     pub outside_bytes: u64,
     pub floor_bytes: u64,
     /// The device's free memory at the start, the most that was tried.
@@ -293,12 +304,18 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
             .chain(jittered)
             .collect();
     let found = || placements.iter().filter_map(|p| p.capacity_bytes);
+    let unconstrained = base_fits.then_some(reserved);
     // A placement under which the run does not fit at all makes the band open upwards.
     let all_fit = placements.iter().all(|p| p.capacity_bytes.is_some());
+    let high = |most: u64| {
+        let transient = most + TRANSIENT_OUTSIDE_BYTES;
+        unconstrained.map_or(transient, |u| transient.min(u.max(most)))
+    };
     Ok(Capacity {
         capacity_bytes: point,
         low_bytes: found().min().map(|b| b.saturating_sub(band_margin(point.unwrap_or(b)))),
-        high_bytes: if all_fit { found().max().map(|b| b + TRANSIENT_OUTSIDE_BYTES) } else { None },
+        high_bytes: if all_fit { found().max().map(high) } else { None },
+        unconstrained_bytes: unconstrained,
         outside_bytes: opts.outside_bytes,
         floor_bytes: opts.floor_bytes,
         searched_up_to_bytes: device_free,
