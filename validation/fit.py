@@ -10,7 +10,8 @@ greedy decoding with a KV cache), `resnet_train` (timm ResNet-50, channels-last
 convolutions), `convnext_train` (timm ConvNeXt-T with AdamW, written after the driver's
 floor entered the model), `t5_generate` (T5-small encoder-decoder decoding) and
 `gpt2_generate` (GPT-2 small decoding; both written after the band's top was capped at what
-the run takes unconstrained).
+the run takes unconstrained) and `bart_generate` (BART-base encoder-decoder decoding, written
+after the memory outside the allocator was taken step by step).
 
 1. Records the workload once with all the card's free memory: OUTDIR/NAME.pickle.gz (the
    snapshot, `_record_memory_history(context=None)`) and OUTDIR/NAME.json (the sidecar allocsim
@@ -187,6 +188,27 @@ def gpt2_generate(step_done):
             ids = None
 
 
+def bart_generate(step_done):
+    """BART-base greedy encoder-decoder decoding (written after the memory outside the allocator
+    was taken step by step, with nothing changed after it)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+    torch.manual_seed(54)
+    rng = random.Random(54)
+    cfg = BartConfig(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+                     decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, vocab_size=50265)
+    model = BartForConditionalGeneration(cfg).to("cuda", torch.bfloat16).eval()
+    with torch.inference_mode():
+        for step in range(4):
+            b, s = rng.choice([8, 16, 32]), rng.randint(64, 320)
+            ids = torch.randint(3, 50265, (b, s), device="cuda")
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=rng.randint(16, 40),
+                           do_sample=False, num_beams=1, pad_token_id=1, eos_token_id=None,
+                           decoder_start_token_id=2, forced_bos_token_id=None, forced_eos_token_id=None)
+            torch.cuda.synchronize()
+            step_done()
+            ids = None
+
+
 def timm_train(step_done, name, seed, optimizer):
     """Six steps of a timm image model with channels-last convolutions under bf16 autocast."""
     import timm
@@ -219,7 +241,8 @@ def convnext_train(step_done):
 
 WORKLOADS = {"llama_ft": llama_ft, "gpt2_train": gpt2_train, "vit_train": vit_train,
              "bert_mlm": bert_mlm, "llama_generate": llama_generate, "resnet_train": resnet_train,
-             "convnext_train": convnext_train, "t5_generate": t5_generate, "gpt2_generate": gpt2_generate}
+             "convnext_train": convnext_train, "t5_generate": t5_generate, "gpt2_generate": gpt2_generate,
+             "bart_generate": bart_generate}
 
 
 def one_try(workload, target, snapshot_path, out):

@@ -74,6 +74,10 @@ pub struct TraceMeta {
     /// Memory the run took outside the allocator (free at start − free at end − reserved at
     /// end), as `validation/fit.py` measures it.
     pub outside_allocator_bytes: Option<u64>,
+    /// How that memory grew: `(op, bytes)`, taken by the end of each step of the run, `op`
+    /// the first op recorded after that end (`validation/fit.py`'s `outside_profile`, placed
+    /// on the ops by their times); empty if not measured.
+    pub outside_profile: Vec<(u64, u64)>,
     /// `torch.cuda.memory_stats()` as the recorded run reported it at the end, if known.
     pub expected_stats: Option<Vec<(String, i64)>>,
     /// `torch.cuda.memory_stats()` when a history that starts mid-run began, if known.

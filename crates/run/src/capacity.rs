@@ -17,8 +17,9 @@
 //!   [`TRANSIENT_OUTSIDE_BYTES`], what libraries take outside the allocator for a moment.
 
 use crate::{run_trace, run_trace_streamed, DeviceChoice, RunOptions, RunReport};
-use allocsim_core::{ConfigError, PackedOps, Trace};
-use allocsim_sim::{Placement, PAGE_BYTES};
+use allocsim_core::{Allocator, ConfigError, Device, Op, PackedOps, Trace};
+use allocsim_replay::{Observer, OpOutcome};
+use allocsim_sim::{Fault, Placement, PAGE_BYTES};
 use rayon::prelude::*;
 
 /// Memory a PyTorch training run takes outside the caching allocator on an H100 with PyTorch
@@ -209,10 +210,18 @@ impl<'t> Runs<'t> {
 
     /// One run, no observers besides the run's own.
     pub fn run(self, opts: &RunOptions) -> Result<RunReport, ConfigError> {
+        self.run_observed(opts, &mut [])
+    }
+
+    fn run_observed(
+        self,
+        opts: &RunOptions,
+        extra: &mut [&mut dyn Observer],
+    ) -> Result<RunReport, ConfigError> {
         match self {
-            Runs::Whole(trace) => run_trace(trace, opts, &mut [], |_| {}),
+            Runs::Whole(trace) => run_trace(trace, opts, extra, |_| {}),
             Runs::Packed { head, ops, recorded_len } => {
-                run_trace_streamed(head, recorded_len, ops, opts, &mut [], |_| {})
+                run_trace_streamed(head, recorded_len, ops, opts, extra, |_| {})
             }
         }
     }
@@ -221,25 +230,146 @@ impl<'t> Runs<'t> {
 /// Whether `trace` completes without an OOM on the modelled device as `run` sets it up; the
 /// run stops at its first OOM. Every bisection's question (here and in the grid).
 pub(crate) fn completes(trace: Runs<'_>, run: RunOptions) -> Result<bool, ConfigError> {
+    completes_taking(trace, run, &[])
+}
+
+/// [`completes`], the run taking `later` outside the allocator as it goes ([`Outside`]): a
+/// take the device has no room for ends the run as an OOM does.
+fn completes_taking(
+    trace: Runs<'_>,
+    run: RunOptions,
+    later: &[(u64, u64)],
+) -> Result<bool, ConfigError> {
+    let mut faults = run.faults;
+    faults.extend(later.iter().map(|&(at_op, bytes)| Fault::TakeMemory { at_op, bytes }));
     let run = RunOptions {
         device: DeviceChoice::Sim,
         check: false,
         fidelity: false,
         until_oom: true,
+        faults,
         ..run
     };
-    Ok(trace.run(&run)?.metrics.ooms.is_empty())
+    if later.is_empty() {
+        return Ok(trace.run(&run)?.metrics.ooms.is_empty());
+    }
+    let mut takes = Takes { later, next: 0, refused: false };
+    let report = trace.run_observed(&run, &mut [&mut takes])?;
+    Ok(report.metrics.ooms.is_empty() && !takes.refused)
 }
 
-/// Whether `trace` completes without an OOM with `free_bytes` free at the start.
+/// Memory outside the allocator as the run takes it: `first` before its first op, then each
+/// of `later` at an op the recording does not pin down: a kernel module or a library's handle
+/// gets none of the allocator's cache (PyTorch frees cached blocks only for its own failed
+/// `cudaMalloc`), so a take that finds too little free fails the run.
+///
+/// From the recording's profile ([`allocsim_core::TraceMeta::outside_profile`], what was taken
+/// by the end of each step): the first step's from the start (library handles and workspaces
+/// come with the first kernels, before the allocator's peak), each later step's somewhere in
+/// that step, and what the run took after its last step as that ended. Decoding loads kernels
+/// for new shapes until its last step: on the H200 its real threshold is where that last load
+/// fits beside the allocator's peak (`validation/README.md`). Without a profile, or with the
+/// figure not the recording's, all of it is taken from the start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Outside {
+    /// Whether the recording's profile said when it was taken.
+    pub(crate) profiled: bool,
+    pub(crate) first: u64,
+    /// `(begins, ends, bytes)`: taken during the ops from `begins` to `ends`.
+    pub(crate) later: Vec<(u64, u64, u64)>,
+}
+
+impl Outside {
+    pub(crate) fn of(head: &Trace, outside_bytes: u64) -> Outside {
+        let meta = &head.meta;
+        let profiled = !meta.outside_profile.is_empty()
+            && meta.outside_allocator_bytes == Some(outside_bytes)
+            && head.start.is_none();
+        let mut outside = Outside { profiled, first: outside_bytes, later: Vec::new() };
+        if !profiled {
+            return outside;
+        }
+        let profile = &meta.outside_profile;
+        outside.first = profile[0].1;
+        let mut level = outside.first;
+        let last = profile[profile.len() - 1];
+        let steps = profile.windows(2).map(|w| (w[0].0, w[1].0, w[1].1));
+        for (begins, ends, bytes) in steps.chain([(last.0, last.0, outside_bytes)]) {
+            if bytes > level {
+                outside.later.push((begins, ends, bytes - level));
+                level = bytes;
+            }
+        }
+        outside
+    }
+
+    /// The takes of `later` at the ops they could come at earliest and latest, each `(op,
+    /// bytes)` as op `op` begins: the run fits if it fits under both. Taken as its step begins,
+    /// the allocator makes room for it under pressure; as it ends, the allocator may have
+    /// filled that room with cache (what decoding on the H200 does).
+    fn schedules(&self) -> [Vec<(u64, u64)>; 2] {
+        let merged = |at: fn(&(u64, u64, u64)) -> u64| {
+            let mut takes: Vec<(u64, u64)> = Vec::new();
+            for step in &self.later {
+                match takes.last_mut() {
+                    Some(last) if last.0 == at(step) => last.1 += step.2,
+                    _ => takes.push((at(step), step.2)),
+                }
+            }
+            takes
+        };
+        [merged(|s| s.0), merged(|s| s.1)]
+    }
+}
+
+/// Watches takes of [`Outside::schedules`]: before op `op` begins (and the device takes the bytes),
+/// whether that much is free; a refusal stops the run.
+struct Takes<'o> {
+    later: &'o [(u64, u64)],
+    next: usize,
+    refused: bool,
+}
+
+impl Observer for Takes<'_> {
+    fn on_op(
+        &mut self,
+        op_index: u64,
+        _: &Op,
+        _: &OpOutcome,
+        _: &dyn Allocator,
+        device: &dyn Device,
+    ) -> bool {
+        match self.later.get(self.next) {
+            Some(&(op, bytes)) if op == op_index + 1 => {
+                self.next += 1;
+                self.refused = device.mem_info().free_bytes < bytes;
+                !self.refused
+            }
+            _ => true,
+        }
+    }
+}
+
+/// Whether `trace` completes without an OOM with `free_bytes` free at the start, taking
+/// `outside` as it goes.
 fn fits(
     trace: Runs<'_>,
     opts: &CapacityOptions,
+    outside: &Outside,
     placement: Placement,
     free_bytes: u64,
 ) -> Result<bool, ConfigError> {
-    let free = free_bytes.saturating_sub(opts.taken_bytes());
-    completes(trace, RunOptions { device_free_bytes: Some(free), placement, ..opts.run.clone() })
+    let free = free_bytes.saturating_sub(outside.first + opts.floor_bytes);
+    let run = RunOptions { device_free_bytes: Some(free), placement, ..opts.run.clone() };
+    if outside.later.is_empty() {
+        return completes(trace, run);
+    }
+    for takes in outside.schedules() {
+        if !completes_taking(trace, run.clone(), &takes)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The capacity of `trace` under `opts`: one bisection per placement, the jittered ones in
@@ -257,6 +387,8 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         fidelity: false,
         ..opts.run.clone()
     })?;
+    let outside = Outside::of(trace.head(), opts.outside_bytes);
+
     let device_free = base.device_free_bytes.saturating_add(opts.taken_bytes());
     // Nothing fits below what is live at once, plus the outside memory and the floor. With as
     // much free as the unconstrained run reserved, no reservation is refused, so the run fits:
@@ -269,10 +401,10 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
     let base_fits = base.metrics.ooms.is_empty() && trace.head().start.is_none();
     let threshold = |placement, lower: u64, upper: u64| -> Result<Option<u64>, ConfigError> {
         let known = base_fits && placement == Placement::Driver && upper == reserved;
-        if !known && !fits(trace, opts, placement, upper)? {
+        if !known && !fits(trace, opts, &outside, placement, upper)? {
             return Ok(None);
         }
-        bisect(lower.min(upper), upper, |x| fits(trace, opts, placement, x)).map(Some)
+        bisect(lower.min(upper), upper, |x| fits(trace, opts, &outside, placement, x)).map(Some)
     };
     // Over the whole bracket, falling back to the whole device.
     let whole = |placement| -> Result<Option<u64>, ConfigError> {
@@ -293,7 +425,9 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         .map(|seed| {
             let placement = Placement::Jittered { seed };
             let capacity_bytes = match point {
-                Some(p) => gallop(p, lower, device_free, |x| fits(trace, opts, placement, x))?,
+                Some(p) => {
+                    gallop(p, lower, device_free, |x| fits(trace, opts, &outside, placement, x))?
+                }
                 None => whole(placement)?,
             };
             Ok(PlacementThreshold { placement, capacity_bytes })
@@ -308,7 +442,7 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
     // A placement under which the run does not fit at all makes the band open upwards.
     let all_fit = placements.iter().all(|p| p.capacity_bytes.is_some());
     let high = |most: u64| {
-        let transient = most + TRANSIENT_OUTSIDE_BYTES;
+        let transient = most + if outside.profiled { 0 } else { TRANSIENT_OUTSIDE_BYTES };
         unconstrained.map_or(transient, |u| transient.min(u.max(most)))
     };
     Ok(Capacity {

@@ -183,6 +183,7 @@ impl NativeMeta {
             expected_stats: self.expected_stats,
             stats_at_start: None,
             outside_allocator_bytes: None,
+            outside_profile: Vec::new(),
             // The format has no place for it (bincode files are not self-describing).
             recorded_with: None,
             calls_recorded: false,

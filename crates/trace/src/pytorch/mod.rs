@@ -112,8 +112,17 @@ fn read(
 ) -> Result<(Replayed<()>, bool), TraceError> {
     // What the replay may assume of the meta before the end: the sidecar's, default settings.
     let mut meta = TraceMeta { source_format: SOURCE_FORMAT.to_string(), ..TraceMeta::default() };
-    if opts.sidecar && replay.is_some() {
-        sidecar::apply(path, &mut meta)?;
+    if opts.sidecar {
+        // A profile of the memory outside the allocator is placed on the ops by their times.
+        let profiled = !sidecar::apply(path, &mut meta)?.outside_profile.is_empty();
+        if profiled && !opts.times {
+            return read(path, &ReadOptions { times: true, ..opts.clone() }, replay).map(
+                |(mut read, faithful)| {
+                    read.trace.op_times = Vec::new();
+                    (read, faithful)
+                },
+            );
+        }
     }
     let (streamed, sent) = match opts.streaming {
         true => streaming(path, opts, replay.map(|r| (meta.clone(), r)))?,
@@ -138,10 +147,11 @@ fn read(
         // A private pool shows, and its inference reads the allocations' events.
         return read(path, &ReadOptions { events: true, ..opts.clone() }, None);
     }
-    let calls = match opts.sidecar {
+    let sidecar = match opts.sidecar {
         true => sidecar::apply(path, &mut trace.meta)?,
-        false => None,
+        false => sidecar::Applied::default(),
     };
+    let calls = sidecar.calls;
     // The passes that follow read the ops where they are, packed or not, and add ops to them.
     let mut ops = match packed.take() {
         Some(packed) => ops::OpList::Packed(packed),
@@ -169,6 +179,7 @@ fn read(
              could not have failed first (the recording shows both alike)"
         ));
     }
+    trace.meta.outside_profile = on_ops(&sidecar.outside_profile, &trace.op_times);
     let faithful = sent.is_some_and(|sent| {
         sent.events_sent
             && !sent.pools_inferred
@@ -176,9 +187,21 @@ fn read(
             && placed.unwrap_or(0) == 0
             && trace.start.is_none()
             && sent.ops == trace.ops.len() + packed.as_ref().map_or(0, PackedOps::len)
-            && trace.meta == meta
+            && TraceMeta { outside_profile: Vec::new(), ..trace.meta.clone() } == meta
     });
     Ok((Replayed { trace, replay: None, recorded_len, recorded_counts, packed }, faithful))
+}
+
+/// A profile in the recording's clock, `(time_us, bytes)`, on the ops of `op_times`: each
+/// point's time becomes the first op recorded after it (one past the last op with a time if
+/// none is).
+fn on_ops(profile: &[(i64, u64)], op_times: &[(u64, i64)]) -> Vec<(u64, u64)> {
+    let after_last = op_times.last().map_or(0, |&(op, _)| op + 1);
+    let first_after = |time| {
+        let at = op_times.partition_point(|&(_, t)| t <= time);
+        op_times.get(at).map_or(after_last, |&(op, _)| op)
+    };
+    profile.iter().map(|&(time, bytes)| (first_after(time), bytes)).collect()
 }
 
 /// The decompressed pickle stream of a snapshot file.

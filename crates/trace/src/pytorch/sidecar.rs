@@ -15,16 +15,25 @@ pub fn sidecar_path(snapshot: &Path) -> Option<PathBuf> {
     Some(snapshot.with_file_name(format!("{stem}.json")))
 }
 
-/// Fill `meta` from the sidecar of `snapshot` if there is one. Returns the calls it recorded
-/// (`meta.calls`, written by `allocsim.capture`), if it has them.
-pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<Option<Vec<Call>>, TraceError> {
+/// What a sidecar has besides `meta`'s fields, for the reader to place on the ops.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// The calls it recorded (`meta.calls`, written by `allocsim.capture`), if it has them.
+    pub calls: Option<Vec<Call>>,
+    /// `meta.outside_profile` (`validation/fit.py`): `(time_us, bytes)`, the memory outside
+    /// the allocator taken by the end of each step.
+    pub outside_profile: Vec<(i64, u64)>,
+}
+
+/// Fill `meta` from the sidecar of `snapshot` if there is one.
+pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<Applied, TraceError> {
     let Some(path) = sidecar_path(snapshot) else {
-        return Ok(None);
+        return Ok(Applied::default());
     };
     let file = match crate::error::open_regular(&path) {
         Ok(f) => f,
         Err(TraceError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(None)
+            return Ok(Applied::default())
         }
         Err(e) => return Err(e),
     };
@@ -55,7 +64,7 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<Option<Vec<Call>>,
     let Json::Object(top) = &json else {
         return Err(err("top level", format!("expected an object, got {}", got(&json))));
     };
-    let mut calls = None;
+    let (mut calls, mut outside_profile) = (None, Vec::new());
     if let Some(m) = top.get("meta") {
         let Json::Object(m) = m else {
             return Err(err("meta", format!("expected an object, got {}", got(m))));
@@ -141,6 +150,17 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<Option<Vec<Call>>,
                 *slot = Some(n);
             }
         }
+        if let Some(v) = field("outside_profile") {
+            let point = |p: &Json| match p.as_array().map(Vec::as_slice) {
+                Some([t, b]) => t.as_i64().zip(b.as_u64()),
+                _ => None,
+            };
+            let profile = v.as_array().map(|ps| ps.iter().map(point).collect::<Option<Vec<_>>>());
+            outside_profile = profile.flatten().ok_or_else(|| {
+                let expected = "expected a list of [time_us, bytes] pairs";
+                err("meta.outside_profile", format!("{expected}, got {}", shown(v)))
+            })?;
+        }
         for (key, slot) in [("rank", &mut meta.rank), ("world_size", &mut meta.world_size)] {
             if let Some(v) = field(key) {
                 let n = v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
@@ -174,5 +194,5 @@ pub fn apply(snapshot: &Path, meta: &mut TraceMeta) -> Result<Option<Vec<Call>>,
     if let Some(s) = at_start.filter(|s| !s.is_null()) {
         meta.stats_at_start = Some(stats(s, "meta.memory_stats_at_history_start")?);
     }
-    Ok(calls)
+    Ok(Applied { calls, outside_profile })
 }
