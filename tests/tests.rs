@@ -389,34 +389,61 @@ fn the_h200_drivers_floor_is_what_the_fills_left() {
     assert!(modes.len() >= 4, "cudaMalloc pages and small, PyTorch with and without expandable");
 }
 
-/// Programs held out from the model (ViT, BERT, Llama decoding and ResNet-50, recorded and
-/// bisected on an H200 after the band was set; ConvNeXt-T after the driver's floor entered the
-/// model, and nothing changed after it): the real threshold lies in the band under every
-/// setting, as recorded and asked under `expandable_segments:True`, and under another chunk order;
-/// the point within 0.3 % of it (or inside the real bracket, where that is wider); the band at
-/// most 1 % wide on the programs of more than 1.5 GB. On Llama decoding (0.85 GB) the band's
-/// margins, a few MiB the runs take outside the allocator and the bisection's step, are more
-/// than 1 % of so small a run.
+/// Programs held out from the model, recorded and bisected on an H200 (ViT, BERT, Llama
+/// decoding and ResNet-50 after the band was set; ConvNeXt-T after the driver's floor entered
+/// the model; T5 and GPT-2 decoding after the band's top was capped at what the run takes
+/// unconstrained; BART decoding after the outside memory was taken step by step): under every
+/// setting, as recorded and asked under `expandable_segments:True`, and under another chunk
+/// order, the real threshold lies in the band, the point within 0.3 % of it (or inside the real
+/// bracket, where that is wider) and the band at most 1 % wide, but for [`HELD_OUT_MISSES`].
 #[test]
 fn capacity_holds_on_programs_held_out_from_the_model() {
-    let cross = ["vit_train", "bert_mlm", "llama_generate", "resnet_train", "convnext_train"];
+    let cross = [
+        "vit_train",
+        "bert_mlm",
+        "llama_generate",
+        "resnet_train",
+        "convnext_train",
+        "t5_generate",
+        "gpt2_generate",
+        "bart_generate",
+    ];
     let rows = capacity_rows("h200-pytorch-2.11/heldout", &cross);
-    assert_eq!(rows.len(), 20, "five programs under three settings, each asked under another");
+    assert_eq!(rows.len(), 32, "eight programs under three settings, each asked under another");
     assert!(rows.iter().any(|r| !r.other_orders.is_empty()), "another chunk order measured");
     let mut failures = Vec::new();
     for row in &rows {
-        failures.extend(row.misses());
+        let mut missed = row.misses();
         let (error, width) = row.error_and_width();
         let in_bracket = row.real.0 < row.point && row.point <= row.real.1;
         if error.abs() > 0.003 && !in_bracket {
-            failures.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
+            missed.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
         }
         if width > 0.01 {
-            failures.push(format!("{row}: band {:.2} % wide", 100.0 * width));
+            missed.push(format!("{row}: band {:.2} % wide", 100.0 * width));
+        }
+        match (HELD_OUT_MISSES.contains(&row.name.as_str()), missed.is_empty()) {
+            (true, true) => failures.push(format!("{row}: holds now, off HELD_OUT_MISSES")),
+            (true, false) => println!("known miss, validation/README.md: {}", missed.join("; ")),
+            (false, _) => failures.extend(missed),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The rows of programs held out from the model that miss a target, as `validation/README.md`
+/// says; each is checked to miss still, so the list stays true. Under expandable segments and
+/// `max_split`, T5's point lies 1 MB above the tightest fitting try (+0.32 % of the bracket's
+/// middle); under `max_split`, BART's real run fits with 1.5 % less than any placement of the
+/// model needs.
+const HELD_OUT_MISSES: [&str; 4] = [
+    "t5_generate_expandable_segments-True -> t5_generate_expandable_segments-True",
+    "t5_generate -> t5_generate_expandable_segments-True",
+    "t5_generate_max_split_size_mb-128_roundup_power2_divisions-4 -> \
+     t5_generate_max_split_size_mb-128_roundup_power2_divisions-4",
+    "bart_generate_max_split_size_mb-128_roundup_power2_divisions-4 -> \
+     bart_generate_max_split_size_mb-128_roundup_power2_divisions-4",
+];
 
 /// What `docs/capacity.md` says of Llama decoding near its threshold on the H200: every try
 /// there that failed, failed in cuDNN's attention with no allocator OOM, the allocator at the

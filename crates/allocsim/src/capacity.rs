@@ -137,10 +137,10 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
     );
     outln!(
         out,
-        "   {}, what cuDNN takes outside the allocator for a moment, but not beyond what the",
+        "   {} where the recording does not profile its outside memory, for what it takes",
         bytes(allocsim_run::TRANSIENT_OUTSIDE_BYTES)
     );
-    outln!(out, "   run takes unconstrained: docs/capacity.md)");
+    outln!(out, "   late, but not beyond what the run takes unconstrained: docs/capacity.md)");
     Ok(crate::Output::both(j, out))
 }
 

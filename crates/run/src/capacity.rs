@@ -4,7 +4,8 @@
 //! Free memory at the start is what `torch.cuda.mem_get_info()` reports once the CUDA context
 //! exists. Two things take it besides the allocator's segments, and the model has both:
 //! - **Memory outside the allocator** that the run takes as it goes (kernels loaded lazily,
-//!   library handles and workspaces): [`CapacityOptions::outside_bytes`], taken from the start.
+//!   library handles and workspaces): [`CapacityOptions::outside_bytes`], taken step by step
+//!   where the recording profiles it ([`Outside`]), else from the start.
 //!   A recording made by `validation/fit.py` measures it (`meta.outside_allocator_bytes`);
 //!   otherwise [`OUTSIDE_ALLOCATOR_BYTES`], measured on an H100 (`docs/capacity.md`).
 //! - **The driver's addresses**, which break ties between equal free blocks and so decide
@@ -13,8 +14,8 @@
 //!   the driver placement (the driver's rule); the band spreads over
 //!   [`CapacityOptions::jitters`] seeded jittered placements (neighbours swapped, as between
 //!   real runs), widened below by [`band_margin`]: on the H100 some chunk orders let a run fit
-//!   with less than any placement the model has (`validation/README.md`); and above by
-//!   [`TRANSIENT_OUTSIDE_BYTES`], what libraries take outside the allocator for a moment.
+//!   with less than any placement the model has (`validation/README.md`); and above, where the
+//!   recording does not profile its outside memory, by [`TRANSIENT_OUTSIDE_BYTES`].
 
 use crate::{run_trace, run_trace_streamed, DeviceChoice, RunOptions, RunReport};
 use allocsim_core::{Allocator, ConfigError, Device, Op, PackedOps, Trace};
@@ -67,15 +68,14 @@ pub fn band_margin(point: u64) -> u64 {
     BAND_MARGIN_BYTES.max(point / 10_000 * ORDER_MARGIN_PER_10K)
 }
 
-/// How far above the highest placement's threshold the band reaches: memory that libraries
-/// take outside the allocator for a moment and give back (cuDNN's attention and convolution
-/// workspaces, modules loaded as a kernel first runs), which the recording, measuring the
-/// outside memory at its end, does not show. Under pressure such a run fails in the library
-/// (`mha_graph.execute`, `CUDNN_STATUS_INTERNAL_ERROR`, `CUDA error: out of memory`) with no
-/// allocator OOM: on an H200 the Llama `expandable` row needed 9.5-15.8 MB more than the point
-/// for it, the GPT-2 default row 0.9-5 MB (`validation/README.md`). 10 MiB reaches the
-/// first; the programs held out from the model stay inside it. It reaches no higher than
-/// [`Capacity::unconstrained_bytes`], what the unconstrained run itself takes: see there.
+/// How far above the highest placement's threshold the band reaches for a recording that does
+/// not profile its memory outside the allocator: what libraries take late beside the
+/// allocator's peak (kernels loaded for new shapes, cuDNN's attention plans), which such a
+/// recording, measuring the outside memory at its end, cannot place. Under pressure such a run
+/// fails in the library (`mha_graph.execute`, `CUDNN_STATUS_INTERNAL_ERROR`, `CUDA error: out
+/// of memory`) with no allocator OOM: on an H200 the Llama `expandable` row needed 9.5-15.8 MB
+/// more than the point before the driver's floor and the profile were in the model
+/// (`validation/README.md`). It reaches no higher than [`Capacity::unconstrained_bytes`].
 pub const TRANSIENT_OUTSIDE_BYTES: u64 = 10 << 20;
 
 /// What a capacity question is asked under.
@@ -113,10 +113,10 @@ pub struct PlacementThreshold {
 pub struct Capacity {
     /// Under the driver placement. `None` if the run does not fit the device at all.
     pub capacity_bytes: Option<u64>,
-    /// The least any placement needed less `band_margin`, and the most any needed plus
-    /// [`TRANSIENT_OUTSIDE_BYTES`], but no more than [`Capacity::unconstrained_bytes`] where the
-    /// placements needed less (`None` if under some placement the run does not fit the
-    /// device at all).
+    /// The least any placement needed less `band_margin`, and the most any needed (plus
+    /// [`TRANSIENT_OUTSIDE_BYTES`] without a profile of the outside memory, but no more than
+    /// [`Capacity::unconstrained_bytes`]; `None` if under some placement the run does not fit
+    /// the device at all).
     pub low_bytes: Option<u64>,
     pub high_bytes: Option<u64>,
     /// What the run takes unconstrained: its peak reserved, the outside memory and the floor
@@ -124,9 +124,8 @@ pub struct Capacity {
     /// refused and every kernel the run loads finds the memory it took when recorded, so the
     /// run fits, unless a library takes memory outside the allocator for a moment while the
     /// allocator holds its peak. For a run that caches little (decoding) it is within a page
-    /// or two of the point, and the band's top stops there rather than
-    /// [`TRANSIENT_OUTSIDE_BYTES`] above: on an H200 the tightest fit of Llama decoding took
-    /// exactly this much (`validation/README.md`).
+    /// or two of the point: on an H200 the tightest fit of Llama decoding took exactly this
+    /// much (`validation/README.md`).
     pub unconstrained_bytes: Option<u64>,
     pub outside_bytes: u64,
     pub floor_bytes: u64,
@@ -488,6 +487,27 @@ mod tests {
                 prop_assert!(bisected >= threshold && bisected < threshold + PAGE);
             }
             prop_assert!(runs <= 2 * 64 + 2, "{runs} runs");
+        }
+    }
+
+    /// A profile's first step is taken from the start; each later step's growth between the
+    /// op after the step before it and the op after it; what came after the last step as that
+    /// ended. A step that took nothing takes nothing, and a figure not the recording's, or no
+    /// profile, is all taken from the start.
+    #[test]
+    fn outside_memory_is_taken_step_by_step_as_profiled() {
+        let mut trace = Trace::default();
+        trace.meta.outside_allocator_bytes = Some(60);
+        trace.meta.outside_profile = vec![(10, 40), (20, 40), (30, 52), (45, 56)];
+        let outside = Outside::of(&trace, 60);
+        assert_eq!((outside.profiled, outside.first), (true, 40));
+        assert_eq!(outside.later, [(20, 30, 12), (30, 45, 4), (45, 45, 4)]);
+        assert_eq!(
+            outside.schedules(),
+            [vec![(20, 12), (30, 4), (45, 4)], vec![(30, 12), (45, 8)]]
+        );
+        for other in [Outside::of(&trace, 61), Outside::of(&Trace::default(), 60)] {
+            assert_eq!(other, Outside { profiled: false, first: other.first, later: vec![] });
         }
     }
 

@@ -29,6 +29,7 @@ fn everything() -> Trace {
             expected_stats: Some(vec![("a".into(), -1), ("b".into(), 7)]),
             stats_at_start: None,
             outside_allocator_bytes: None,
+            outside_profile: Vec::new(),
             recorded_with: None,
             calls_recorded: false,
             rank: None,

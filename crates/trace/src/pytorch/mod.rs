@@ -781,3 +781,15 @@ pub fn write_snapshot<W: Write>(
         write::write_streamed(trace, out, path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Each point of a profile lands on the first op recorded after its time, or one past the
+    /// last op with a time.
+    #[test]
+    fn a_profile_lands_on_the_ops_after_its_times() {
+        let op_times = [(0, 100), (1, 100), (3, 150), (7, 200)];
+        let profile = [(99, 1), (100, 2), (160, 3), (250, 4)];
+        assert_eq!(super::on_ops(&profile, &op_times), [(0, 1), (3, 2), (7, 3), (8, 4)]);
+    }
+}
