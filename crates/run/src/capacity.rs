@@ -414,7 +414,19 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         }
         Ok(None)
     };
-    let point = whole(Placement::Driver)?;
+    // The modelled device refuses in whole pages of what is free beside the memory taken at the
+    // start, so the threshold lies on that grid, at or below where bisection stopped: one run
+    // more finds it there. (The ballast of `validation/fit.py` takes free memory in the same
+    // pages, so a real bracket's ends lie on the same grid.)
+    let grid = outside.first + opts.floor_bytes;
+    let point = match whole(Placement::Driver)? {
+        Some(p) => {
+            let on_grid = grid + (p.saturating_sub(grid) / PAGE_BYTES) * PAGE_BYTES;
+            let below = on_grid < p && fits(trace, opts, &outside, Placement::Driver, on_grid)?;
+            Some(if below { on_grid } else { p })
+        }
+        None => None,
+    };
     // Jittered placements land at the point or a few pages from it: search outwards from it in
     // doubling steps, then bisect the last step. A run that fits is a whole run and one that
     // does not stops at its first OOM, so this costs about one whole run a placement where a

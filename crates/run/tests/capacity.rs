@@ -84,10 +84,11 @@ fn the_drivers_floor_moves_the_answer_up_by_itself() {
     let up = |b: Option<u64>| b.map(|b| b + H200_DRIVER_FLOOR_BYTES);
     assert_eq!(with.capacity_bytes, up(without.capacity_bytes));
     assert_eq!(with.high_bytes, up(without.high_bytes));
-    // The margin below is a share of the point (`ORDER_MARGIN_PER_10K`), which moved too.
+    // The margin below is a share of the point (`ORDER_MARGIN_PER_10K` of each whole 10,000
+    // bytes), which moved too.
     let low_moved = with.low_bytes.unwrap() - without.low_bytes.unwrap();
     let margin_moved = H200_DRIVER_FLOOR_BYTES - low_moved;
-    assert!(margin_moved <= H200_DRIVER_FLOOR_BYTES * 35 / 10_000 + 1, "{margin_moved}");
+    assert!(margin_moved <= (H200_DRIVER_FLOOR_BYTES / 10_000 + 1) * 35, "{margin_moved}");
     assert_eq!(allocsim_run::driver_floor_bytes(Some(allocsim_run::H200_TOTAL_BYTES)), 3_276_800);
     assert_eq!(allocsim_run::driver_floor_bytes(Some(85_017_493_504)), 0, "not measured");
 }
