@@ -134,22 +134,30 @@ def bert_mlm(step_done):
         ids = labels = loss = None
 
 
-def llama_generate(step_done):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(44)
-    rng = random.Random(44)
-    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
-    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+def decode(step_done, model, rng, steps, batches, lengths, tokens, new_tokens, masked=False, **generate):
+    """Greedy decoding of `steps` random prompts (batch size from `batches`; prompt length, token
+    ids and new tokens drawn from the ranges), the calls in the order each decoding workload
+    made them when recorded."""
     with torch.inference_mode():
-        for step in range(5):
-            b, s = rng.choice([8, 16, 24]), rng.randint(64, 512)
-            ids = torch.randint(0, 32000, (b, s), device="cuda")
-            model.generate(ids, max_new_tokens=rng.randint(32, 96), do_sample=False,
-                           pad_token_id=0, eos_token_id=None)
+        for step in range(steps):
+            b, s = rng.choice(batches), rng.randint(*lengths)
+            ids = torch.randint(*tokens, (b, s), device="cuda")
+            mask = {"attention_mask": torch.ones_like(ids)} if masked else {}
+            model.generate(ids, **mask, max_new_tokens=rng.randint(*new_tokens), do_sample=False,
+                           eos_token_id=None, **generate)
+            mask = None
             torch.cuda.synchronize()
             step_done()
             ids = None
+
+
+def llama_generate(step_done):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(44)
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    decode(step_done, model, random.Random(44), 5, [8, 16, 24], (64, 512), (0, 32000), (32, 96), pad_token_id=0)
 
 
 def t5_generate(step_done):
@@ -157,35 +165,19 @@ def t5_generate(step_done):
     what the run takes unconstrained, with nothing changed after it)."""
     from transformers import T5Config, T5ForConditionalGeneration
     torch.manual_seed(52)
-    rng = random.Random(52)
     cfg = T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128, decoder_start_token_id=0)
     model = T5ForConditionalGeneration(cfg).to("cuda", torch.bfloat16).eval()
-    with torch.inference_mode():
-        for step in range(5):
-            b, s = rng.choice([16, 32, 48]), rng.randint(64, 384)
-            ids = torch.randint(2, 32128, (b, s), device="cuda")
-            model.generate(ids, max_new_tokens=rng.randint(16, 48), do_sample=False,
-                           pad_token_id=0, eos_token_id=None, decoder_start_token_id=0)
-            torch.cuda.synchronize()
-            step_done()
-            ids = None
+    decode(step_done, model, random.Random(52), 5, [16, 32, 48], (64, 384), (2, 32128), (16, 48),
+           pad_token_id=0, decoder_start_token_id=0)
 
 
 def gpt2_generate(step_done):
     """GPT-2 small greedy decoding with a KV cache (written with `t5_generate`)."""
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(53)
-    rng = random.Random(53)
     model = GPT2LMHeadModel(GPT2Config()).to("cuda", torch.bfloat16).eval()
-    with torch.inference_mode():
-        for step in range(5):
-            b, s = rng.choice([8, 16, 32]), rng.randint(64, 256)
-            ids = torch.randint(0, 50257, (b, s), device="cuda")
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=rng.randint(32, 64),
-                           do_sample=False, pad_token_id=0, eos_token_id=None)
-            torch.cuda.synchronize()
-            step_done()
-            ids = None
+    decode(step_done, model, random.Random(53), 5, [8, 16, 32], (64, 256), (0, 50257), (32, 64), masked=True,
+           pad_token_id=0)
 
 
 def bart_generate(step_done):
@@ -193,20 +185,12 @@ def bart_generate(step_done):
     was taken step by step, with nothing changed after it)."""
     from transformers import BartConfig, BartForConditionalGeneration
     torch.manual_seed(54)
-    rng = random.Random(54)
     cfg = BartConfig(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
                      decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, vocab_size=50265)
     model = BartForConditionalGeneration(cfg).to("cuda", torch.bfloat16).eval()
-    with torch.inference_mode():
-        for step in range(4):
-            b, s = rng.choice([8, 16, 32]), rng.randint(64, 320)
-            ids = torch.randint(3, 50265, (b, s), device="cuda")
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=rng.randint(16, 40),
-                           do_sample=False, num_beams=1, pad_token_id=1, eos_token_id=None,
-                           decoder_start_token_id=2, forced_bos_token_id=None, forced_eos_token_id=None)
-            torch.cuda.synchronize()
-            step_done()
-            ids = None
+    decode(step_done, model, random.Random(54), 4, [8, 16, 32], (64, 320), (3, 50265), (16, 40), masked=True,
+           num_beams=1, pad_token_id=1, decoder_start_token_id=2, forced_bos_token_id=None,
+           forced_eos_token_id=None)
 
 
 def timm_train(step_done, name, seed, optimizer):
