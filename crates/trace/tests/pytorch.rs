@@ -655,13 +655,16 @@ fn sidecar_fills_meta_and_wins_on_alloc_conf() {
     assert_eq!(t.meta.alloc_conf.as_deref(), Some("from-pickle"));
     assert_eq!(t.meta.expected_stats, None);
 
-    std::fs::write(dir.join("run.json"), r#"{"meta": {"total_memory": "lots"}}"#).unwrap();
-    let e = read_trace(&path).unwrap_err();
-    assert!(matches!(e, TraceError::Sidecar { .. }));
-    assert!(
-        e.to_string().contains("run.json") && e.to_string().contains("meta.total_memory"),
-        "{e}"
-    );
+    for (meta, place) in [
+        (r#"{"total_memory": "lots"}"#, "meta.total_memory"),
+        (r#"{"outside_profile": [[1, 2], [3]]}"#, "meta.outside_profile"),
+        (r#"{"outside_profile": [[1, -2]]}"#, "meta.outside_profile"),
+    ] {
+        std::fs::write(dir.join("run.json"), format!(r#"{{"meta": {meta}}}"#)).unwrap();
+        let e = read_trace(&path).unwrap_err();
+        assert!(matches!(e, TraceError::Sidecar { .. }));
+        assert!(e.to_string().contains("run.json") && e.to_string().contains(place), "{e}");
+    }
     assert_eq!(pytorch::sidecar_path(&dir.join("x.pickle.gz")), Some(dir.join("x.json")));
 }
 
