@@ -131,16 +131,18 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         "   the band: the spread over {} driver address placements, widened below by 0.35 % of",
         JITTERS + 1
     );
-    outln!(
-        out,
-        "   the point, as much as real runs under other chunk orders needed less, and above by"
-    );
-    outln!(
-        out,
-        "   {} where the recording does not profile its outside memory, for what it takes",
-        bytes(allocsim_run::TRANSIENT_OUTSIDE_BYTES)
-    );
-    outln!(out, "   late, but not beyond what the run takes unconstrained: docs/capacity.md)");
+    outln!(out, "   the point, as much as real runs under other chunk orders needed less;");
+    if c.outside_profiled {
+        outln!(out, "   the outside memory taken step by step, as the sidecar profiles it:");
+    } else {
+        outln!(
+            out,
+            "   above by {} for outside memory taken late beside the allocator's peak,",
+            bytes(allocsim_run::TRANSIENT_OUTSIDE_BYTES)
+        );
+        outln!(out, "   no further than what the run takes unconstrained:");
+    }
+    outln!(out, "   docs/capacity.md)");
     Ok(crate::Output::both(j, out))
 }
 

@@ -46,6 +46,7 @@ pub(crate) fn capacity_json(c: &Capacity) -> serde_json::Value {
         "outside_allocator_bytes": c.outside_bytes,
         "driver_floor_bytes": c.floor_bytes,
         "unconstrained_bytes": c.unconstrained_bytes,
+        "outside_profiled": c.outside_profiled,
         "searched_up_to_bytes": c.searched_up_to_bytes,
         "per_placement": c.placements.iter().map(|p| json!({
             "placement": p.placement.to_string(),

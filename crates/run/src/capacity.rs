@@ -128,6 +128,8 @@ pub struct Capacity {
     /// much (`validation/README.md`).
     pub unconstrained_bytes: Option<u64>,
     pub outside_bytes: u64,
+    /// Whether the recording's profile said when the outside memory was taken ([`Outside`]).
+    pub outside_profiled: bool,
     pub floor_bytes: u64,
     /// The device's free memory at the start, the most that was tried.
     pub searched_up_to_bytes: u64,
@@ -461,6 +463,7 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         low_bytes: found().min().map(|b| b.saturating_sub(band_margin(point.unwrap_or(b)))),
         high_bytes: if all_fit { found().max().map(high) } else { None },
         unconstrained_bytes: unconstrained,
+        outside_profiled: outside.profiled,
         outside_bytes: opts.outside_bytes,
         floor_bytes: opts.floor_bytes,
         searched_up_to_bytes: device_free,
