@@ -93,8 +93,8 @@ pub struct CapacityOptions {
 }
 
 impl CapacityOptions {
-    /// What free memory at the start the allocator cannot have: the outside memory and the
-    /// driver's floor.
+    /// What free memory at the start the allocator cannot have by the run's end: all of the
+    /// outside memory and the driver's floor (with a profile, less of it early on: [`Outside`]).
     fn taken_bytes(&self) -> u64 {
         self.outside_bytes + self.floor_bytes
     }
