@@ -263,15 +263,16 @@ impl std::fmt::Display for CapacityRow {
     }
 }
 
-/// The rows of `validation/DIR` (its recordings and `tries.jsonl`): each summary line is a
-/// row's real bracket (a row bisected on from an earlier bracket keeps the last) or, with
-/// `perturb`, the same row's under another chunk order; `cross` names the workloads whose
-/// defaults' recordings are also asked under `expandable_segments:True`.
 /// `capacity` of a recording with its sidecar as `allocsim capacity` asks it (the outside
 /// memory the sidecar measured, the driver's floor of the recording's device, 16 jittered
 /// placements), under `conf` or the recording's own settings; and the outside memory.
 fn capacity_as_asked(trace: &Trace, conf: Option<&str>) -> (allocsim_run::Capacity, u64) {
-    use allocsim_run::{capacity, CapacityOptions};
+    let opts = capacity_options(trace, conf);
+    (allocsim_run::capacity(trace, &opts).unwrap(), opts.outside_bytes)
+}
+
+/// The options of [`capacity_as_asked`].
+fn capacity_options(trace: &Trace, conf: Option<&str>) -> allocsim_run::CapacityOptions {
     let outside = trace.meta.outside_allocator_bytes.expect("the sidecar measures it");
     let run = RunOptions {
         policy: "pytorch".into(),
@@ -279,25 +280,39 @@ fn capacity_as_asked(trace: &Trace, conf: Option<&str>) -> (allocsim_run::Capaci
         ..RunOptions::default()
     };
     let floor_bytes = allocsim_run::driver_floor_bytes(trace.meta.device_total_bytes);
-    let opts = CapacityOptions { run, outside_bytes: outside, floor_bytes, jitters: 16 };
-    (capacity(trace, &opts).unwrap(), outside)
+    allocsim_run::CapacityOptions { run, outside_bytes: outside, floor_bytes, jitters: 16 }
 }
 
+/// The rows of `validation/DIR` (its recordings and `tries.jsonl`), each with its real
+/// bracket from every try of the workload under the recording's chunk order or, with
+/// `perturb`, another: from the most free memory a try failed with to the least above it a try
+/// fitted with. Fitting is not monotonic in the free memory (`validation/README.md`), so this
+/// is where every try with more fitted, wherever a bisection stopped. `cross` names the
+/// workloads whose defaults' recordings are also asked under `expandable_segments:True`.
 fn capacity_rows(dir: &str, cross: &[&str]) -> Vec<CapacityRow> {
     use std::collections::BTreeMap;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../validation").join(dir);
     let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
-    let mut real = BTreeMap::new();
-    let mut reordered: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+    // (workload, chunk order) -> [(free at start, fitted)]
+    type Order = (String, Option<String>);
+    let mut tried: BTreeMap<Order, Vec<(u64, bool)>> = BTreeMap::new();
     for line in tries.lines() {
         let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-        if let Some(name) = v["summary"].as_str() {
-            let (lo, hi) = (v["real_oom_free"].as_u64(), v["real_fits_free"].as_u64());
-            let bracket = (lo.expect("OOM end"), hi.expect("fits end"));
-            match v["perturb"].as_str() {
-                None => drop(real.insert(name.to_string(), bracket)),
-                Some(_) => reordered.entry(name.to_string()).or_default().push(bracket),
-            }
+        if let (Some(name), Some(free)) = (v["workload"].as_str(), v["free_at_start"].as_u64()) {
+            let order = v["perturb"].as_str().map(str::to_string);
+            let fits = v["fits"].as_bool().expect("fits");
+            tried.entry((name.to_string(), order)).or_default().push((free, fits));
+        }
+    }
+    let mut real = BTreeMap::new();
+    let mut reordered: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+    for ((name, order), tries) in tried {
+        let Some(failed) = tries.iter().filter(|t| !t.1).map(|t| t.0).max() else { continue };
+        let fitted = tries.iter().filter(|t| t.1 && t.0 > failed).map(|t| t.0).min();
+        let bracket = (failed, fitted.expect("a try fitted with more than any failed"));
+        match order {
+            None => drop(real.insert(name, bracket)),
+            Some(_) => reordered.entry(name).or_default().push(bracket),
         }
     }
     let mut rows: Vec<(String, String, Option<&str>)> =
@@ -393,9 +408,9 @@ fn the_h200_drivers_floor_is_what_the_fills_left() {
 /// decoding and ResNet-50 after the band was set; ConvNeXt-T after the driver's floor entered
 /// the model; T5 and GPT-2 decoding after the band's top was capped at what the run takes
 /// unconstrained; BART decoding after the outside memory was taken step by step): under every
-/// setting, as recorded and asked under `expandable_segments:True`, and under another chunk
-/// order, the real threshold lies in the band, the point within 0.3 % of it (or inside the real
-/// bracket, where that is wider) and the band at most 1 % wide, but for [`HELD_OUT_MISSES`].
+/// setting, as recorded and asked under `expandable_segments:True`, and under other chunk
+/// orders, the real threshold lies in the band, the point within 0.3 % of it (or inside the
+/// real bracket, where that is wider) and the band at most 1 % wide.
 #[test]
 fn capacity_holds_on_programs_held_out_from_the_model() {
     let cross = [
@@ -413,30 +428,77 @@ fn capacity_holds_on_programs_held_out_from_the_model() {
     assert!(rows.iter().any(|r| !r.other_orders.is_empty()), "another chunk order measured");
     let mut failures = Vec::new();
     for row in &rows {
-        let mut missed = row.misses();
+        failures.extend(row.misses());
         let (error, width) = row.error_and_width();
         let in_bracket = row.real.0 < row.point && row.point <= row.real.1;
         if error.abs() > 0.003 && !in_bracket {
-            missed.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
+            failures.push(format!("{row}: point off by {:+.3} %", 100.0 * error));
         }
         if width > 0.01 {
-            missed.push(format!("{row}: band {:.2} % wide", 100.0 * width));
-        }
-        match (HELD_OUT_MISSES.contains(&row.name.as_str()), missed.is_empty()) {
-            (true, true) => failures.push(format!("{row}: holds now, off HELD_OUT_MISSES")),
-            (true, false) => println!("known miss, validation/README.md: {}", missed.join("; ")),
-            (false, _) => failures.extend(missed),
+            failures.push(format!("{row}: band {:.2} % wide", 100.0 * width));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The rows of programs held out from the model that miss a target, as `validation/README.md`
-/// says; each is checked to miss still, so the list stays true. Under `max_split`, BART's real
-/// run fits with 1.5 % less than any placement of the model needs.
-const HELD_OUT_MISSES: [&str; 1] =
-    ["bart_generate_max_split_size_mb-128_roundup_power2_divisions-4 -> \
-     bart_generate_max_split_size_mb-128_roundup_power2_divisions-4"];
+/// Fitting is not monotonic in the free memory, and the model knows where: at every free
+/// amount tried on the H200 near a held-out row's threshold (within 2 %, under the recording's
+/// chunk order), the modelled run fits if and only if the real one did. GPT-2 decoding under
+/// expandable segments fits with 1,064.4 and 1,066.5 MB and fails with 1,062.3 and 1,068.6 to
+/// 1,083.3 MB: the model said so before those amounts were tried (`validation/README.md`).
+/// Where real tries at one amount disagreed (run-to-run noise), either answer agrees. The
+/// amounts where the model does not agree are [`TRIES_THE_MODEL_MISSES`].
+#[test]
+fn the_model_fits_where_the_real_tries_fitted() {
+    use std::collections::BTreeMap;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../validation/h200-pytorch-2.11/heldout");
+    let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
+    let mut tried: BTreeMap<String, BTreeMap<u64, Vec<bool>>> = BTreeMap::new();
+    for line in tries.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        if let (Some(name), Some(_), true) =
+            (v["workload"].as_str(), v["target_free"].as_u64(), v["perturb"].is_null())
+        {
+            let free = v["free_at_start"].as_u64().expect("free_at_start");
+            let at = tried.entry(name.to_string()).or_default().entry(free).or_default();
+            at.push(v["fits"].as_bool().expect("fits"));
+        }
+    }
+    let (mut compared, mut disagreements) = (0, Vec::new());
+    for (name, at) in &tried {
+        let trace = read(&dir.join(format!("{name}.pickle.gz")));
+        let threshold = capacity_as_asked(&trace, None).0.capacity_bytes.unwrap();
+        let opts = capacity_options(&trace, None);
+        for (&free, outcomes) in at {
+            if free.abs_diff(threshold) as f64 > 0.02 * threshold as f64 {
+                continue;
+            }
+            compared += 1;
+            let model = allocsim_run::fits_at(allocsim_run::Runs::Whole(&trace), &opts, free);
+            let agrees = outcomes.contains(&model.unwrap());
+            if agrees == TRIES_THE_MODEL_MISSES.contains(&(name.as_str(), free)) {
+                let known = if agrees { "agrees, off TRIES_THE_MODEL_MISSES" } else { "disagrees" };
+                disagreements.push(format!("{name} with {free} free: real {outcomes:?}, {known}"));
+            }
+        }
+    }
+    assert!(compared >= 120, "{compared} tries compared");
+    assert!(disagreements.is_empty(), "{compared} compared:\n{}", disagreements.join("\n"));
+}
+
+/// The tries near a threshold whose outcome the model does not reproduce, as
+/// `validation/README.md` says; each is checked to disagree still, so the list stays true.
+/// ConvNeXt-T under `max_split` (cuDNN retried eight times in the fit): the model fails with
+/// 4,008.8 to 4,015.1 MB, the real runs failed with 4,004.6 and fitted with 4,010.9. ResNet-50
+/// under expandable segments fitted with 2,199.0 and 2,201.1 MB, where the model fails taking
+/// the 2 MiB its profile took late at one end of the step or the other.
+const TRIES_THE_MODEL_MISSES: [(&str, u64); 4] = [
+    ("convnext_train_max_split_size_mb-128_roundup_power2_divisions-4", 4_004_642_816),
+    ("convnext_train_max_split_size_mb-128_roundup_power2_divisions-4", 4_010_934_272),
+    ("resnet_train_expandable_segments-True", 2_198_994_944),
+    ("resnet_train_expandable_segments-True", 2_201_092_096),
+];
 
 /// What `docs/capacity.md` says of Llama decoding near its threshold on the H200: every try
 /// there that failed, failed in cuDNN's attention with no allocator OOM, the allocator at the

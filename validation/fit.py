@@ -1,7 +1,7 @@
 """Measure on the GPU the smallest free memory on which a seeded workload runs without an OOM.
 
 Run on a GPU machine with PyTorch, transformers and CuPy:
-    python3 validation/fit.py WORKLOAD ALLOC_CONF OUTDIR [LO HI]
+    python3 validation/fit.py WORKLOAD ALLOC_CONF OUTDIR [LO HI | at FREE,FREE,...]
 WORKLOAD is `llama_ft` (the d_llama_ft workload of traces/pytorch-2.11-h100-user/
 capture_user_patterns.py, step for step), `gpt2_train` (GPT-2 small, 8 steps of varied shapes),
 or one of the programs held out from the model (recorded and bisected on an H200 after it was
@@ -28,6 +28,10 @@ after the memory outside the allocator was taken step by step).
    PyTorch's allocator, then runs the workload. A try fails on an OOM or on any other error
    (cuDNN's attention fails so when its memory outside the allocator runs out). The free memory a try
    really had is `mem_get_info()` after the ballast (the ballast rounds to 2 MiB pages).
+3. With `at` and a list of free bytes, runs one try at each, without recording or bisecting:
+   fitting need not be monotonic in the free memory (under pressure a run that retries sooner
+   gives its cache back sooner), and a bisection sees only the tries it makes. Each try's
+   snapshot is kept as OUTDIR/NAME.at-FREE.pickle.gz.
 With FIT_DEADLINE (unix time) set, stops bisecting before a try could run past it. With
 FIT_PERTURB=SEED, each try first takes six buffers of 2-40 MiB (sizes drawn from SEED) and gives
 every other one back, so the driver places the run's segments around other chunks than it
@@ -304,6 +308,12 @@ def main():
         brief["ooms"], brief["retries"] = r["memory_stats"]["num_ooms"], r["memory_stats"]["num_alloc_retries"]
         print(json.dumps({"workload": name, "perturb": os.environ.get("FIT_PERTURB") or None, **brief}), flush=True)
 
+    if len(sys.argv) > 5 and sys.argv[4] == "at":  # one try at each of these free bytes
+        for target in map(int, sys.argv[5].split(",")):
+            r = run_try(workload, target, tmp)
+            show(r)
+            gz(tmp, os.path.join(outdir, f"{name}.at-{r['free_at_start']}.pickle.gz"))
+        return
     if len(sys.argv) > 5:  # go on from a bracket: LO and HI free bytes
         bisect(workload, name, outdir, tmp, int(sys.argv[4]), int(sys.argv[5]), show, None)
         return

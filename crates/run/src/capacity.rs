@@ -373,6 +373,24 @@ fn fits(
     Ok(true)
 }
 
+/// Where the point's run places its segments: where the recording's run had them (the same
+/// program on the same machine gets that layout again: `validation/`), the driver's rule
+/// for the rest, and for a trace that recorded no addresses.
+const POINT_PLACEMENT: Placement = Placement::Recorded;
+
+/// Whether the run of `trace` completes with `free_bytes` free at the start, as [`capacity`]
+/// asks it of the point's placement: the outside memory taken as the recording's profile says
+/// and the driver's floor kept. Fitting is not monotonic in the free memory (a run short of
+/// memory sooner gives its cache back sooner): this is the question at one amount.
+pub fn fits_at(
+    trace: Runs<'_>,
+    opts: &CapacityOptions,
+    free_bytes: u64,
+) -> Result<bool, ConfigError> {
+    let outside = Outside::of(trace.head(), opts.outside_bytes);
+    fits(trace, opts, &outside, POINT_PLACEMENT, free_bytes)
+}
+
 /// The capacity of `trace` under `opts`: one bisection per placement, the jittered ones in
 /// parallel.
 pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, ConfigError> {
@@ -383,7 +401,7 @@ pub fn capacity(trace: &Trace, opts: &CapacityOptions) -> Result<Capacity, Confi
 pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, ConfigError> {
     let base = trace.run(&RunOptions {
         device: DeviceChoice::Sim,
-        placement: Placement::Driver,
+        placement: POINT_PLACEMENT,
         check: false,
         fidelity: false,
         ..opts.run.clone()
@@ -396,12 +414,12 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
     // the bracket starts there (and at the whole device for a placement that reserves more).
     let lower = (base.metrics.peak_requested_bytes + opts.taken_bytes()).saturating_sub(1);
     let reserved = base.stats.reserved_bytes.all.peak.max(0) as u64 + opts.taken_bytes();
-    // Under the driver placement and as much free as that run reserved, the run is that run
+    // Under the point's placement and as much free as that run reserved, the run is that run
     // again when it had no OOM: no need to run it. Not so for a run from a mid-run state,
     // which the base run seeds as recorded and the searched runs lay out (a what-if).
     let base_fits = base.metrics.ooms.is_empty() && trace.head().start.is_none();
     let threshold = |placement, lower: u64, upper: u64| -> Result<Option<u64>, ConfigError> {
-        let known = base_fits && placement == Placement::Driver && upper == reserved;
+        let known = base_fits && placement == POINT_PLACEMENT && upper == reserved;
         if !known && !fits(trace, opts, &outside, placement, upper)? {
             return Ok(None);
         }
@@ -421,10 +439,10 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
     // more finds it there. (The ballast of `validation/fit.py` takes free memory in the same
     // pages, so a real bracket's ends lie on the same grid.)
     let grid = outside.first + opts.floor_bytes;
-    let point = match whole(Placement::Driver)? {
+    let point = match whole(POINT_PLACEMENT)? {
         Some(p) => {
             let on_grid = grid + (p.saturating_sub(grid) / PAGE_BYTES) * PAGE_BYTES;
-            let below = on_grid < p && fits(trace, opts, &outside, Placement::Driver, on_grid)?;
+            let below = on_grid < p && fits(trace, opts, &outside, POINT_PLACEMENT, on_grid)?;
             Some(if below { on_grid } else { p })
         }
         None => None,
@@ -447,7 +465,7 @@ pub fn capacity_of(trace: Runs<'_>, opts: &CapacityOptions) -> Result<Capacity, 
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
     let placements: Vec<PlacementThreshold> =
-        std::iter::once(PlacementThreshold { placement: Placement::Driver, capacity_bytes: point })
+        std::iter::once(PlacementThreshold { placement: POINT_PLACEMENT, capacity_bytes: point })
             .chain(jittered)
             .collect();
     let found = || placements.iter().filter_map(|p| p.capacity_bytes);

@@ -10,9 +10,9 @@ mod run;
 mod session;
 
 pub use capacity::{
-    capacity, capacity_of, driver_floor_bytes, Capacity, CapacityOptions, PlacementThreshold, Runs,
-    BAND_MARGIN_BYTES, CAPACITY_RESOLUTION_BYTES, H200_DRIVER_FLOOR_BYTES, H200_TOTAL_BYTES,
-    OUTSIDE_ALLOCATOR_BYTES, TRANSIENT_OUTSIDE_BYTES,
+    capacity, capacity_of, driver_floor_bytes, fits_at, Capacity, CapacityOptions,
+    PlacementThreshold, Runs, BAND_MARGIN_BYTES, CAPACITY_RESOLUTION_BYTES,
+    H200_DRIVER_FLOOR_BYTES, H200_TOTAL_BYTES, OUTSIDE_ALLOCATOR_BYTES, TRANSIENT_OUTSIDE_BYTES,
 };
 pub use grid::{column_options, compare, min_feasible_capacity, GridCell};
 pub use offline::{policy as offline_policy, OFFLINE};

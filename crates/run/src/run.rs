@@ -5,7 +5,7 @@
 use allocsim_check::{CheckConfig, CheckReport, Checker};
 use allocsim_core::{
     Allocator, ConfigError, Device, DeviceCalls, DynDevice, Env, Event, MemoryStats, Op, OpSource,
-    RecordedEvent, SnapshotSegment, StartState, Trace, TraceMeta,
+    RecordedEvent, RecordedKind, SnapshotSegment, StartState, Trace, TraceMeta,
 };
 use allocsim_policies::PolicyVisitor;
 use allocsim_replay::{
@@ -262,6 +262,10 @@ fn run_head(
         seed: opts.seed,
         faults: opts.faults.clone(),
         placement: opts.placement,
+        recorded_segments: match opts.placement {
+            Placement::Recorded => recorded_segments(trace.recorded),
+            _ => Vec::new(),
+        },
         ..SimConfig::default()
     });
     trace.seedable = !changes_the_run(opts, meta);
@@ -275,6 +279,13 @@ fn run_head(
         let mut device = sim;
         run_on(trace, ops, opts, &mut device, "sim", total, free, extra, progress)
     }
+}
+
+/// Where the recording's segments lay, `(start, size)` in its order: what
+/// [`Placement::Recorded`] places by. A run fed as it is read has none yet.
+fn recorded_segments(recorded: &[RecordedEvent]) -> Vec<(u64, u64)> {
+    let segments = recorded.iter().filter(|e| e.kind == RecordedKind::SegmentAlloc);
+    segments.map(|e| (e.addr, e.size)).collect()
 }
 
 /// Replay `trace` as `opts` say on a device the caller built (a real GPU, say), so this crate

@@ -11,9 +11,12 @@
 //! on lands in the same chunks, and two runs of one program place some chunks in another order
 //! (`validation/` shows it). So a question whose answer hangs on ties between equal free blocks
 //! (how little memory a run needs) is also asked under [`Placement::Jittered`], the rule with
-//! seeded swaps: the spread of the answers is what the addresses leave open. `Lowest` (first
-//! fit from [`VA_BASE`]) is the plain rule tests reason about; `Descending` places each range
-//! as high as it fits.
+//! seeded swaps: the spread of the answers is what the addresses leave open. A recording
+//! shows the layout its own run got, and the same program on the same machine gets it again
+//! (`validation/`: a BART run's tries under pressure placed their segments as its recording
+//! did): [`Placement::Recorded`] puts a segment where the recording had one of its size, and
+//! follows the rule for the rest. `Lowest` (first fit from [`VA_BASE`]) is the plain rule tests
+//! reason about; `Descending` places each range as high as it fits.
 //!
 //! Placement does not walk the live ranges: the free gaps between them are kept in a map (a
 //! new chunk goes into the highest one it fits), each chunk's largest gap is known, and only
@@ -58,22 +61,28 @@ pub enum Placement {
     /// `Driver`, but each new chunk passes over a random number (below 2, drawn from this seed)
     /// of the highest gaps it would fit in: chunks come in another order, as between runs.
     Jittered { seed: u64 },
+    /// The recording's own addresses: a new range goes to the first place (in the recording's
+    /// order) where the recording had a segment of its size that is free now, else as `Driver`
+    /// places it, with the chunks of the recorded places known. The places come with the
+    /// device ([`AddressSpace::with_recorded`]); without them this is `Driver`.
+    Recorded,
 }
 
 impl Placement {
-    /// `lowest`, `descending`, `driver` or `jittered:SEED`, as flags take it.
+    /// `lowest`, `descending`, `driver`, `recorded` or `jittered:SEED`, as flags take it.
     pub fn parse(text: &str) -> Result<Placement, String> {
         match text {
             "lowest" => Ok(Placement::Lowest),
             "descending" => Ok(Placement::Descending),
             "driver" => Ok(Placement::Driver),
+            "recorded" => Ok(Placement::Recorded),
             _ => text
                 .strip_prefix("jittered:")
                 .and_then(|seed| seed.parse().ok())
                 .map(|seed| Placement::Jittered { seed })
                 .ok_or_else(|| {
                     format!(
-                        "{}: expected lowest, descending, driver or jittered:SEED",
+                        "{}: expected lowest, descending, driver, recorded or jittered:SEED",
                         allocsim_core::text::quoted(text)
                     )
                 }),
@@ -88,6 +97,7 @@ impl std::fmt::Display for Placement {
             Placement::Descending => write!(f, "descending"),
             Placement::Driver => write!(f, "driver"),
             Placement::Jittered { seed } => write!(f, "jittered:{seed}"),
+            Placement::Recorded => write!(f, "recorded"),
         }
     }
 }
@@ -101,8 +111,12 @@ pub struct AddressSpace {
     gaps: BTreeMap<u64, u64>,
     placement: Placement,
     jitter: Option<SplitMix64>,
-    /// Under the chunked placements (`Driver`, `Jittered`): the chunks.
+    /// Under the chunked placements (`Driver`, `Jittered`, `Recorded`): the chunks.
     chunks: Chunks,
+    /// Under `Recorded`: the recorded places not live now, `size -> {(order, start)}`.
+    recorded_free: BTreeMap<u64, BTreeSet<(u64, u64)>>,
+    /// Under `Recorded`: every recorded place, `start -> (size, order)`, to be free again.
+    recorded_at: BTreeMap<u64, (u64, u64)>,
 }
 
 /// The chunks of the chunked placements, by age and by address, and which have room.
@@ -250,6 +264,8 @@ impl AddressSpace {
             placement,
             jitter,
             chunks: Chunks::default(),
+            recorded_free: BTreeMap::new(),
+            recorded_at: BTreeMap::new(),
         };
         if va.chunked() {
             for (i, used) in (1..).zip(DRIVER_PREFILLED_BYTES) {
@@ -261,9 +277,28 @@ impl AddressSpace {
         va
     }
 
+    /// Under [`Placement::Recorded`], the recording's segments as `(start, size)`, in the order
+    /// it made them; under any other placement they are not used. A place of two sizes, or
+    /// met twice, counts once, at its first.
+    pub fn with_recorded(placement: Placement, segments: &[(u64, u64)]) -> Self {
+        let mut va = AddressSpace::new(placement);
+        if placement == Placement::Recorded {
+            for (order, &(start, size)) in (0..).zip(segments) {
+                if size > 0 && !va.recorded_at.contains_key(&start) {
+                    va.recorded_at.insert(start, (size, order));
+                    va.recorded_free.entry(size).or_default().insert((order, start));
+                }
+            }
+        }
+        va
+    }
+
     /// Place `size_bytes` at a free multiple of `alignment` as the placement says.
     /// `None` only when the 64-bit space is exhausted.
     pub fn place(&mut self, size_bytes: u64, alignment: u64) -> Option<u64> {
+        if let Some(addr) = self.recorded_place(size_bytes, alignment) {
+            return Some(addr);
+        }
         let skip = match &mut self.jitter {
             Some(rng) => rng.next_u64() % JITTER_GAPS,
             None => 0,
@@ -271,7 +306,7 @@ impl AddressSpace {
         let addr = match self.placement {
             Placement::Lowest => None,
             Placement::Descending => self.highest_fit(size_bytes, alignment, 0),
-            Placement::Driver | Placement::Jittered { .. } => {
+            Placement::Driver | Placement::Jittered { .. } | Placement::Recorded => {
                 self.chunked_fit(size_bytes, alignment, skip)
             }
         };
@@ -281,6 +316,19 @@ impl AddressSpace {
         };
         self.insert_live(addr, addr.checked_add(size_bytes)?);
         Some(addr)
+    }
+
+    /// The first recorded place of `size_bytes` that is free and aligned, taken. A place that
+    /// is not free stays listed for later: what overlaps it may go.
+    fn recorded_place(&mut self, size_bytes: u64, alignment: u64) -> Option<u64> {
+        let places = self.recorded_free.get(&size_bytes)?;
+        let aligned = |start: u64| align_up(start, alignment) == Some(start);
+        let (order, start) = places
+            .iter()
+            .copied()
+            .find(|&(_, start)| aligned(start) && !self.overlaps(start, start + size_bytes))?;
+        self.recorded_free.get_mut(&size_bytes)?.remove(&(order, start));
+        self.place_at(start, size_bytes).then_some(start)
     }
 
     /// `[start, end)` is live: out of its gap, and the room of the chunks it lies in counted
@@ -305,6 +353,11 @@ impl AddressSpace {
     /// `[start, end)` is free again: merged with the gaps beside it.
     fn remove_live(&mut self, start: u64) -> Option<u64> {
         let end = self.live.remove(&start)?;
+        if let Some(&(size, order)) = self.recorded_at.get(&start) {
+            if size == end - start {
+                self.recorded_free.entry(size).or_default().insert((order, start));
+            }
+        }
         if start < end {
             let (mut from, mut to) = (start, end);
             if let Some((&gap_start, &gap_end)) = self.gaps.range(..start).next_back() {
@@ -350,7 +403,10 @@ impl AddressSpace {
     }
 
     fn chunked(&self) -> bool {
-        matches!(self.placement, Placement::Driver | Placement::Jittered { .. })
+        matches!(
+            self.placement,
+            Placement::Driver | Placement::Jittered { .. } | Placement::Recorded
+        )
     }
 
     /// First fit in the newest chunk with room; else a new chunk, as high as it fits, passing
@@ -627,8 +683,37 @@ mod tests {
     }
 
     #[test]
+    fn recorded_placement_takes_the_recordings_places_first() {
+        const BASE: u64 = 0x7f06_0000_0000;
+        let recorded =
+            [(BASE, 20 * MIB2), (BASE + 64 * MIB2, 20 * MIB2), (BASE + 32 * MIB2, 4 * MIB2)];
+        let mut va = AddressSpace::with_recorded(Placement::Recorded, &recorded);
+        // In the recording's order, each where the recording had one of its size.
+        assert_eq!(va.place(20 * MIB2, MIB2), Some(BASE));
+        assert_eq!(va.place(20 * MIB2, MIB2), Some(BASE + 64 * MIB2));
+        // A size the recording never had, or none of its places left: the driver's rule, which
+        // knows the chunks of the recorded places (the newest is the lowest).
+        assert_eq!(va.place(6 * MIB2, MIB2), Some(BASE + 20 * MIB2));
+        let third = va.place(20 * MIB2, MIB2).unwrap();
+        assert!(third > BASE + 84 * MIB2, "{third:#x}");
+        // A place freed is the first again; one that something else overlaps is passed over.
+        assert!(va.release(BASE));
+        assert_eq!(va.place(20 * MIB2, MIB2), Some(BASE));
+        assert!(va.place_at(BASE + 33 * MIB2, MIB2));
+        assert_ne!(va.place(4 * MIB2, MIB2), Some(BASE + 32 * MIB2));
+        // Without its places, `Recorded` is `Driver`.
+        let mut driver = AddressSpace::new(Placement::Driver);
+        let mut bare = AddressSpace::new(Placement::Recorded);
+        for size in [20, 6, 20, 4] {
+            assert_eq!(bare.place(size * MIB2, MIB2), driver.place(size * MIB2, MIB2));
+        }
+    }
+
+    #[test]
     fn placements_parse_as_they_print() {
-        for p in [Placement::Lowest, Placement::Descending, Placement::Jittered { seed: 3 }] {
+        let all =
+            [Placement::Lowest, Placement::Descending, Placement::Driver, Placement::Recorded];
+        for p in all.into_iter().chain([Placement::Jittered { seed: 3 }]) {
             assert_eq!(Placement::parse(&p.to_string()), Ok(p));
         }
         assert!(Placement::parse("jittered:x").is_err());
@@ -710,7 +795,7 @@ mod tests {
                 let addr = match self.placement {
                     Placement::Lowest => None,
                     Placement::Descending => self.highest_fit(size_bytes, alignment, 0),
-                    Placement::Driver | Placement::Jittered { .. } => {
+                    Placement::Driver | Placement::Jittered { .. } | Placement::Recorded => {
                         self.chunked_fit(size_bytes, alignment, skip)
                     }
                 };
@@ -723,7 +808,10 @@ mod tests {
             }
 
             fn chunked(&self) -> bool {
-                matches!(self.placement, Placement::Driver | Placement::Jittered { .. })
+                matches!(
+                    self.placement,
+                    Placement::Driver | Placement::Jittered { .. } | Placement::Recorded
+                )
             }
 
             /// First fit in the newest chunk with room; else a new chunk, as high as it fits, passing

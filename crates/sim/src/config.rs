@@ -20,6 +20,8 @@ pub struct SimConfig {
     pub seed: u64,
     /// How addresses are chosen (they break ties between equal free blocks).
     pub placement: Placement,
+    /// Under [`Placement::Recorded`]: the recording's segments, `(start, size)` in its order.
+    pub recorded_segments: Vec<(u64, u64)>,
 }
 
 impl Default for SimConfig {
@@ -31,6 +33,7 @@ impl Default for SimConfig {
             faults: Vec::new(),
             seed: 0,
             placement: Placement::default(),
+            recorded_segments: Vec::new(),
         }
     }
 }

@@ -87,7 +87,7 @@ impl SimDevice {
             start_free_bytes: cfg.free_bytes.min(cfg.total_bytes),
             cost: cfg.cost,
             faults: FaultState::new(cfg.faults, cfg.seed),
-            va: AddressSpace::new(cfg.placement),
+            va: AddressSpace::with_recorded(cfg.placement, &cfg.recorded_segments),
             segments: BTreeMap::new(),
             edge_pages: BTreeMap::new(),
             reservations: BTreeMap::new(),

@@ -13,6 +13,7 @@ fn device(total_pages: u64, free_pages: u64, faults: Vec<Fault>) -> SimDevice {
         faults,
         seed: 42,
         placement: Placement::Lowest,
+        recorded_segments: Vec::new(),
     })
 }
 
