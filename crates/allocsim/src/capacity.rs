@@ -126,10 +126,11 @@ pub fn run(args: &Args, cx: &crate::Context) -> anyhow::Result<crate::Output> {
         out,
         "  (free at start: what torch.cuda.mem_get_info() reports once the CUDA context exists;"
     );
+    outln!(out, "   the point: segments where the recording had them, else by the driver's rule;");
     outln!(
         out,
-        "   the band: the spread over {} driver address placements, widened below by 0.35 % of",
-        JITTERS + 1
+        "   the band: the spread over that and {} other address placements, widened below by 0.35 % of",
+        JITTERS
     );
     outln!(out, "   the point, as much as real runs under other chunk orders needed less;");
     if c.outside_profiled {

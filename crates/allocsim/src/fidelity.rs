@@ -22,8 +22,8 @@ pub struct Args {
     /// Follow the recording's addresses and refusals (the default) or use the modelled device.
     #[arg(long)]
     pub model: bool,
-    /// With `--model`: how the modelled device places segments (`driver`, `jittered:SEED`,
-    /// `descending`, `lowest`).
+    /// With `--model`: how the modelled device places segments (`driver`, `recorded`,
+    /// `jittered:SEED`, `descending`, `lowest`).
     #[arg(long, value_parser = allocsim_sim::Placement::parse, default_value = "driver")]
     pub placement: allocsim_sim::Placement,
     /// `torch.cuda.memory_stats()` when a history that starts mid-run began, as JSON (the flat

@@ -91,7 +91,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub stats_at_start: Option<PathBuf>,
     /// How the modelled device places segments: `driver` (the CUDA driver's rule, see
-    /// docs/capacity.md), `jittered:SEED` (the driver's rule with seeded swaps), `descending`
+    /// docs/capacity.md), `recorded` (where the recording had a segment of the size, else the
+    /// driver's rule), `jittered:SEED` (the driver's rule with seeded swaps), `descending`
     /// (each below the last) or `lowest` (first fit from the bottom).
     #[arg(long, value_parser = Placement::parse, default_value = "driver")]
     pub placement: Placement,
