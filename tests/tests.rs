@@ -271,6 +271,24 @@ fn capacity_as_asked(trace: &Trace, conf: Option<&str>) -> (allocsim_run::Capaci
     (allocsim_run::capacity(trace, &opts).unwrap(), opts.outside_bytes)
 }
 
+/// A chunk order of a workload: the recording's own (`None`) or `FIT_PERTURB`'s seed.
+type Order = (String, Option<String>);
+
+/// Every try in `DIR/tries.jsonl`, by workload and chunk order: `(free at start, fitted)`.
+fn tries_in(dir: &std::path::Path) -> std::collections::BTreeMap<Order, Vec<(u64, bool)>> {
+    let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
+    let mut tried: std::collections::BTreeMap<Order, Vec<_>> = Default::default();
+    for line in tries.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        if let (Some(name), Some(free)) = (v["workload"].as_str(), v["free_at_start"].as_u64()) {
+            let order = v["perturb"].as_str().map(str::to_string);
+            let fits = v["fits"].as_bool().expect("fits");
+            tried.entry((name.to_string(), order)).or_default().push((free, fits));
+        }
+    }
+    tried
+}
+
 /// The options of [`capacity_as_asked`].
 fn capacity_options(trace: &Trace, conf: Option<&str>) -> allocsim_run::CapacityOptions {
     let outside = trace.meta.outside_allocator_bytes.expect("the sidecar measures it");
@@ -292,21 +310,9 @@ fn capacity_options(trace: &Trace, conf: Option<&str>) -> allocsim_run::Capacity
 fn capacity_rows(dir: &str, cross: &[&str]) -> Vec<CapacityRow> {
     use std::collections::BTreeMap;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../validation").join(dir);
-    let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
-    // (workload, chunk order) -> [(free at start, fitted)]
-    type Order = (String, Option<String>);
-    let mut tried: BTreeMap<Order, Vec<(u64, bool)>> = BTreeMap::new();
-    for line in tries.lines() {
-        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-        if let (Some(name), Some(free)) = (v["workload"].as_str(), v["free_at_start"].as_u64()) {
-            let order = v["perturb"].as_str().map(str::to_string);
-            let fits = v["fits"].as_bool().expect("fits");
-            tried.entry((name.to_string(), order)).or_default().push((free, fits));
-        }
-    }
     let mut real = BTreeMap::new();
     let mut reordered: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
-    for ((name, order), tries) in tried {
+    for ((name, order), tries) in tries_in(&dir) {
         let Some(failed) = tries.iter().filter(|t| !t.1).map(|t| t.0).max() else { continue };
         let fitted = tries.iter().filter(|t| t.1 && t.0 > failed).map(|t| t.0).min();
         let bracket = (failed, fitted.expect("a try fitted with more than any failed"));
@@ -453,24 +459,19 @@ fn the_model_fits_where_the_real_tries_fitted() {
     use std::collections::BTreeMap;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../validation/h200-pytorch-2.11/heldout");
-    let tries = std::fs::read_to_string(dir.join("tries.jsonl")).expect("tries.jsonl");
-    let mut tried: BTreeMap<String, BTreeMap<u64, Vec<bool>>> = BTreeMap::new();
-    for line in tries.lines() {
-        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-        if let (Some(name), Some(_), true) =
-            (v["workload"].as_str(), v["target_free"].as_u64(), v["perturb"].is_null())
-        {
-            let free = v["free_at_start"].as_u64().expect("free_at_start");
-            let at = tried.entry(name.to_string()).or_default().entry(free).or_default();
-            at.push(v["fits"].as_bool().expect("fits"));
-        }
-    }
     let (mut compared, mut disagreements) = (0, Vec::new());
-    for (name, at) in &tried {
+    for ((name, order), tries) in tries_in(&dir) {
+        if order.is_some() {
+            continue;
+        }
+        let mut at: BTreeMap<u64, Vec<bool>> = BTreeMap::new();
+        for (free, fits) in tries {
+            at.entry(free).or_default().push(fits);
+        }
         let trace = read(&dir.join(format!("{name}.pickle.gz")));
-        let threshold = capacity_as_asked(&trace, None).0.capacity_bytes.unwrap();
         let opts = capacity_options(&trace, None);
-        for (&free, outcomes) in at {
+        let threshold = allocsim_run::capacity(&trace, &opts).unwrap().capacity_bytes.unwrap();
+        for (&free, outcomes) in &at {
             if free.abs_diff(threshold) as f64 > 0.02 * threshold as f64 {
                 continue;
             }
