@@ -9,9 +9,10 @@
 //!   A recording made by `validation/fit.py` measures it (`meta.outside_allocator_bytes`);
 //!   otherwise [`OUTSIDE_ALLOCATOR_BYTES`], measured on an H100 (`docs/capacity.md`).
 //! - **The driver's addresses**, which break ties between equal free blocks and so decide
-//!   fragmentation under pressure. They differ between runs of the same program with different
-//!   free memory, so no recording says what they will be. The point is the run bisected under
-//!   the driver placement (the driver's rule); the band spreads over
+//!   fragmentation under pressure. The same program on the same machine gets the layout its
+//!   recording shows, and other chunk orders in other runs. The point is the run bisected with
+//!   the segments where the recording had them, the driver's rule for the rest
+//!   ([`Placement::Recorded`]); the band spreads over
 //!   [`CapacityOptions::jitters`] seeded jittered placements (neighbours swapped, as between
 //!   real runs), widened below by [`band_margin`]: on the H100 some chunk orders let a run fit
 //!   with less than any placement the model has (`validation/README.md`); and above, where the
@@ -111,7 +112,8 @@ pub struct PlacementThreshold {
 /// The answer: free memory at the start (outside memory included) the run needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capacity {
-    /// Under the driver placement. `None` if the run does not fit the device at all.
+    /// Under the recording's own placement ([`Placement::Recorded`]). `None` if the run does
+    /// not fit the device at all.
     pub capacity_bytes: Option<u64>,
     /// The least any placement needed less `band_margin`, and the most any needed (plus
     /// [`TRANSIENT_OUTSIDE_BYTES`] without a profile of the outside memory, but no more than
@@ -128,7 +130,8 @@ pub struct Capacity {
     /// much (`validation/README.md`).
     pub unconstrained_bytes: Option<u64>,
     pub outside_bytes: u64,
-    /// Whether the recording's profile said when the outside memory was taken ([`Outside`]).
+    /// Whether the recording's profile said when the outside memory was taken (the sidecar's
+    /// `outside_profile`), so that it is taken step by step.
     pub outside_profiled: bool,
     pub floor_bytes: u64,
     /// The device's free memory at the start, the most that was tried.
